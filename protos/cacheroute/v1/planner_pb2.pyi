@@ -1,0 +1,330 @@
+from cacheroute.v1 import plan_pb2 as _plan_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Mode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    MODE_UNSPECIFIED: _ClassVar[Mode]
+    PLANNED: _ClassVar[Mode]
+    FALLBACK: _ClassVar[Mode]
+MODE_UNSPECIFIED: Mode
+PLANNED: Mode
+FALLBACK: Mode
+
+class GetStatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class Penalties(_message.Message):
+    __slots__ = ("staleness_rate_modelled", "staleness_rate_measured", "staleness_accumulated", "rewarm_cost", "measured_used")
+    STALENESS_RATE_MODELLED_FIELD_NUMBER: _ClassVar[int]
+    STALENESS_RATE_MEASURED_FIELD_NUMBER: _ClassVar[int]
+    STALENESS_ACCUMULATED_FIELD_NUMBER: _ClassVar[int]
+    REWARM_COST_FIELD_NUMBER: _ClassVar[int]
+    MEASURED_USED_FIELD_NUMBER: _ClassVar[int]
+    staleness_rate_modelled: float
+    staleness_rate_measured: float
+    staleness_accumulated: float
+    rewarm_cost: float
+    measured_used: bool
+    def __init__(self, staleness_rate_modelled: _Optional[float] = ..., staleness_rate_measured: _Optional[float] = ..., staleness_accumulated: _Optional[float] = ..., rewarm_cost: _Optional[float] = ..., measured_used: _Optional[bool] = ...) -> None: ...
+
+class Drift(_message.Message):
+    __slots__ = ("total_variation", "admission_churn_share", "imbalance_change")
+    TOTAL_VARIATION_FIELD_NUMBER: _ClassVar[int]
+    ADMISSION_CHURN_SHARE_FIELD_NUMBER: _ClassVar[int]
+    IMBALANCE_CHANGE_FIELD_NUMBER: _ClassVar[int]
+    total_variation: float
+    admission_churn_share: float
+    imbalance_change: float
+    def __init__(self, total_variation: _Optional[float] = ..., admission_churn_share: _Optional[float] = ..., imbalance_change: _Optional[float] = ...) -> None: ...
+
+class Decision(_message.Message):
+    __slots__ = ("id", "at_ms", "action", "reason", "drift", "penalties", "installed", "moved_traffic_share", "request_id")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    AT_MS_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    DRIFT_FIELD_NUMBER: _ClassVar[int]
+    PENALTIES_FIELD_NUMBER: _ClassVar[int]
+    INSTALLED_FIELD_NUMBER: _ClassVar[int]
+    MOVED_TRAFFIC_SHARE_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    at_ms: int
+    action: str
+    reason: str
+    drift: Drift
+    penalties: Penalties
+    installed: _plan_pb2.PlanVersion
+    moved_traffic_share: float
+    request_id: str
+    def __init__(self, id: _Optional[int] = ..., at_ms: _Optional[int] = ..., action: _Optional[str] = ..., reason: _Optional[str] = ..., drift: _Optional[_Union[Drift, _Mapping]] = ..., penalties: _Optional[_Union[Penalties, _Mapping]] = ..., installed: _Optional[_Union[_plan_pb2.PlanVersion, _Mapping]] = ..., moved_traffic_share: _Optional[float] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class PlannerStatus(_message.Message):
+    __slots__ = ("mode", "installed", "installed_age_s", "drift", "penalties", "last_decision", "rates_age_s", "rates_recovering", "config", "pinned", "mode_reason")
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    INSTALLED_FIELD_NUMBER: _ClassVar[int]
+    INSTALLED_AGE_S_FIELD_NUMBER: _ClassVar[int]
+    DRIFT_FIELD_NUMBER: _ClassVar[int]
+    PENALTIES_FIELD_NUMBER: _ClassVar[int]
+    LAST_DECISION_FIELD_NUMBER: _ClassVar[int]
+    RATES_AGE_S_FIELD_NUMBER: _ClassVar[int]
+    RATES_RECOVERING_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    PINNED_FIELD_NUMBER: _ClassVar[int]
+    MODE_REASON_FIELD_NUMBER: _ClassVar[int]
+    mode: Mode
+    installed: _plan_pb2.PlanVersion
+    installed_age_s: float
+    drift: Drift
+    penalties: Penalties
+    last_decision: Decision
+    rates_age_s: float
+    rates_recovering: bool
+    config: PlannerConfig
+    pinned: bool
+    mode_reason: str
+    def __init__(self, mode: _Optional[_Union[Mode, str]] = ..., installed: _Optional[_Union[_plan_pb2.PlanVersion, _Mapping]] = ..., installed_age_s: _Optional[float] = ..., drift: _Optional[_Union[Drift, _Mapping]] = ..., penalties: _Optional[_Union[Penalties, _Mapping]] = ..., last_decision: _Optional[_Union[Decision, _Mapping]] = ..., rates_age_s: _Optional[float] = ..., rates_recovering: _Optional[bool] = ..., config: _Optional[_Union[PlannerConfig, _Mapping]] = ..., pinned: _Optional[bool] = ..., mode_reason: _Optional[str] = ...) -> None: ...
+
+class GetCurrentVersionRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class CurrentVersion(_message.Message):
+    __slots__ = ("version", "digest", "created_at_ms")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    version: _plan_pb2.PlanVersion
+    digest: bytes
+    created_at_ms: int
+    def __init__(self, version: _Optional[_Union[_plan_pb2.PlanVersion, _Mapping]] = ..., digest: _Optional[bytes] = ..., created_at_ms: _Optional[int] = ...) -> None: ...
+
+class GetPlanRequest(_message.Message):
+    __slots__ = ("version",)
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    version: _plan_pb2.PlanVersion
+    def __init__(self, version: _Optional[_Union[_plan_pb2.PlanVersion, _Mapping]] = ...) -> None: ...
+
+class PlanChunk(_message.Message):
+    __slots__ = ("payload", "index", "count")
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    payload: bytes
+    index: int
+    count: int
+    def __init__(self, payload: _Optional[bytes] = ..., index: _Optional[int] = ..., count: _Optional[int] = ...) -> None: ...
+
+class ListPlanVersionsRequest(_message.Message):
+    __slots__ = ("limit",)
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    limit: int
+    def __init__(self, limit: _Optional[int] = ...) -> None: ...
+
+class PlanVersionInfo(_message.Message):
+    __slots__ = ("version", "digest", "created_at_ms", "admitted_keys", "imbalance_max_over_mean", "built_by", "current")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    ADMITTED_KEYS_FIELD_NUMBER: _ClassVar[int]
+    IMBALANCE_MAX_OVER_MEAN_FIELD_NUMBER: _ClassVar[int]
+    BUILT_BY_FIELD_NUMBER: _ClassVar[int]
+    CURRENT_FIELD_NUMBER: _ClassVar[int]
+    version: _plan_pb2.PlanVersion
+    digest: bytes
+    created_at_ms: int
+    admitted_keys: int
+    imbalance_max_over_mean: float
+    built_by: str
+    current: bool
+    def __init__(self, version: _Optional[_Union[_plan_pb2.PlanVersion, _Mapping]] = ..., digest: _Optional[bytes] = ..., created_at_ms: _Optional[int] = ..., admitted_keys: _Optional[int] = ..., imbalance_max_over_mean: _Optional[float] = ..., built_by: _Optional[str] = ..., current: _Optional[bool] = ...) -> None: ...
+
+class ListPlanVersionsResponse(_message.Message):
+    __slots__ = ("versions",)
+    VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    versions: _containers.RepeatedCompositeFieldContainer[PlanVersionInfo]
+    def __init__(self, versions: _Optional[_Iterable[_Union[PlanVersionInfo, _Mapping]]] = ...) -> None: ...
+
+class DiffPlansRequest(_message.Message):
+    __slots__ = ("a", "b")
+    A_FIELD_NUMBER: _ClassVar[int]
+    B_FIELD_NUMBER: _ClassVar[int]
+    a: _plan_pb2.PlanVersion
+    b: _plan_pb2.PlanVersion
+    def __init__(self, a: _Optional[_Union[_plan_pb2.PlanVersion, _Mapping]] = ..., b: _Optional[_Union[_plan_pb2.PlanVersion, _Mapping]] = ...) -> None: ...
+
+class PlanDiff(_message.Message):
+    __slots__ = ("added_keys", "removed_keys", "moved_keys", "moved_key_share", "moved_traffic_share", "load_change_per_s", "destinations")
+    ADDED_KEYS_FIELD_NUMBER: _ClassVar[int]
+    REMOVED_KEYS_FIELD_NUMBER: _ClassVar[int]
+    MOVED_KEYS_FIELD_NUMBER: _ClassVar[int]
+    MOVED_KEY_SHARE_FIELD_NUMBER: _ClassVar[int]
+    MOVED_TRAFFIC_SHARE_FIELD_NUMBER: _ClassVar[int]
+    LOAD_CHANGE_PER_S_FIELD_NUMBER: _ClassVar[int]
+    DESTINATIONS_FIELD_NUMBER: _ClassVar[int]
+    added_keys: int
+    removed_keys: int
+    moved_keys: int
+    moved_key_share: float
+    moved_traffic_share: float
+    load_change_per_s: _containers.RepeatedScalarFieldContainer[float]
+    destinations: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, added_keys: _Optional[int] = ..., removed_keys: _Optional[int] = ..., moved_keys: _Optional[int] = ..., moved_key_share: _Optional[float] = ..., moved_traffic_share: _Optional[float] = ..., load_change_per_s: _Optional[_Iterable[float]] = ..., destinations: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class WatchPlansRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class PlannerEvent(_message.Message):
+    __slots__ = ("decision", "installed")
+    DECISION_FIELD_NUMBER: _ClassVar[int]
+    INSTALLED_FIELD_NUMBER: _ClassVar[int]
+    decision: Decision
+    installed: PlanVersionInfo
+    def __init__(self, decision: _Optional[_Union[Decision, _Mapping]] = ..., installed: _Optional[_Union[PlanVersionInfo, _Mapping]] = ...) -> None: ...
+
+class ReplanRequest(_message.Message):
+    __slots__ = ("dry_run", "fresh", "force", "request_id")
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    FRESH_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    dry_run: bool
+    fresh: bool
+    force: bool
+    request_id: str
+    def __init__(self, dry_run: _Optional[bool] = ..., fresh: _Optional[bool] = ..., force: _Optional[bool] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class ReplanResponse(_message.Message):
+    __slots__ = ("candidate", "diff", "penalties", "installed", "decision")
+    CANDIDATE_FIELD_NUMBER: _ClassVar[int]
+    DIFF_FIELD_NUMBER: _ClassVar[int]
+    PENALTIES_FIELD_NUMBER: _ClassVar[int]
+    INSTALLED_FIELD_NUMBER: _ClassVar[int]
+    DECISION_FIELD_NUMBER: _ClassVar[int]
+    candidate: PlanVersionInfo
+    diff: PlanDiff
+    penalties: Penalties
+    installed: bool
+    decision: Decision
+    def __init__(self, candidate: _Optional[_Union[PlanVersionInfo, _Mapping]] = ..., diff: _Optional[_Union[PlanDiff, _Mapping]] = ..., penalties: _Optional[_Union[Penalties, _Mapping]] = ..., installed: _Optional[bool] = ..., decision: _Optional[_Union[Decision, _Mapping]] = ...) -> None: ...
+
+class RollbackRequest(_message.Message):
+    __slots__ = ("version", "request_id", "release")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_FIELD_NUMBER: _ClassVar[int]
+    version: _plan_pb2.PlanVersion
+    request_id: str
+    release: bool
+    def __init__(self, version: _Optional[_Union[_plan_pb2.PlanVersion, _Mapping]] = ..., request_id: _Optional[str] = ..., release: _Optional[bool] = ...) -> None: ...
+
+class RollbackResponse(_message.Message):
+    __slots__ = ("installed", "pinned")
+    INSTALLED_FIELD_NUMBER: _ClassVar[int]
+    PINNED_FIELD_NUMBER: _ClassVar[int]
+    installed: PlanVersionInfo
+    pinned: bool
+    def __init__(self, installed: _Optional[_Union[PlanVersionInfo, _Mapping]] = ..., pinned: _Optional[bool] = ...) -> None: ...
+
+class SetModeRequest(_message.Message):
+    __slots__ = ("mode", "reason")
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    mode: Mode
+    reason: str
+    def __init__(self, mode: _Optional[_Union[Mode, str]] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class SetModeResponse(_message.Message):
+    __slots__ = ("mode",)
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    mode: Mode
+    def __init__(self, mode: _Optional[_Union[Mode, str]] = ...) -> None: ...
+
+class PlannerConfig(_message.Message):
+    __slots__ = ("q_cap", "warm_slots_per_destination", "interval_s", "hysteresis", "min_dwell_s", "imbalance_tolerance", "max_plan_age_s", "destinations")
+    Q_CAP_FIELD_NUMBER: _ClassVar[int]
+    WARM_SLOTS_PER_DESTINATION_FIELD_NUMBER: _ClassVar[int]
+    INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    HYSTERESIS_FIELD_NUMBER: _ClassVar[int]
+    MIN_DWELL_S_FIELD_NUMBER: _ClassVar[int]
+    IMBALANCE_TOLERANCE_FIELD_NUMBER: _ClassVar[int]
+    MAX_PLAN_AGE_S_FIELD_NUMBER: _ClassVar[int]
+    DESTINATIONS_FIELD_NUMBER: _ClassVar[int]
+    q_cap: float
+    warm_slots_per_destination: int
+    interval_s: float
+    hysteresis: float
+    min_dwell_s: float
+    imbalance_tolerance: float
+    max_plan_age_s: float
+    destinations: _containers.RepeatedCompositeFieldContainer[_plan_pb2.Destination]
+    def __init__(self, q_cap: _Optional[float] = ..., warm_slots_per_destination: _Optional[int] = ..., interval_s: _Optional[float] = ..., hysteresis: _Optional[float] = ..., min_dwell_s: _Optional[float] = ..., imbalance_tolerance: _Optional[float] = ..., max_plan_age_s: _Optional[float] = ..., destinations: _Optional[_Iterable[_Union[_plan_pb2.Destination, _Mapping]]] = ...) -> None: ...
+
+class UpdateConfigRequest(_message.Message):
+    __slots__ = ("q_cap", "warm_slots_per_destination", "interval_s", "hysteresis", "min_dwell_s", "imbalance_tolerance", "add_destinations", "drain_destinations", "remove_destinations", "request_id")
+    Q_CAP_FIELD_NUMBER: _ClassVar[int]
+    WARM_SLOTS_PER_DESTINATION_FIELD_NUMBER: _ClassVar[int]
+    INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    HYSTERESIS_FIELD_NUMBER: _ClassVar[int]
+    MIN_DWELL_S_FIELD_NUMBER: _ClassVar[int]
+    IMBALANCE_TOLERANCE_FIELD_NUMBER: _ClassVar[int]
+    ADD_DESTINATIONS_FIELD_NUMBER: _ClassVar[int]
+    DRAIN_DESTINATIONS_FIELD_NUMBER: _ClassVar[int]
+    REMOVE_DESTINATIONS_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    q_cap: float
+    warm_slots_per_destination: int
+    interval_s: float
+    hysteresis: float
+    min_dwell_s: float
+    imbalance_tolerance: float
+    add_destinations: _containers.RepeatedCompositeFieldContainer[_plan_pb2.Destination]
+    drain_destinations: _containers.RepeatedScalarFieldContainer[str]
+    remove_destinations: _containers.RepeatedScalarFieldContainer[str]
+    request_id: str
+    def __init__(self, q_cap: _Optional[float] = ..., warm_slots_per_destination: _Optional[int] = ..., interval_s: _Optional[float] = ..., hysteresis: _Optional[float] = ..., min_dwell_s: _Optional[float] = ..., imbalance_tolerance: _Optional[float] = ..., add_destinations: _Optional[_Iterable[_Union[_plan_pb2.Destination, _Mapping]]] = ..., drain_destinations: _Optional[_Iterable[str]] = ..., remove_destinations: _Optional[_Iterable[str]] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class UpdateConfigResponse(_message.Message):
+    __slots__ = ("config",)
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    config: PlannerConfig
+    def __init__(self, config: _Optional[_Union[PlannerConfig, _Mapping]] = ...) -> None: ...
+
+class ListDecisionsRequest(_message.Message):
+    __slots__ = ("limit",)
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    limit: int
+    def __init__(self, limit: _Optional[int] = ...) -> None: ...
+
+class ListDecisionsResponse(_message.Message):
+    __slots__ = ("decisions",)
+    DECISIONS_FIELD_NUMBER: _ClassVar[int]
+    decisions: _containers.RepeatedCompositeFieldContainer[Decision]
+    def __init__(self, decisions: _Optional[_Iterable[_Union[Decision, _Mapping]]] = ...) -> None: ...
+
+class ListRoutersRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class RouterSync(_message.Message):
+    __slots__ = ("status", "state")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    status: _plan_pb2.RouterStatus
+    state: str
+    def __init__(self, status: _Optional[_Union[_plan_pb2.RouterStatus, _Mapping]] = ..., state: _Optional[str] = ...) -> None: ...
+
+class ListRoutersResponse(_message.Message):
+    __slots__ = ("routers",)
+    ROUTERS_FIELD_NUMBER: _ClassVar[int]
+    routers: _containers.RepeatedCompositeFieldContainer[RouterSync]
+    def __init__(self, routers: _Optional[_Iterable[_Union[RouterSync, _Mapping]]] = ...) -> None: ...

@@ -1,0 +1,1 @@
+"""router_client"""
