@@ -1,0 +1,474 @@
+"""The planner's control loop: state plus one `step` per control interval.
+
+The service calls, every interval:
+
+    candidate = repack(installed, keys, rates, config)          # planning core
+    decision = loop.step(now_s, installed=installed, traffic=Traffic(keys, rates, tokens,
+                         window_end_s), candidate=candidate, telemetry=Telemetry(...))
+    if decision.action is Action.INSTALL and publish(candidate):
+        loop.record_install(now_s)
+    elif decision.action in (Action.FALLBACK, Action.RESUME):
+        switch routers' mode
+    if decision.needs_smaller_step: offer a smaller repack next interval
+
+Inputs of `step` (all plain data):
+- `now_s`: the planner's clock in seconds (any epoch, monotone);
+- `installed`: the `RoutingPlan` routers follow now;
+- `traffic`: current per-key rates (`Traffic`, see `control.traffic`);
+- `candidate`: the plan `repack` proposes under those rates, or None;
+- `telemetry`: the stream's newest complete window (`Telemetry`), or None when
+  the stream reports no hit statistics (then only the modelled staleness exists).
+
+What a step does, in order:
+1. learn from fresh telemetry: follow the rewarm dip of the last install until
+   the hit rate settles, then update the rewarm factor (measured dip / formula)
+   and take that window as the baseline for measured staleness; update Δh;
+2. run the guard (fallback / resume);
+3. refuse to act on stale rates or on stale / recovering telemetry (SKIP, and
+   the staleness integral does not advance over that gap);
+4. price the candidate (drift, modelled and measured staleness rate, rewarm
+   cost, moved traffic) and add the staleness rate to S (trapezoid);
+5. decide by ski rental (`decision.ski_rental`), or SKIP while the last
+   install is still rewarming.
+
+`snapshot()` / `restore()` turn the whole state into a JSON-safe dict and back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from planner_svc.control.decision import (
+    Action,
+    Decision,
+    DecisionSettings,
+    Penalties,
+    accumulate,
+    ski_rental,
+)
+from planner_svc.control.drift import Drift, measure_drift
+from planner_svc.control.guard import (
+    GuardState,
+    Mode,
+    ValidatedRange,
+    force,
+    guard_step,
+)
+from planner_svc.control.penalties import (
+    RewarmFactor,
+    WarmAdvantage,
+    measured_staleness_rate,
+    modelled_staleness_rate,
+    rewarm_formula,
+    rewarm_time_s,
+)
+from planner_svc.control.telemetry import Telemetry
+from planner_svc.control.traffic import Traffic, moved_traffic_share
+from router_client.plan import RoutingPlan
+
+SNAPSHOT_SCHEMA = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoopSettings:
+    """Every knob of the loop. Times in seconds."""
+
+    decision: DecisionSettings = field(default_factory=DecisionSettings)
+    warmup_s: float = 5.0  # engine warm-up added to each τ_b
+    overload_weight: float = 1.0
+    max_rates_age_s: float = 60.0  # older rates: SKIP
+    max_telemetry_age_s: float = 60.0  # older telemetry: SKIP
+    min_measured_requests: int = 1000  # evidence needed to decide on measured staleness
+    settle_tolerance: float = 0.005  # hit-rate change between windows that counts as settled
+    min_settle_s: float = 0.0
+    max_settle_s: float = 600.0
+    resume_dwell_s: float = 60.0
+    history_limit: int = 100
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Figures:
+    """The priced candidate: what `step` decides on, and a `Replan` dry run shows."""
+
+    drift: Drift = field(default_factory=Drift)
+    staleness_rate_modelled: float = 0.0
+    staleness_rate_measured: float | None = None
+    rewarm_formula_tokens: float = 0.0
+    rewarm_cost: float = 0.0
+    rewarm_time_s: float = 0.0
+    moved_traffic_share: float = 0.0
+
+    @property
+    def measured_used(self) -> bool:
+        return self.staleness_rate_measured is not None
+
+    @property
+    def staleness_rate(self) -> float:
+        measured = self.staleness_rate_measured
+        return self.staleness_rate_modelled if measured is None else measured
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InstallRecord:
+    """One install and, once its dip settled, what the dip measured."""
+
+    at_s: float
+    predicted_tokens: float  # the rewarm formula, before the learned factor
+    rewarm_cost: float  # what the loop priced it at (formula × factor)
+    moved_traffic_share: float
+    forced: bool = False
+    measured_dip_tokens: float | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Settling:
+    """A dip being followed: since when, what was predicted, the windows seen."""
+
+    since_s: float
+    predicted_tokens: float
+    min_settle_s: float
+    samples: tuple[tuple[float, float, float], ...] = ()  # (window_end_s, hit, tokens/s)
+
+
+def _dip_tokens(settling: Settling) -> float:
+    """∫ (settled hit − hit) × prompt tokens/s dt over the windows of the dip."""
+    reference = settling.samples[-1][1]
+    total, previous = 0.0, settling.since_s
+    for end_s, hit, tokens_per_s in settling.samples:
+        total += max(0.0, reference - hit) * tokens_per_s * max(0.0, end_s - previous)
+        previous = end_s
+    return total
+
+
+class ControlLoop:
+    """Staleness accumulator, install history and learned factors; `step` decides."""
+
+    def __init__(
+        self, settings: LoopSettings | None = None, *, validated: ValidatedRange | None = None
+    ) -> None:
+        self.settings = settings or LoopSettings()
+        self.validated = validated or ValidatedRange()
+        self.accumulated = 0.0  # S, tokens
+        self.warm = WarmAdvantage()
+        self.rewarm = RewarmFactor()
+        self.guard = GuardState()
+        self.installs: list[InstallRecord] = []
+        self.baseline: Telemetry | None = None
+        self.settling: Settling | None = None
+        self.last_decision: Decision | None = None
+        self.last_figures: Figures | None = None
+        self._rate = 0.0  # staleness rate used at the previous step
+        self._last_step_s: float | None = None
+        self._last_install_s: float | None = None
+        self._last_window_s: float | None = None
+        self._next_id = 1
+
+    # --- pricing -------------------------------------------------------------
+
+    def price(
+        self,
+        installed: RoutingPlan,
+        traffic: Traffic,
+        candidate: RoutingPlan | None = None,
+        telemetry: Telemetry | None = None,
+    ) -> Figures:
+        """Drift, staleness rates and the candidate's rewarm cost, without deciding."""
+        drift = measure_drift(installed, traffic, candidate)
+        measured = self._measured_rate(installed, traffic, telemetry)
+        if candidate is None:
+            return Figures(drift=drift, staleness_rate_measured=measured)
+        w, s = self.warm, self.settings
+        formula = rewarm_formula(installed, candidate, traffic, w, s.warmup_s)
+        return Figures(
+            drift=drift,
+            staleness_rate_modelled=modelled_staleness_rate(
+                installed, candidate, traffic, w, s.overload_weight
+            ),
+            staleness_rate_measured=measured,
+            rewarm_formula_tokens=formula,
+            rewarm_cost=formula * self.rewarm.value,
+            rewarm_time_s=rewarm_time_s(installed, candidate, traffic, s.warmup_s),
+            moved_traffic_share=moved_traffic_share(installed, candidate, traffic),
+        )
+
+    def _measured_rate(
+        self, installed: RoutingPlan, traffic: Traffic, telemetry: Telemetry | None
+    ) -> float | None:
+        if telemetry is None or self.baseline is None or self.settling is not None:
+            return None
+        if telemetry.requests < self.settings.min_measured_requests:
+            return None
+        return measured_staleness_rate(
+            telemetry,
+            self.baseline,
+            installed,
+            traffic.mean_tokens_per_request(),
+            self.warm,
+            self.settings.overload_weight,
+        )
+
+    # --- the step --------------------------------------------------------------
+
+    def step(
+        self,
+        now_s: float,
+        *,
+        installed: RoutingPlan,
+        traffic: Traffic,
+        candidate: RoutingPlan | None = None,
+        telemetry: Telemetry | None = None,
+    ) -> Decision:
+        """Run one control step at `now_s` and return its decision (see module docstring)."""
+        usable, unusable_reason = self._usable(now_s, telemetry)
+        if usable is not None:
+            self._learn(usable)
+        verdict = guard_step(
+            self.guard, now_s, usable, self.validated, self.settings.resume_dwell_s
+        )
+        self.guard = verdict.state
+        figures = self.price(installed, traffic, candidate, usable)
+        self.last_figures = figures
+        dt = 0.0 if self._last_step_s is None else now_s - self._last_step_s
+        self._last_step_s = now_s
+        if verdict.changed_to is not None:
+            return self._mode_changed(now_s, verdict.changed_to, figures)
+        if self.guard.mode is Mode.FALLBACK:
+            reason = f"in Flat-LB fallback ({self.guard.reason}): the plan is not serving"
+            return self._emit(now_s, Action.SKIP, reason, figures)
+        stale = self._rates_stale(now_s, traffic) or unusable_reason
+        if stale:
+            return self._emit(now_s, Action.SKIP, f"not acting: {stale}", figures)
+        self.accumulated = accumulate(self.accumulated, self._rate, figures.staleness_rate, dt)
+        self._rate = figures.staleness_rate
+        return self._decide(now_s, candidate, figures)
+
+    def _decide(self, now_s: float, candidate: RoutingPlan | None, figures: Figures) -> Decision:
+        if candidate is None:
+            return self._emit(now_s, Action.KEEP, "no candidate plan this step", figures)
+        if self.settling is not None:
+            reason = (
+                f"not acting on recovering telemetry: the install at {self.settling.since_s:.0f} s "
+                "is still rewarming (its hit rate has not settled)"
+            )
+            return self._emit(now_s, Action.SKIP, reason, figures)
+        since = float("inf") if self._last_install_s is None else now_s - self._last_install_s
+        action, reason, smaller = ski_rental(
+            accumulated=self.accumulated,
+            rewarm_cost=figures.rewarm_cost,
+            since_install_s=since,
+            moved_share=figures.moved_traffic_share,
+            settings=self.settings.decision,
+        )
+        return self._emit(now_s, action, reason, figures, needs_smaller_step=smaller)
+
+    def _usable(self, now_s: float, t: Telemetry | None) -> tuple[Telemetry | None, str]:
+        if t is None:
+            return None, ""
+        if t.recovering:
+            return None, "the stream reports recovering state"
+        age = t.age_s(now_s)
+        if age > self.settings.max_telemetry_age_s:
+            return (
+                None,
+                f"telemetry is {age:.0f} s old (limit {self.settings.max_telemetry_age_s:.0f} s)",
+            )
+        return t, ""
+
+    def _rates_stale(self, now_s: float, traffic: Traffic) -> str:
+        age = now_s - traffic.window_end_s
+        if age > self.settings.max_rates_age_s:
+            return f"rates are {age:.0f} s old (limit {self.settings.max_rates_age_s:.0f} s)"
+        return ""
+
+    # --- learning ------------------------------------------------------------
+
+    def _learn(self, t: Telemetry) -> None:
+        if self._last_window_s is not None and t.window_end_s <= self._last_window_s:
+            return  # this window was already seen
+        self._last_window_s = t.window_end_s
+        if self.settling is not None:
+            self._follow_dip(self.settling, t)
+            return
+        if self.baseline is None and self.guard.mode is Mode.PLANNED:
+            self.baseline = t
+        self._learn_warm_advantage(t)
+
+    def _learn_warm_advantage(self, t: Telemetry) -> None:
+        if t.planned_hit_rate is None or t.fallback_hit_rate is None:
+            return
+        if t.requests >= self.settings.min_measured_requests:
+            self.warm = self.warm.observe(t.planned_hit_rate, t.fallback_hit_rate)
+
+    def _follow_dip(self, settling: Settling, t: Telemetry) -> None:
+        if t.window_end_s <= settling.since_s:
+            return
+        sample = (t.window_end_s, t.hit_rate, t.prompt_tokens_per_s)
+        settling = replace(settling, samples=(*settling.samples, sample))
+        self.settling = settling
+        if self._settled(settling):
+            self._end_dip(settling, t)
+
+    def _settled(self, settling: Settling) -> bool:
+        samples = settling.samples
+        elapsed = samples[-1][0] - settling.since_s
+        if elapsed >= self.settings.max_settle_s:
+            return True
+        if len(samples) < 2 or elapsed < settling.min_settle_s:
+            return False
+        return abs(samples[-1][1] - samples[-2][1]) <= self.settings.settle_tolerance
+
+    def _end_dip(self, settling: Settling, t: Telemetry) -> None:
+        dip = _dip_tokens(settling)
+        self.rewarm = self.rewarm.observe(dip, settling.predicted_tokens)
+        if self.installs and self.installs[-1].at_s == settling.since_s:
+            self.installs[-1] = replace(self.installs[-1], measured_dip_tokens=dip)
+        self.settling = None
+        self.baseline = t
+
+    # --- installs and modes ----------------------------------------------------
+
+    def record_install(
+        self, now_s: float, *, figures: Figures | None = None, forced: bool = False
+    ) -> InstallRecord:
+        """Tell the loop a plan was published at `now_s` (priced by `figures`, default:
+        the last step's candidate). Resets S and starts following the rewarm dip."""
+        f = figures if figures is not None else (self.last_figures or Figures())
+        record = InstallRecord(
+            at_s=now_s,
+            predicted_tokens=f.rewarm_formula_tokens,
+            rewarm_cost=f.rewarm_cost,
+            moved_traffic_share=f.moved_traffic_share,
+            forced=forced,
+        )
+        self.installs = [*self.installs, record][-self.settings.history_limit :]
+        self.accumulated, self._rate = 0.0, 0.0
+        self._last_install_s = now_s
+        self._start_dip(now_s, f.rewarm_formula_tokens, f.rewarm_time_s)
+        return record
+
+    def _start_dip(self, now_s: float, predicted_tokens: float, expected_s: float) -> None:
+        min_settle = max(self.settings.min_settle_s, expected_s)
+        self.settling = Settling(
+            since_s=now_s, predicted_tokens=predicted_tokens, min_settle_s=min_settle
+        )
+        self.baseline = None
+
+    def set_validated_range(self, validated: ValidatedRange) -> None:
+        """Record the range the installed plan was validated for (shadow replay / canary)."""
+        self.validated = validated
+
+    def force_mode(self, now_s: float, mode: Mode | None, reason: str) -> Decision:
+        """Operator override: force `mode` until released with `mode=None`."""
+        verdict = force(self.guard, mode, reason)
+        self.guard = verdict.state
+        figures = self.last_figures or Figures()
+        if verdict.changed_to is not None:
+            return self._mode_changed(now_s, verdict.changed_to, figures)
+        text = "operator released the forced mode" if mode is None else f"operator: {reason}"
+        return self._emit(now_s, Action.KEEP, text, figures)
+
+    def _mode_changed(self, now_s: float, mode: Mode, figures: Figures) -> Decision:
+        if mode is Mode.FALLBACK:
+            reason = f"fall back to Flat-LB: {self.guard.reason}"
+            return self._emit(now_s, Action.FALLBACK, reason, figures)
+        # Back on the plan: its destinations went cold under Flat-LB, follow that dip too.
+        self._start_dip(now_s, 0.0, self.settings.warmup_s)
+        self.accumulated, self._rate = 0.0, 0.0
+        reason = f"resume the plan: {self.guard.reason}"
+        return self._emit(now_s, Action.RESUME, reason, figures)
+
+    # --- records ----------------------------------------------------------------
+
+    def _emit(
+        self,
+        now_s: float,
+        action: Action,
+        reason: str,
+        figures: Figures,
+        *,
+        needs_smaller_step: bool = False,
+    ) -> Decision:
+        penalties = Penalties(
+            staleness_rate_modelled=figures.staleness_rate_modelled,
+            staleness_rate_measured=figures.staleness_rate_measured,
+            staleness_accumulated=self.accumulated,
+            rewarm_cost=figures.rewarm_cost,
+            measured_used=figures.measured_used,
+        )
+        decision = Decision(
+            id=self._next_id,
+            at_s=now_s,
+            action=action,
+            reason=reason,
+            drift=figures.drift,
+            penalties=penalties,
+            moved_traffic_share=figures.moved_traffic_share,
+            needs_smaller_step=needs_smaller_step,
+            mode=str(self.guard.mode),
+        )
+        self._next_id += 1
+        self.last_decision = decision
+        return decision
+
+    # --- persistence ------------------------------------------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        """The loop's whole state as a JSON-safe dict (settings are not included)."""
+        return {
+            "schema": SNAPSHOT_SCHEMA,
+            "accumulated": self.accumulated,
+            "rate": self._rate,
+            "last_step_s": self._last_step_s,
+            "last_install_s": self._last_install_s,
+            "last_window_s": self._last_window_s,
+            "next_id": self._next_id,
+            "warm": self.warm.to_dict(),
+            "rewarm": self.rewarm.to_dict(),
+            "guard": self.guard.to_dict(),
+            "validated": self.validated.to_dict(),
+            "baseline": None if self.baseline is None else self.baseline.to_dict(),
+            "settling": None if self.settling is None else _settling_to_dict(self.settling),
+            "installs": [asdict(r) for r in self.installs],
+            "last_decision": None if self.last_decision is None else self.last_decision.to_dict(),
+        }
+
+    @classmethod
+    def restore(cls, data: Mapping[str, Any], settings: LoopSettings | None = None) -> ControlLoop:
+        """Rebuild a loop from `snapshot()` output."""
+        if data.get("schema") != SNAPSHOT_SCHEMA:
+            raise ValueError(f"control loop snapshot schema {data.get('schema')!r} is not 1")
+        loop = cls(settings, validated=ValidatedRange(**data["validated"]))
+        loop.accumulated, loop._rate = data["accumulated"], data["rate"]
+        loop._last_step_s, loop._last_install_s = data["last_step_s"], data["last_install_s"]
+        loop._last_window_s, loop._next_id = data["last_window_s"], data["next_id"]
+        loop.warm = WarmAdvantage.from_dict(data["warm"])
+        loop.rewarm = RewarmFactor.from_dict(data["rewarm"])
+        loop.guard = GuardState.from_dict(data["guard"])
+        baseline, settling = data["baseline"], data["settling"]
+        loop.baseline = None if baseline is None else Telemetry.from_dict(baseline)
+        loop.settling = None if settling is None else _settling_from_dict(settling)
+        loop.installs = [InstallRecord(**r) for r in data["installs"]]
+        last = data["last_decision"]
+        loop.last_decision = None if last is None else Decision.from_dict(last)
+        return loop
+
+
+def _settling_to_dict(s: Settling) -> dict[str, Any]:
+    return {
+        "since_s": s.since_s,
+        "predicted_tokens": s.predicted_tokens,
+        "min_settle_s": s.min_settle_s,
+        "samples": [list(x) for x in s.samples],
+    }
+
+
+def _settling_from_dict(data: Mapping[str, Any]) -> Settling:
+    samples = tuple((float(a), float(b), float(c)) for a, b, c in data["samples"])
+    return Settling(
+        since_s=data["since_s"],
+        predicted_tokens=data["predicted_tokens"],
+        min_settle_s=data["min_settle_s"],
+        samples=samples,
+    )
