@@ -1,1 +1,32 @@
-"""planner_svc/planning"""
+"""The planning core: Algorithm 1, churn-aware repacking, evaluation and plan diffs.
+
+Pure: plain data, numpy and `router_client.plan` types in and out; no I/O, no clocks unless one is
+passed in. `build_plan` plans from scratch; `repack` replans from an installed plan with minimum
+churn; `evaluate` predicts what an installed plan does under new rates; `diff` compares plans.
+"""
+
+from planner_svc.planning.admission import Admission, admit, replica_counts
+from planner_svc.planning.build import build_plan
+from planner_svc.planning.config import PlanningConfig
+from planner_svc.planning.diff import PlanDiff, diff
+from planner_svc.planning.errors import PlanningError
+from planner_svc.planning.evaluate import PlanEvaluation, evaluate, plan_key_rates
+from planner_svc.planning.repack import repack
+from planner_svc.planning.stats import imbalance, table_loads
+
+__all__ = [
+    "Admission",
+    "PlanDiff",
+    "PlanEvaluation",
+    "PlanningConfig",
+    "PlanningError",
+    "admit",
+    "build_plan",
+    "diff",
+    "evaluate",
+    "imbalance",
+    "plan_key_rates",
+    "repack",
+    "replica_counts",
+    "table_loads",
+]

@@ -1,0 +1,71 @@
+"""`build_plan`: Algorithm 1 from scratch (admission, cold-tail baseline, LPT placement)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from planner_svc.planning.admission import Admission, admit, check_rates
+from planner_svc.planning.config import PlanningConfig
+from planner_svc.planning.errors import PlanningError
+from planner_svc.planning.placement import cold_tail_loads, lpt_place
+from planner_svc.planning.stats import plan_stats, table_from_flat
+from router_client.plan import RoutingPlan
+
+
+def build_plan(
+    keys: Sequence[str],
+    rates: np.ndarray,
+    config: PlanningConfig,
+    *,
+    prefix_tokens: np.ndarray | None = None,
+    clock: Callable[[], float] | None = None,
+) -> RoutingPlan:
+    """A fresh plan (version 0.0, built_by="build") for keys at `rates` (req/s).
+
+    Deterministic: the same inputs give the same plan byte for byte. `clock` (e.g.
+    `time.perf_counter`) only fills `stats.build_seconds`; without it that field is 0.0 so that
+    the encoded plan depends on the inputs alone.
+    """
+    started = clock() if clock else 0.0
+    r = check_rates(len(keys), rates)
+    adm = admit(r, config, prefix_tokens)
+    healthy = np.flatnonzero(config.active)
+    weights = config.weights
+    total = float(r.sum())
+    admitted_rate = float(r[adm.index].sum())
+    loads_h = cold_tail_loads(max(0.0, total - admitted_rate), weights[healthy])
+    members_h = lpt_place(r[adm.index] / adm.replicas, adm.replicas, loads_h, weights[healthy])
+    return assemble(keys, r, config, adm, healthy[members_h], loads_h, "build",
+                    (clock() - started) if clock else 0.0)
+
+
+def assemble(
+    keys: Sequence[str],
+    rates: np.ndarray,
+    config: PlanningConfig,
+    adm: Admission,
+    members: np.ndarray,
+    healthy_loads: np.ndarray,
+    built_by: str,
+    build_seconds: float,
+) -> RoutingPlan:
+    """The RoutingPlan for an admission and its flat member list (plan destination indices)."""
+    healthy = np.flatnonzero(config.active)
+    loads = np.zeros(len(config.destinations))
+    loads[healthy] = healthy_loads
+    table = table_from_flat(
+        [keys[i] for i in adm.index.tolist()], adm.replicas, members, rates[adm.index]
+    )
+    stats = plan_stats(
+        loads=loads, weights=config.weights, healthy=healthy, total_rate=float(rates.sum()),
+        admitted_rate=float(rates[adm.index].sum()), table=table, build_seconds=build_seconds,
+    )
+    return RoutingPlan(config.plan_config(built_by), config.destinations, table, stats)
+
+
+def check_keys(keys: Sequence[str]) -> None:
+    """Keys must be unique (the plan codec refuses duplicates); PlanningError otherwise."""
+    if len(set(keys)) != len(keys):
+        raise PlanningError("routing keys must be unique")

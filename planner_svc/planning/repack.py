@@ -1,0 +1,209 @@
+"""`repack`: churn-aware replanning from the installed plan (design notes §3).
+
+Start from the installed assignment under the new rates and fix only what must change:
+1. keys that left admission are dropped; members on destinations that are gone or draining are
+   dropped (matched by destination id, so destinations may join, leave or reorder);
+2. where k_b shrank, the most-loaded members are released; where it grew (or members were
+   dropped), the least-loaded destinations not yet in the set are added;
+3. newly admitted keys are placed greedily (LPT, λ desc) on the least-loaded destinations;
+4. rebalance: while max/mean load exceeds the target (a fresh LPT plan's imbalance plus
+   `imbalance_tolerance`, relaxed by `balance_effort`), move one replica off the most-loaded
+   destination to a less-loaded one that the key does not use yet (distinctness), choosing the
+   smallest share that brings the donor down to the target, else the largest that fits.
+A key whose rate, k_b and destinations are unchanged is touched only by step 4. Moves are
+measured in traffic (λ_b / k_b), since that is what must rewarm.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from planner_svc.planning.admission import Admission, admit, check_rates
+from planner_svc.planning.build import assemble
+from planner_svc.planning.config import PlanningConfig
+from planner_svc.planning.placement import cold_tail_loads, least_loaded, lpt_place
+from planner_svc.planning.stats import imbalance
+from router_client.plan import RoutingPlan
+
+
+def repack(
+    previous: RoutingPlan,
+    keys: Sequence[str],
+    rates: np.ndarray,
+    config: PlanningConfig,
+    *,
+    prefix_tokens: np.ndarray | None = None,
+    clock: Callable[[], float] | None = None,
+) -> RoutingPlan:
+    """A plan for the new rates that moves as little traffic as balance allows (built_by="repack").
+
+    Admission is the same top-rate rule as `build_plan`; only placement is churn-aware.
+    Deterministic; `clock` fills `stats.build_seconds` as in `build_plan`.
+    """
+    started = clock() if clock else 0.0
+    r = check_rates(len(keys), rates)
+    adm = admit(r, config, prefix_tokens)
+    healthy = np.flatnonzero(config.active)
+    weights = config.weights[healthy]
+    shares = r[adm.index] / adm.replicas
+    base = cold_tail_loads(max(0.0, float(r.sum()) - float(r[adm.index].sum())), weights)
+    sets = _kept_sets(previous, keys, adm, config)
+    loads = base + _set_loads(sets, shares, len(healthy))
+    _release_extra(sets, adm.replicas, shares, loads, weights)
+    _fill_short(sets, adm.replicas, shares, loads, weights)
+    target = _target(adm, shares, base, weights, loads, config)
+    rebalance(sets, shares, loads, weights, target)
+    flat = np.fromiter((m for s in sets for m in sorted(s)), np.int64, int(adm.replicas.sum()))
+    members = healthy[flat]
+    return assemble(keys, r, config, adm, members, loads, "repack",
+                    (clock() - started) if clock else 0.0)
+
+
+def _kept_sets(
+    previous: RoutingPlan, keys: Sequence[str], adm: Admission, config: PlanningConfig
+) -> list[list[int]]:
+    """Per admitted key, its previous members that are still healthy (healthy positions)."""
+    position = {}
+    for h, i in enumerate(np.flatnonzero(config.active).tolist()):
+        position[config.destinations[i].id] = h
+    remap = [position.get(d.id, -1) for d in previous.destinations]
+    table = previous.table
+    index = {k: i for i, k in enumerate(table.keys)}
+    offsets = table.set_offsets.tolist()
+    members = [remap[m] for m in table.members.tolist()]
+    sets: list[list[int]] = []
+    for i in adm.index.tolist():
+        p = index.get(keys[i])
+        kept = [] if p is None else members[offsets[p] : offsets[p + 1]]
+        sets.append([m for m in kept if m >= 0])
+    return sets
+
+
+def _set_loads(sets: list[list[int]], shares: np.ndarray, n: int) -> np.ndarray:
+    sizes = np.fromiter((len(s) for s in sets), np.int64, len(sets))
+    flat = np.fromiter((m for s in sets for m in s), np.int64, int(sizes.sum()))
+    return np.bincount(flat, np.repeat(shares, sizes), minlength=n).astype(np.float64)
+
+
+def _release_extra(
+    sets: list[list[int]], k: np.ndarray, shares: np.ndarray, loads: np.ndarray, w: np.ndarray
+) -> None:
+    """Where k_b shrank, drop the most-loaded members (ties: higher index first)."""
+    for j, s in enumerate(sets):
+        extra = len(s) - int(k[j])
+        for _ in range(max(0, extra)):
+            worst = max(s, key=lambda m: (loads[m] / w[m], m))
+            s.remove(worst)
+            loads[worst] -= shares[j]
+
+
+def _fill_short(
+    sets: list[list[int]], k: np.ndarray, shares: np.ndarray, loads: np.ndarray, w: np.ndarray
+) -> None:
+    """Top up partial sets on the least-loaded unused destinations, then LPT-place new keys."""
+    fresh = [j for j, s in enumerate(sets) if not s]
+    for j, s in enumerate(sets):
+        if s and len(s) < k[j]:
+            _add_members(s, int(k[j]) - len(s), shares[j], loads, w)
+    if fresh:
+        idx = np.array(fresh, np.int64)
+        flat = lpt_place(shares[idx], k[idx], loads, w)
+        offsets = np.concatenate([[0], np.cumsum(k[idx])]).tolist()
+        for n, j in enumerate(fresh):
+            sets[j] = flat[offsets[n] : offsets[n + 1]].tolist()
+
+
+def _add_members(s: list[int], count: int, share: float, loads: np.ndarray, w: np.ndarray) -> None:
+    taken = set(s)
+    for m in least_loaded(loads, w, len(loads)).tolist():
+        if count == 0:
+            break
+        if m not in taken:
+            s.append(m)
+            loads[m] += share
+            count -= 1
+
+
+def _target(
+    adm: Admission, shares: np.ndarray, base: np.ndarray, w: np.ndarray, loads: np.ndarray,
+    config: PlanningConfig,
+) -> float:
+    """Imbalance to rebalance down to: fresh LPT + tolerance, relaxed by (1 − balance_effort)."""
+    fresh_loads = base.copy()
+    lpt_place(shares, adm.replicas, fresh_loads, w)
+    goal = imbalance(fresh_loads, w) + config.imbalance_tolerance
+    now = imbalance(loads, w)
+    return goal + (1.0 - config.balance_effort) * max(0.0, now - goal)
+
+
+def rebalance(
+    sets: list[list[int]], shares: np.ndarray, loads: np.ndarray, w: np.ndarray, target: float
+) -> int:
+    """Move replicas off the most-loaded destination until imbalance <= target; return #moves.
+
+    Every move lowers the donor and keeps the receiver at or under the target load, so the total
+    excess above the target strictly falls; the loop also stops when no move can help.
+    """
+    limit = target * float(loads.sum()) / float(w.sum())
+    if imbalance(loads, w) <= target:
+        return 0
+    on = _per_destination(sets, shares, len(loads))
+    moves = 0
+    while moves < 4 * len(sets) + len(loads):
+        rel = loads / w
+        donor = int(np.argmax(rel))
+        if rel[donor] <= limit:
+            break
+        move = _best_move(on[donor], sets, rel, w, limit, (rel[donor] - limit) * w[donor])
+        if move is None:
+            break
+        share, j, receiver = move
+        _apply_move(on, sets, loads, donor, receiver, share, j)
+        moves += 1
+    return moves
+
+
+def _per_destination(
+    sets: list[list[int]], shares: np.ndarray, n: int
+) -> list[list[tuple[float, int]]]:
+    on: list[list[tuple[float, int]]] = [[] for _ in range(n)]
+    share_list = shares.tolist()
+    for j, s in enumerate(sets):
+        for m in s:
+            on[m].append((share_list[j], j))
+    for items in on:
+        items.sort()
+    return on
+
+
+def _best_move(
+    items: list[tuple[float, int]], sets: list[list[int]], rel: np.ndarray, w: np.ndarray,
+    limit: float, excess: float,
+) -> tuple[float, int, int] | None:
+    """(share, key, receiver): the smallest share >= excess that fits the receiver's room, else
+    the largest share that fits; receivers tried from the least loaded (a few at most)."""
+    for receiver in np.argsort(rel, kind="stable")[:8].tolist():
+        room = (limit - rel[receiver]) * w[receiver]
+        if room <= 0.0:
+            break
+        lo = bisect.bisect_left(items, (excess, -1))
+        hi = bisect.bisect_right(items, (room, len(sets)))
+        for pos in [*range(lo, hi), *range(min(lo, hi) - 1, -1, -1)]:
+            share, j = items[pos]
+            if receiver not in sets[j]:
+                return share, j, receiver
+    return None
+
+
+def _apply_move(
+    on: list[list[tuple[float, int]]], sets: list[list[int]], loads: np.ndarray,
+    donor: int, receiver: int, share: float, j: int,
+) -> None:
+    on[donor].remove((share, j))
+    bisect.insort(on[receiver], (share, j))
+    sets[j][sets[j].index(donor)] = receiver
+    loads[donor] -= share
+    loads[receiver] += share
