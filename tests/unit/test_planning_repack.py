@@ -1,0 +1,175 @@
+"""repack: minimal churn, mandatory fixes, rebalancing within tolerance, destination changes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from planner_svc.planning import PlanningConfig, build_plan, diff, repack
+from planner_svc.planning.admission import admit
+from planner_svc.replay.rates import lognormal_walk, paper_like_keys, paper_like_rates
+from router_client.plan import DestinationSpec, RoutingPlan, decode_plan, encode_plan
+
+
+def sets_by_id(plan: RoutingPlan) -> dict[str, frozenset[str]]:
+    ids = plan.destination_ids
+    return {k: frozenset(ids[m] for m in s) for k, s in plan.table.as_dict().items()}
+
+
+def uniform(n: int, **options: object) -> PlanningConfig:
+    return PlanningConfig.uniform(n, 10.0, 6, **options)
+
+
+@st.composite
+def drift_inputs(draw: st.DrawFn) -> tuple[np.ndarray, np.ndarray, int, float]:
+    n = draw(st.integers(1, 80))
+    seed = draw(st.integers(0, 2**16))
+    rng = np.random.default_rng(seed)
+    before = rng.lognormal(0.0, 1.5, n) * draw(st.sampled_from([1.0, 5.0]))
+    changed = rng.random(n) < draw(st.sampled_from([0.0, 0.1, 0.5, 1.0]))
+    after = np.where(changed, lognormal_walk(before, 0.6, rng), before)
+    return before, after, draw(st.integers(1, 8)), draw(st.sampled_from([0.0, 0.5, 1.0]))
+
+
+def check_sound(plan: RoutingPlan, keys: list[str], rates: np.ndarray, config: PlanningConfig):
+    decode_plan(encode_plan(plan))  # distinct, non-empty sets, no draining member
+    assert int(plan.table.replicas().sum()) <= config.slots
+    fresh = build_plan(keys, rates, config)
+    assert list(plan.table.keys) == list(fresh.table.keys)  # same top-rate admission
+    assert np.array_equal(plan.table.replicas(), fresh.table.replicas())
+    assert sum(plan.stats.expected_load_per_s) == pytest.approx(float(rates.sum()))
+    assert plan.config.built_by == "repack"
+
+
+@settings(max_examples=150, deadline=None)
+@given(drift_inputs())
+def test_repack_keeps_what_still_makes_sense(inputs: tuple) -> None:
+    before, after, n_dest, effort = inputs
+    keys = [f"k{i}" for i in range(len(before))]
+    config = uniform(n_dest, balance_effort=effort)
+    old = build_plan(keys, before, config)
+    new = repack(old, keys, after, config)
+    check_sound(new, keys, after, config)
+    assert encode_plan(new) == encode_plan(repack(old, keys, after.copy(), config))
+    old_sets, new_sets = sets_by_id(old), sets_by_id(new)
+    k_old = dict(zip(old.table.keys, old.table.replicas().tolist(), strict=True))
+    k_new = dict(zip(new.table.keys, new.table.replicas().tolist(), strict=True))
+    untouched = [
+        k for i, k in enumerate(keys)
+        if k in old_sets and k in new_sets and before[i] == after[i] and k_old[k] == k_new[k]
+    ]
+    if effort == 0.0:  # no balance moves: every unchanged key keeps its set
+        assert all(old_sets[k] == new_sets[k] for k in untouched)
+    else:  # a key that did not change moved only because balance required it
+        lazy = repack(old, keys, after, uniform(n_dest, balance_effort=0.0))
+        if any(old_sets[k] != new_sets[k] for k in untouched):
+            assert new.stats.imbalance_max_over_mean < lazy.stats.imbalance_max_over_mean
+
+
+@settings(max_examples=100, deadline=None)
+@given(drift_inputs(), st.data())
+def test_drained_destination_ends_empty_and_only_its_keys_move(inputs: tuple, data) -> None:
+    before, _, n_dest, _ = inputs
+    n_dest = max(n_dest, 2)
+    keys = [f"k{i}" for i in range(len(before))]
+    config = uniform(n_dest, balance_effort=0.0, warm_slots=6 * n_dest)
+    old = build_plan(keys, before, config)
+    drained = data.draw(st.integers(0, n_dest - 1))
+    dests = tuple(
+        DestinationSpec(d.id, draining=(i == drained)) for i, d in enumerate(config.destinations)
+    )
+    new_config = PlanningConfig(dests, 10.0, 6, warm_slots=config.slots, balance_effort=0.0)
+    new = repack(old, keys, before, new_config)
+    check_sound(new, keys, before, new_config)
+    gone = config.destinations[drained].id
+    old_sets, new_sets = sets_by_id(old), sets_by_id(new)
+    assert all(gone not in s for s in new_sets.values())
+    for k, s in old_sets.items():
+        if gone not in s and k in new_sets:
+            assert new_sets[k] == s
+        elif k in new_sets:
+            assert s - {gone} <= new_sets[k]  # the surviving members stay
+
+
+def test_destinations_are_matched_by_id_when_they_join_leave_and_reorder() -> None:
+    keys = paper_like_keys(400)
+    rates = paper_like_rates(400, 50.0, seed=5, max_share=0.01)
+    old_cfg = PlanningConfig((*(DestinationSpec(i) for i in "abcde"),), 5.0, 10)
+    old = build_plan(keys, rates, old_cfg)
+    new_cfg = PlanningConfig(
+        (*(DestinationSpec(i) for i in "edcbf"),), 5.0, 10, balance_effort=0.0
+    )  # a left, f joined, order reversed
+    new = repack(old, keys, rates, new_cfg)
+    check_sound(new, keys, rates, new_cfg)
+    old_sets, new_sets = sets_by_id(old), sets_by_id(new)
+    for k, s in old_sets.items():
+        if "a" not in s:
+            assert new_sets[k] == s
+    assert any("f" in s for s in new_sets.values())  # a's keys went to the least loaded: f
+    d = diff(old, new)
+    assert set(d.moved) == {k for k, s in old_sets.items() if "a" in s}
+    assert d.load_change_per_s["a"] < 0 < d.load_change_per_s["f"]
+
+
+def test_replica_count_changes_add_and_release_members() -> None:
+    config = PlanningConfig.uniform(6, q_cap=10.0, warm_slots_per_destination=4, balance_effort=0)
+    keys = ["grow", "shrink", *(f"s{i}" for i in range(8))]
+    before = np.array([9.0, 35.0, *([2.0] * 8)])
+    after = np.array([25.0, 15.0, *([2.0] * 8)])
+    old = build_plan(keys, before, config)
+    new = repack(old, keys, after, config)
+    check_sound(new, keys, after, config)
+    o, n = sets_by_id(old), sets_by_id(new)
+    assert len(n["grow"]) == 3 and o["grow"] < n["grow"]
+    assert len(n["shrink"]) == 2 and n["shrink"] < o["shrink"]
+    assert all(o[k] == n[k] for k in keys[2:])
+
+
+def test_repack_moves_little_traffic_and_stays_close_to_fresh_balance() -> None:
+    n = 20_000
+    keys = paper_like_keys(n)
+    rates = paper_like_rates(n, 100.0, seed=2)
+    config = PlanningConfig.uniform(30, q_cap=100.0 / 30, warm_slots_per_destination=32)
+    rng = np.random.default_rng(9)
+    installed = build_plan(keys, rates, config)
+    for _ in range(3):
+        rates = lognormal_walk(rates, 0.3, rng)
+        fresh = build_plan(keys, rates, config)
+        new = repack(installed, keys, rates, config)
+        moved = diff(installed, new).moved_traffic_share
+        scratch = diff(installed, fresh).moved_traffic_share
+        assert moved <= 0.05 < 0.5 < scratch
+        imb = new.stats.imbalance_max_over_mean
+        assert imb <= fresh.stats.imbalance_max_over_mean + config.imbalance_tolerance + 1e-9
+        installed = new
+
+
+def test_balance_effort_trades_churn_for_balance() -> None:
+    n = 5_000
+    keys = paper_like_keys(n)
+    rates = paper_like_rates(n, 100.0, seed=4)
+    config = PlanningConfig.uniform(10, q_cap=50.0, warm_slots_per_destination=60)
+    old = build_plan(keys, rates, config)
+    drifted = lognormal_walk(rates, 0.8, np.random.default_rng(1))
+    results = []
+    for effort in (0.0, 0.5, 1.0):
+        cfg = PlanningConfig.uniform(10, 50.0, 60, imbalance_tolerance=0.0, balance_effort=effort)
+        new = repack(old, keys, drifted, cfg)
+        results.append((diff(old, new).moved_traffic_share, new.stats.imbalance_max_over_mean))
+    moved, imb = zip(*results, strict=True)
+    assert moved[0] == 0.0 and moved[0] <= moved[1] <= moved[2] and moved[2] > 0
+    assert imb[0] >= imb[1] >= imb[2]
+
+
+def test_repack_of_an_empty_plan_places_everything_like_lpt() -> None:
+    keys = paper_like_keys(300)
+    rates = paper_like_rates(300, 30.0, seed=8, max_share=0.02)
+    config = PlanningConfig.uniform(5, 3.0, 20)
+    empty = RoutingPlan(config.plan_config("build"), config.destinations,
+                        build_plan([], np.zeros(0), config).table)
+    new = repack(empty, keys, rates, config)
+    fresh = build_plan(keys, rates, config)
+    assert new.table.as_dict() == fresh.table.as_dict()
+    assert len(admit(rates, config).index) == len(new.table)
