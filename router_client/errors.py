@@ -1,8 +1,8 @@
 """Errors raised by the router client.
 
-    RouterClientError
-    ├── PlanRejected      a plan or delta failed decoding, digest, signature or sanity checks
-    └── NoPlanAvailable   asked for the plan before any valid one was applied
+RouterClientError
+├── PlanRejected      a plan or delta failed decoding, digest, signature or sanity checks
+└── NoPlanAvailable   asked for the plan before any valid one was applied
 """
 
 from __future__ import annotations

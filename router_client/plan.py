@@ -18,9 +18,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+from cacheroute.v1 import plan_pb2
 from google.protobuf.message import DecodeError
 
-from cacheroute.v1 import plan_pb2
 from router_client.errors import PlanRejected
 
 SCHEMA = 1
@@ -254,8 +254,14 @@ def table_from_pb(pb: plan_pb2.KeyTable, n_destinations: int) -> KeyTable:
         raise PlanRejected("malformed", "rates column is not a whole number of float32")
     rates = np.frombuffer(pb.rates_f32le, "<f4").astype(np.float64)
     table = KeyTable(keys, offsets, members, rates)
-    check_table(table, n_destinations)
+    check_table(table, n_destinations, key_bytes=_key_byte_lengths(pb.keys))
     return table
+
+
+def _key_byte_lengths(blob: bytes) -> np.ndarray:
+    # Key lengths from the NUL positions: far cheaper than len() over 100k strings.
+    ends = np.flatnonzero(np.frombuffer(blob, np.uint8) == 0)
+    return np.diff(ends, prepend=-1) - 1
 
 
 def _u32(raw: bytes, what: str) -> np.ndarray:
@@ -264,8 +270,17 @@ def _u32(raw: bytes, what: str) -> np.ndarray:
     return np.frombuffer(raw, "<u4")
 
 
-def check_table(t: KeyTable, n_destinations: int, draining: Sequence[int] = ()) -> None:
-    """Raise PlanRejected unless `t` satisfies the module invariants."""
+def check_table(
+    t: KeyTable,
+    n_destinations: int,
+    draining: Sequence[int] = (),
+    key_bytes: np.ndarray | None = None,
+) -> None:
+    """Raise PlanRejected unless `t` satisfies the module invariants.
+
+    `key_bytes` (UTF-8 length of each key) may be passed when the caller already
+    has it; otherwise it is computed.
+    """
     n = len(t.keys)
     offs = t.set_offsets
     if len(offs) != n + 1 or (n and len(t.rates) not in (0, n)):
@@ -279,7 +294,9 @@ def check_table(t: KeyTable, n_destinations: int, draining: Sequence[int] = ()) 
         raise PlanRejected("unknown_destination", "a key names a destination the plan lacks")
     if len(set(t.keys)) != n:
         raise PlanRejected("duplicate_key", "a key appears twice")
-    if n and (min(map(len, t.keys)) == 0 or max(map(len, t.keys)) > MAX_KEY_BYTES):
+    if key_bytes is None:
+        key_bytes = np.fromiter((len(k.encode()) for k in t.keys), np.int64, count=n)
+    if n and (int(key_bytes.min()) == 0 or int(key_bytes.max()) > MAX_KEY_BYTES):
         raise PlanRejected("bad_key", "a key is empty or longer than the limit")
     _check_distinct_members(t, sizes)
     if len(draining) and len(t.members) and np.isin(t.members, np.asarray(draining)).any():
@@ -287,11 +304,18 @@ def check_table(t: KeyTable, n_destinations: int, draining: Sequence[int] = ()) 
 
 
 def _check_distinct_members(t: KeyTable, sizes: np.ndarray) -> None:
-    multi = np.nonzero(sizes > 1)[0]
-    for i in multi.tolist():
-        s = t.members[int(t.set_offsets[i]) : int(t.set_offsets[i + 1])]
-        if len(np.unique(s)) != len(s):
-            raise PlanRejected("duplicate_member", f"key {t.keys[i]!r} lists a destination twice")
+    # Vectorised: sort members within each set, then look for equal neighbours
+    # that belong to the same set.
+    if not len(sizes) or int(sizes.max()) <= 1:
+        return
+    in_multi = np.repeat(sizes > 1, sizes)
+    owner = np.repeat(np.arange(len(sizes)), sizes)[in_multi]
+    span = int(t.members.max()) + 1
+    tagged = np.sort(owner * span + t.members[in_multi].astype(np.int64))
+    dup = np.nonzero(tagged[1:] == tagged[:-1])[0]
+    if len(dup):
+        key = t.keys[int(tagged[dup[0]] // span)]
+        raise PlanRejected("duplicate_member", f"key {key!r} lists a destination twice")
 
 
 def plan_to_pb(plan: RoutingPlan) -> plan_pb2.RoutingPlan:

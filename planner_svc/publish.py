@@ -1,0 +1,210 @@
+"""Publish signed, versioned plans to Redis for the routers (the planner's side).
+
+The key layout is `router_client.layout` (one Cluster slot, hash tag ``{plan}``).
+`install` writes the signed plan, the signed delta from the previous plan, the
+version index and the current-version pointer, and PUBLISHes a small
+notification, all in ONE Lua script, so the step is atomic on the server:
+
+- the pointer never moves backwards (two planners cannot regress it);
+- a version number is never reused for different bytes;
+- re-installing the very same version and bytes is a no-op (safe retries);
+- no reader ever sees the pointer name a version whose blobs are missing;
+- the last `retain` versions are kept; older ones are trimmed in the same step.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+from cacheroute.v1 import plan_pb2
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from router_client import signing
+from router_client.delta import make_delta
+from router_client.layout import DEFAULT_NAMESPACE, Layout, Pointer, parse_member, version_member
+from router_client.plan import RoutingPlan, Version, decode_plan, encode_plan
+
+
+class PublishError(RuntimeError):
+    """Redis refused an install: the message says why (backwards, reused version)."""
+
+
+class VersionRegression(PublishError):
+    """The version is older than the installed one."""
+
+
+class VersionConflict(PublishError):
+    """The version was already installed with different bytes."""
+
+
+@dataclass(frozen=True, slots=True)
+class PublishedVersion:
+    version: Version
+    digest: bytes
+
+
+# KEYS: current, versions, plan, delta, digest
+# ARGV: member, digest hex, plan blob, delta blob ('' = none), notification,
+#       channel, retain, version key prefix
+_INSTALL_LUA = """
+local member, digest = ARGV[1], ARGV[2]
+local cur = redis.call('GET', KEYS[1])
+if cur then
+  local cur_member = string.sub(cur, 1, 32)
+  if member < cur_member then
+    return redis.error_reply('CRBACKWARDS ' .. cur_member)
+  end
+  if member == cur_member then
+    if string.sub(cur, 34) == digest then return 0 end
+    return redis.error_reply('CRCONFLICT ' .. cur_member)
+  end
+end
+local old = redis.call('GET', KEYS[5])
+if old and old ~= digest then
+  return redis.error_reply('CRCONFLICT ' .. member)
+end
+redis.call('SET', KEYS[3], ARGV[3])
+if ARGV[4] ~= '' then redis.call('SET', KEYS[4], ARGV[4]) end
+redis.call('SET', KEYS[5], digest)
+redis.call('ZADD', KEYS[2], 0, member)
+redis.call('SET', KEYS[1], member .. ' ' .. digest)
+redis.call('PUBLISH', ARGV[6], ARGV[5])
+local retain = tonumber(ARGV[7])
+local n = redis.call('ZCARD', KEYS[2])
+if n > retain then
+  local gone = redis.call('ZRANGE', KEYS[2], 0, n - retain - 1)
+  for _, m in ipairs(gone) do
+    if m ~= member then
+      local k = ARGV[8] .. m
+      redis.call('DEL', k .. ':plan', k .. ':delta', k .. ':digest')
+      redis.call('ZREM', KEYS[2], m)
+    end
+  end
+end
+return 1
+"""
+
+
+class PlanPublisher:
+    """Writes plans for routers; every method is one or a few Redis round trips."""
+
+    def __init__(
+        self,
+        redis_url: str,
+        private_key: Ed25519PrivateKey,
+        *,
+        namespace: str = DEFAULT_NAMESPACE,
+        retain: int = 50,
+        **redis_options: Any,
+    ) -> None:
+        if retain < 2:
+            raise ValueError("retain must keep at least 2 versions (the current and its base)")
+        options = {"socket_timeout": 5.0, "socket_connect_timeout": 2.0, **redis_options}
+        options["decode_responses"] = False  # blobs are bytes
+        self._redis: Any = redis.Redis.from_url(redis_url, **options)
+        self._key = private_key
+        self._keys = signing.pin([private_key.public_key()])
+        self.layout = Layout(namespace)
+        self.retain = retain
+        self._install = self._redis.register_script(_INSTALL_LUA)
+
+    def install(self, plan: RoutingPlan, previous: RoutingPlan | None) -> PublishedVersion:
+        """Publish `plan` (its version set by the caller) with a delta from `previous`."""
+        payload = encode_plan(plan)
+        plan_blob = signing.sign_blob(payload, signing.PLAN, self._key)
+        digest = _digest_of(plan_blob)
+        delta_blob = self._delta_blob(plan, previous, digest) if previous is not None else b""
+        note = plan_pb2.PlanNotification(
+            version=plan_pb2.PlanVersion(epoch=plan.version.epoch, seq=plan.version.seq),
+            digest=digest,
+        ).SerializeToString()
+        lay, v = self.layout, plan.version
+        keys = [lay.current, lay.versions, lay.plan(v), lay.delta(v), lay.digest(v)]
+        args = [
+            version_member(v),
+            digest.hex(),
+            plan_blob,
+            delta_blob,
+            note,
+            lay.channel,
+            self.retain,
+            lay.version_prefix(),
+        ]
+        try:
+            self._install(keys=keys, args=args)
+        except redis.ResponseError as exc:
+            raise _translate(exc, v) from exc
+        return PublishedVersion(v, digest)
+
+    def _delta_blob(self, plan: RoutingPlan, previous: RoutingPlan, digest: bytes) -> bytes:
+        if previous.version >= plan.version:
+            raise VersionRegression(f"previous {previous.version} is not older than {plan.version}")
+        base_digest = self._stored_digest(previous.version)
+        if base_digest is None:  # base no longer retained: routers will fetch the full plan
+            return b""
+        delta = make_delta(previous, plan, base_digest, digest)
+        return signing.sign_blob(delta.SerializeToString(), signing.DELTA, self._key)
+
+    def _stored_digest(self, v: Version) -> bytes | None:
+        raw = self._redis.get(self.layout.digest(v))
+        return bytes.fromhex(raw.decode()) if raw else None
+
+    def current(self) -> PublishedVersion | None:
+        raw = self._redis.get(self.layout.current)
+        if raw is None:
+            return None
+        p = Pointer.decode(raw)
+        return PublishedVersion(p.version, p.digest)
+
+    def load(self, version: Version) -> RoutingPlan:
+        """The retained plan of `version`, verified; KeyError if it is not retained."""
+        raw = self._redis.get(self.layout.plan(version))
+        if raw is None:
+            raise KeyError(f"plan version {version} is not retained")
+        _kind, payload, _digest = signing.verify_blob(raw, self._keys)
+        return decode_plan(payload)
+
+    def list_versions(self) -> list[Version]:
+        """Retained versions, oldest first."""
+        return [parse_member(m) for m in self._redis.zrange(self.layout.versions, 0, -1)]
+
+    def router_statuses(self, max_age_s: float = 60.0) -> list[plan_pb2.RouterStatus]:
+        """The status each router reported recently (expired keys are skipped)."""
+        since = int((time.time() - max_age_s) * 1000)
+        lay = self.layout
+        self._redis.zremrangebyscore(lay.routers, "-inf", f"({since}")
+        ids = [r.decode() for r in self._redis.zrange(lay.routers, 0, -1)]
+        if not ids:
+            return []
+        out = []
+        for raw in self._redis.mget([lay.router_status(i) for i in ids]):
+            if raw is not None:
+                status = plan_pb2.RouterStatus()
+                status.ParseFromString(raw)
+                out.append(status)
+        return out
+
+    def ping(self) -> bool:
+        return bool(self._redis.ping())
+
+    def close(self) -> None:
+        self._redis.close()
+
+
+def _digest_of(blob: bytes) -> bytes:
+    pb = plan_pb2.SignedBlob()
+    pb.ParseFromString(blob)
+    return bytes(pb.digest)
+
+
+def _translate(exc: redis.ResponseError, v: Version) -> PublishError:
+    text = str(exc)
+    if "CRBACKWARDS" in text:
+        held = parse_member(text.split("CRBACKWARDS ")[1][:32])
+        return VersionRegression(f"refused to move the plan pointer back from {held} to {v}")
+    if "CRCONFLICT" in text:
+        return VersionConflict(f"version {v} was already installed with different bytes")
+    return PublishError(f"install of {v} failed: {text}")

@@ -1,0 +1,110 @@
+"""The asyncio router client: the same as `RouterClient`, with a task instead of a thread.
+
+`route` is synchronous (it never waits); plan following runs as a task on the
+running loop. Everything but the waiting is shared (`client_base`, `follow`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import Any
+
+from router_client.client_base import BaseRouterClient
+from router_client.follow import Ask, Backoff, Want, sync_round
+from router_client.layout import Pointer
+from router_client.plan import Version
+from router_client.source import AsyncPlanSource, SourceUnavailable
+
+
+class AsyncRouterClient(BaseRouterClient):
+    """Routes with the newest verified plan from an `AsyncPlanSource`."""
+
+    def __init__(self, source: AsyncPlanSource, *, router_id: str, **options: Any) -> None:
+        super().__init__(router_id=router_id, **options)
+        self.source = source
+        self._task: asyncio.Task[None] | None = None
+        self._applied: asyncio.Event | None = None
+        self._backoff = Backoff()
+        self._stopping = False
+
+    async def start(self, initial_wait_s: float = 0.0) -> AsyncRouterClient:
+        self.restore_from_disk()
+        self._applied = asyncio.Event()
+        self._task = asyncio.create_task(self._follow(), name=f"router-client-{self.router_id}")
+        if initial_wait_s > 0:
+            await self.wait_for_version(Version(0, 1), initial_wait_s)
+        return self
+
+    async def stop(self) -> None:
+        self._stopping = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self.source.close()
+
+    async def __aenter__(self) -> AsyncRouterClient:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def wait_for_version(self, version: Version, timeout_s: float) -> bool:
+        """Wait until a version >= `version` is applied; False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        while self.version < version:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or self._applied is None:
+                return False
+            self._applied.clear()
+            try:
+                await asyncio.wait_for(self._applied.wait(), remaining)
+            except TimeoutError:
+                return self.version >= version
+        return True
+
+    def _after_install(self) -> None:
+        if self._applied is not None:
+            self._applied.set()
+
+    def _reconnects(self) -> int:
+        return self.source.reconnects
+
+    async def _follow(self) -> None:
+        while not self._stopping:
+            try:
+                await self._round()
+                await self._housekeeping()
+                self._backoff.reset()
+                self.follower.note_hint(await self.source.wait_for_change(self.recheck_s))
+            except SourceUnavailable:
+                self.unavailable_rounds += 1
+                self.check_age()
+                await asyncio.sleep(self._backoff.next_delay())
+
+    async def _round(self) -> None:
+        rnd = sync_round(self.follower)
+        try:
+            want = next(rnd)
+            while True:
+                want = rnd.send(self._answer_kind(want, await self._ask(want)))
+        except StopIteration as done:
+            self._finish_round(done.value)
+
+    async def _ask(self, want: Want) -> Pointer | bytes | None:
+        if want.ask is Ask.CURRENT:
+            return await self.source.current()
+        assert want.version is not None
+        if want.ask is Ask.DELTA:
+            return await self.source.fetch_delta(want.version)
+        return await self.source.fetch_plan(want.version)
+
+    async def _housekeeping(self) -> None:
+        now = time.monotonic()
+        if self._status_due(now):
+            await self.source.report(self._status(now))
+        if self._chain_too_long():
+            self._restart_chain(await self.source.fetch_plan(self.version))
+        self._save_chain()

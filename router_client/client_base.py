@@ -1,0 +1,342 @@
+"""What the thread client and the asyncio client share: everything but the waiting.
+
+Routing (the hot path) goes straight to `RouterCore`; plan following state is
+a `PlanFollower`; this class adds the plan's age and the fallback switch, the
+on-disk copy of the last good plan, status reports and metrics. The two
+subclasses only drive `sync_round` against their source and wait.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+from cacheroute.v1 import plan_pb2
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from router_client import cache, signing
+from router_client.delta import decode_delta
+from router_client.errors import PlanRejected
+from router_client.follow import DELTA, FULL, Applied, Ask, PlanFollower, Want
+from router_client.layout import Pointer
+from router_client.plan import MAX_PLAN_BYTES, Version, decode_plan, version_from_pb
+from router_client.routing import FALLBACK, RouterCore, RoutingTable
+
+log = logging.getLogger("router_client")
+
+# Why the client routes everything by P2C (empty string: it does not).
+NO_PLAN = "no_plan"
+STALE = "stale"
+PLANNER = "planner"
+FORCED = "forced"
+
+AppliedHook = Callable[[RoutingTable, str], None]
+
+
+class BaseRouterClient:
+    def __init__(
+        self,
+        *,
+        router_id: str,
+        public_keys: Mapping[str, Ed25519PublicKey],
+        max_plan_age_s: float = 300.0,
+        cache_path: str | Path | None = None,
+        destination_ids: Sequence[str] = (),
+        recheck_s: float = 1.0,
+        status_interval_s: float = 1.0,
+        max_plan_bytes: int = MAX_PLAN_BYTES,
+        seed: int | None = None,
+        on_applied: AppliedHook | None = None,
+        on_rejection: Callable[[str], None] | None = None,
+    ) -> None:
+        self.router_id = router_id
+        self.max_plan_age_s = max_plan_age_s
+        self.cache_path = Path(cache_path) if cache_path is not None else None
+        self.recheck_s = recheck_s
+        self.status_interval_s = status_interval_s
+        self.follower = PlanFollower(public_keys, max_bytes=max_plan_bytes)
+        self.core = RouterCore(destination_ids, seed=seed)
+        self._route_index = self.core.route_index
+        self._ids = self.core.destination_ids  # the same list; it only grows
+        self._on_applied = on_applied
+        self._on_rejection = on_rejection
+        self._confirmed_at = 0.0  # monotonic time the plan was last seen current
+        self._applied_at_ms = 0
+        self._forced = False
+        self.fallback_reason = NO_PLAN
+        self._chain: list[bytes] = []
+        self._chain_dirty = False
+        self._fetched: dict[Ask, bytes] = {}
+        self._last_report = 0.0
+        self._reported_version = Version()
+        self._reported_rejections = 0
+        self.unavailable_rounds = 0
+
+    # --- the hot path -------------------------------------------------------------
+
+    def route(self, key: str) -> str:
+        """The destination id for `key` (call `started`/`finished` around the request)."""
+        return self._ids[self._route_index(key)]
+
+    def started(self, destination_id: str) -> None:
+        self.core.started(self.core.slot_of(destination_id))
+
+    def finished(self, destination_id: str) -> None:
+        self.core.finished(self.core.slot_of(destination_id))
+
+    @contextmanager
+    def request(self, key: str) -> Iterator[str]:
+        """`with client.request(key) as dest:` routes and counts the request in flight."""
+        slot = self._route_index(key)
+        self.core.started(slot)
+        try:
+            yield self._ids[slot]
+        finally:
+            self.core.finished(slot)
+
+    def mark_down(self, destination_id: str) -> None:
+        self.core.mark_down(destination_id)
+
+    def mark_up(self, destination_id: str) -> None:
+        self.core.mark_up(destination_id)
+
+    def set_fallback(self, on: bool) -> None:
+        """Operator override: route everything by P2C until released."""
+        self._forced = on
+        self.check_age()
+
+    # --- what the router knows ---------------------------------------------------
+
+    @property
+    def version(self) -> Version:
+        return self.follower.version
+
+    @property
+    def table(self) -> RoutingTable | None:
+        return self.follower.table
+
+    @property
+    def plan_age_s(self) -> float:
+        """Seconds since the plan was last confirmed current at the source (inf: none)."""
+        if self.follower.table is None:
+            return float("inf")
+        return time.monotonic() - self._confirmed_at
+
+    @property
+    def mode(self) -> str:
+        return self.core.mode
+
+    def check_age(self) -> None:
+        """Enter or leave fallback by plan presence, age, planner mode and override."""
+        table = self.follower.table
+        if table is None:
+            reason = NO_PLAN
+        elif self._forced:
+            reason = FORCED
+        elif table.planner_fallback:
+            reason = PLANNER
+        elif self.plan_age_s > self.max_plan_age_s:
+            reason = STALE
+        else:
+            reason = ""
+        if reason != self.fallback_reason:
+            log.info(
+                "router %s: fallback reason %r -> %r", self.router_id, self.fallback_reason, reason
+            )
+            self.fallback_reason = reason
+        forced = reason in (STALE, FORCED)  # no plan / planner fallback: the core knows
+        if forced != self.core.forced_fallback:
+            self.core.set_fallback(forced)
+
+    # --- shared plan-following steps -------------------------------------------------
+
+    def _answer_kind(self, want: Want, raw: Pointer | bytes | None) -> Pointer | bytes | None:
+        if isinstance(raw, bytes):
+            self._fetched[want.ask] = raw
+        return raw
+
+    def _finish_round(self, result: Applied | None) -> None:
+        if self.follower.confirmed:
+            self._confirmed_at = time.monotonic()
+        if result is not None:
+            self._install(result)
+        elif self.follower.rejections != self._reported_rejections:
+            log.warning("router %s rejected %s", self.router_id, self.follower.last_rejection)
+            if self._on_rejection is not None:
+                self._on_rejection(self.follower.last_rejection)
+        self._fetched.clear()
+        self.check_age()
+
+    def _install(self, result: Applied) -> None:
+        self.follower.accept(result)
+        self.core.install(result.table)  # the atomic swap
+        self._confirmed_at = time.monotonic()
+        self._applied_at_ms = int(time.time() * 1000)
+        if result.kind == FULL:
+            self._chain = [self._fetched[Ask.PLAN]]
+        else:
+            self._chain.append(self._fetched[Ask.DELTA])
+        self._chain_dirty = True
+        if self._on_applied is not None:
+            self._on_applied(result.table, result.kind)
+        self._after_install()
+
+    def _after_install(self) -> None:
+        """Hook for subclasses (wake waiters)."""
+
+    def _save_chain(self) -> None:
+        if self.cache_path is None or not self._chain or not self._chain_dirty:
+            return
+        self._chain_dirty = False
+        try:
+            cache.save_chain(self.cache_path, self._chain)
+        except OSError as exc:
+            log.warning(
+                "router %s could not save its plan to %s: %s", self.router_id, self.cache_path, exc
+            )
+
+    def _chain_too_long(self) -> bool:
+        return self.cache_path is not None and len(self._chain) > cache.MAX_CHAIN
+
+    def _restart_chain(self, raw: bytes | None) -> None:
+        table = self.follower.table
+        if raw is None or table is None:
+            return
+        try:
+            _kind, _payload, digest = signing.verify_blob(raw, self.follower.public_keys)
+        except PlanRejected:
+            return
+        if digest == table.digest:
+            self._chain = [raw]
+            self._chain_dirty = True
+
+    def restore_from_disk(self) -> bool:
+        """Install the plan saved by an earlier run, if there is a valid one."""
+        if self.cache_path is None:
+            return False
+        chain = cache.load_chain(self.cache_path)
+        try:
+            table = _replay(self.follower, chain)
+        except PlanRejected as exc:
+            log.warning("router %s ignores its saved plan: %s", self.router_id, exc)
+            return False
+        if table is None:
+            return False
+        self.follower.table = table
+        self.core.install(table)
+        self._chain = chain
+        saved_age_s = max(0.0, time.time() - cache.chain_mtime_ms(self.cache_path) / 1000)
+        self._confirmed_at = time.monotonic() - saved_age_s
+        self.check_age()
+        return True
+
+    def _status_due(self, now: float) -> bool:
+        changed = (
+            self.follower.version != self._reported_version
+            or self.follower.rejections != self._reported_rejections
+        )
+        return changed or now - self._last_report >= self.status_interval_s
+
+    def _status(self, now: float) -> plan_pb2.RouterStatus:
+        self._last_report = now
+        self._reported_version = self.follower.version
+        self._reported_rejections = self.follower.rejections
+        return self.follower.status(
+            self.router_id,
+            int(time.time() * 1000),
+            self._applied_at_ms,
+            self.core.counters(),
+            self.mode,
+        )
+
+    # --- metrics -----------------------------------------------------------------
+
+    def metrics(self) -> dict[str, float]:
+        """Every counter and gauge as plain numbers."""
+        f = self.follower
+        m: dict[str, float] = {f"decisions_{k}": v for k, v in self.core.counters().items()}
+        m.update(
+            plan_epoch=self.version.epoch,
+            plan_seq=self.version.seq,
+            plan_age_s=self.plan_age_s,
+            fallback=float(self.mode == FALLBACK),
+            rejected_versions=f.rejections,
+            ignored_older=f.ignored_older,
+            applied_full=f.applied_full,
+            applied_delta=f.applied_delta,
+            delta_fallbacks=f.delta_fallbacks,
+            reconnects=self._reconnects(),
+            unavailable_rounds=self.unavailable_rounds,
+        )
+        return m
+
+    def _reconnects(self) -> int:
+        return 0
+
+    def metrics_text(self) -> str:
+        """The metrics in the Prometheus text exposition format."""
+        return render_prometheus(self.metrics(), self.router_id)
+
+
+def _replay(follower: PlanFollower, chain: Sequence[bytes]) -> RoutingTable | None:
+    if not chain:
+        return None
+    _k, _p, digest = signing.verify_blob(chain[0], follower.public_keys, follower.max_bytes)
+    plan = decode_plan(_p)
+    saved = PlanFollower(follower.public_keys, max_bytes=follower.max_bytes)
+    saved.table = RoutingTable.from_plan(plan, digest)
+    for raw in chain[1:]:
+        target = _delta_target(raw, saved)
+        saved.table = saved.table_from_delta(target, raw)
+    return saved.table
+
+
+def _delta_target(raw: bytes, f: PlanFollower) -> Pointer:
+    _k, payload, _d = signing.verify_blob(raw, f.public_keys, f.max_bytes)
+    delta = decode_delta(payload)
+    return Pointer(version_from_pb(delta.target), bytes(delta.target_digest))
+
+
+_HELP = {
+    "decisions": ("counter", "Routing decisions by path."),
+    "plan_epoch": ("gauge", "Epoch of the applied plan version."),
+    "plan_seq": ("gauge", "Sequence of the applied plan version."),
+    "plan_age_s": ("gauge", "Seconds since the plan was last confirmed current."),
+    "fallback": ("gauge", "1 when routing everything by power-of-two-choices."),
+    "rejected_versions": ("counter", "Plan versions refused by verification."),
+    "ignored_older": ("counter", "Older versions or hints ignored."),
+    "applied_full": ("counter", "Full plans applied."),
+    "applied_delta": ("counter", "Deltas applied."),
+    "delta_fallbacks": ("counter", "Deltas that could not be used (full plan fetched)."),
+    "reconnects": ("counter", "Plan-source reconnects."),
+    "unavailable_rounds": ("counter", "Sync rounds that found the source unreachable."),
+}
+
+
+def render_prometheus(metrics: Mapping[str, float], router_id: str) -> str:
+    lines: list[str] = []
+    label = f'router="{router_id}"'
+    decisions = {
+        k[len("decisions_") :]: v for k, v in metrics.items() if k.startswith("decisions_")
+    }
+    kind, text = _HELP["decisions"]
+    lines += [
+        f"# HELP cacheroute_router_decisions_total {text}",
+        f"# TYPE cacheroute_router_decisions_total {kind}",
+    ]
+    lines += [
+        f'cacheroute_router_decisions_total{{{label},path="{p}"}} {v}' for p, v in decisions.items()
+    ]
+    for name, value in metrics.items():
+        if name.startswith("decisions_") or name not in _HELP:
+            continue
+        kind, text = _HELP[name]
+        full = f"cacheroute_router_{name}" + ("_total" if kind == "counter" else "")
+        lines += [f"# HELP {full} {text}", f"# TYPE {full} {kind}", f"{full}{{{label}}} {value}"]
+    return "\n".join(lines) + "\n"
+
+
+__all__ = ["DELTA", "FULL", "BaseRouterClient", "render_prometheus"]

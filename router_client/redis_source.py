@@ -1,0 +1,229 @@
+"""Plans from Redis: the only module of router_client that imports redis.
+
+Follows `router_client.layout`. One command connection (GET / MGET / status
+writes) and one pub/sub connection for change hints. Every Redis or socket
+error is translated once, here, into `SourceUnavailable`; the client then keeps
+routing on its last good plan and calls again after a jittered backoff.
+
+Dead or half-open connections: every command has a socket timeout (1 s by
+default) and the client re-checks the pointer every second, so a connection that
+stops answering is noticed within about 2 s; the pub/sub connection is pinged
+each second as well and is rebuilt when a ping goes unanswered. Connection
+options (password, ACL user, TLS via ``rediss://`` and ``ssl_*`` options) pass
+straight through to redis-py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import Any
+
+import redis
+import redis.asyncio as aioredis
+from cacheroute.v1 import plan_pb2
+
+from router_client.layout import (
+    DEFAULT_NAMESPACE,
+    ROUTER_STATUS_TTL_S,
+    Layout,
+    Pointer,
+)
+from router_client.plan import Version
+from router_client.source import SourceUnavailable
+
+_ERRORS = (redis.RedisError, OSError, ValueError)
+PING_EVERY_S = 1.0
+
+
+def _options(extra: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    opts: dict[str, Any] = {
+        "socket_timeout": timeout_s,
+        "socket_connect_timeout": timeout_s,
+        "retry_on_timeout": False,
+        **extra,
+    }
+    opts["decode_responses"] = False
+    return opts
+
+
+def _pointer(raw: bytes | None) -> Pointer | None:
+    return Pointer.decode(raw) if raw else None
+
+
+def _hint(message: dict[str, Any] | None) -> Version | None:
+    if not message or message.get("type") != "message":
+        return None
+    note = plan_pb2.PlanNotification()
+    note.ParseFromString(message["data"])
+    return Version(note.version.epoch, note.version.seq)
+
+
+class RedisPlanSource:
+    """Blocking source for `RouterClient`."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        namespace: str = DEFAULT_NAMESPACE,
+        timeout_s: float = 1.0,
+        status_ttl_s: int = ROUTER_STATUS_TTL_S,
+        **redis_options: Any,
+    ) -> None:
+        self.layout = Layout(namespace)
+        self.status_ttl_s = status_ttl_s
+        self.reconnects = 0
+        self._redis: Any = redis.Redis.from_url(url, **_options(redis_options, timeout_s))
+        self._pubsub: Any = None
+        self._last_ping = 0.0
+
+    def _call(self, fn: Any, *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except _ERRORS as exc:
+            self._reset()
+            raise SourceUnavailable(f"redis: {exc}") from exc
+
+    def _reset(self) -> None:
+        self.reconnects += 1
+        self._redis.connection_pool.disconnect()
+        self._drop_pubsub()
+
+    def _drop_pubsub(self) -> None:
+        if self._pubsub is not None:
+            with contextlib.suppress(*_ERRORS):
+                self._pubsub.close()
+        self._pubsub = None
+
+    def subscribe(self) -> None:
+        """(Re)subscribe; the client subscribes before it reads the pointer."""
+        if self._pubsub is None:
+            ps = self._redis.pubsub(ignore_subscribe_messages=True)
+            self._call(ps.subscribe, self.layout.channel)
+            self._pubsub = ps
+            self._last_ping = time.monotonic()
+
+    def current(self) -> Pointer | None:
+        self.subscribe()
+        return _pointer(self._call(self._redis.get, self.layout.current))
+
+    def fetch_delta(self, version: Version) -> bytes | None:
+        return self._call(self._redis.get, self.layout.delta(version))  # type: ignore[no-any-return]
+
+    def fetch_plan(self, version: Version) -> bytes | None:
+        return self._call(self._redis.get, self.layout.plan(version))  # type: ignore[no-any-return]
+
+    def wait_for_change(self, timeout_s: float) -> Version | None:
+        if self._pubsub is None:
+            time.sleep(timeout_s)
+            return None
+        try:
+            self._ping_pubsub()
+            return _hint(self._pubsub.get_message(timeout=timeout_s))
+        except _ERRORS:
+            self._drop_pubsub()  # the next round re-subscribes; the re-check covers the gap
+            self.reconnects += 1
+            return None
+
+    def _ping_pubsub(self) -> None:
+        # A half-open pub/sub socket never errors by itself: ping it, and the pong
+        # must come back within the socket timeout or the read raises.
+        now = time.monotonic()
+        if now - self._last_ping >= PING_EVERY_S:
+            self._pubsub.ping()
+            self._last_ping = now
+
+    def report(self, status: plan_pb2.RouterStatus) -> None:
+        lay = self.layout
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.set(
+            lay.router_status(status.router_id), status.SerializeToString(), ex=self.status_ttl_s
+        )
+        pipe.zadd(lay.routers, {status.router_id: status.reported_at_ms})
+        self._call(pipe.execute)
+
+    def close(self) -> None:
+        self._drop_pubsub()
+        self._redis.close()
+
+
+class AsyncRedisPlanSource:
+    """The same source on redis.asyncio, for `AsyncRouterClient`."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        namespace: str = DEFAULT_NAMESPACE,
+        timeout_s: float = 1.0,
+        status_ttl_s: int = ROUTER_STATUS_TTL_S,
+        **redis_options: Any,
+    ) -> None:
+        self.layout = Layout(namespace)
+        self.status_ttl_s = status_ttl_s
+        self.reconnects = 0
+        self._redis: Any = aioredis.Redis.from_url(url, **_options(redis_options, timeout_s))
+        self._pubsub: Any = None
+        self._last_ping = 0.0
+
+    async def _call(self, coro: Any) -> Any:
+        try:
+            return await coro
+        except _ERRORS as exc:
+            await self._reset()
+            raise SourceUnavailable(f"redis: {exc}") from exc
+
+    async def _reset(self) -> None:
+        self.reconnects += 1
+        await self._redis.connection_pool.disconnect()
+        await self._drop_pubsub()
+
+    async def _drop_pubsub(self) -> None:
+        if self._pubsub is not None:
+            with contextlib.suppress(*_ERRORS):
+                await self._pubsub.aclose()
+        self._pubsub = None
+
+    async def current(self) -> Pointer | None:
+        if self._pubsub is None:
+            ps = self._redis.pubsub(ignore_subscribe_messages=True)
+            await self._call(ps.subscribe(self.layout.channel))
+            self._pubsub = ps
+            self._last_ping = time.monotonic()
+        return _pointer(await self._call(self._redis.get(self.layout.current)))
+
+    async def fetch_delta(self, version: Version) -> bytes | None:
+        return await self._call(self._redis.get(self.layout.delta(version)))  # type: ignore[no-any-return]
+
+    async def fetch_plan(self, version: Version) -> bytes | None:
+        return await self._call(self._redis.get(self.layout.plan(version)))  # type: ignore[no-any-return]
+
+    async def wait_for_change(self, timeout_s: float) -> Version | None:
+        if self._pubsub is None:
+            await asyncio.sleep(timeout_s)
+            return None
+        try:
+            now = time.monotonic()
+            if now - self._last_ping >= PING_EVERY_S:
+                await self._pubsub.ping()
+                self._last_ping = now
+            return _hint(await self._pubsub.get_message(timeout=timeout_s))
+        except _ERRORS:
+            await self._drop_pubsub()
+            self.reconnects += 1
+            return None
+
+    async def report(self, status: plan_pb2.RouterStatus) -> None:
+        lay = self.layout
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.set(
+            lay.router_status(status.router_id), status.SerializeToString(), ex=self.status_ttl_s
+        )
+        pipe.zadd(lay.routers, {status.router_id: status.reported_at_ms})
+        await self._call(pipe.execute())
+
+    async def close(self) -> None:
+        await self._drop_pubsub()
+        await self._redis.aclose()

@@ -1,0 +1,289 @@
+"""The routing decision: pure, lock-free, and the hot path of every router.
+
+`RoutingTable` is an immutable key -> destination-set lookup built once per plan
+version. `RouterCore` holds what a router tracks between plans (in-flight counts,
+destination health, its RNG) and routes one key:
+
+- an admitted key goes to the least in-flight *healthy* member of its set T(b),
+  ties broken at random;
+- an unadmitted key, a key whose whole set is down, or any key while there is no
+  plan or the core is in fallback mode, goes to power-of-two-choices over the
+  healthy destinations: two *distinct* ones sampled without replacement, fewer
+  in-flight wins, ties at random (baselines.md §1).
+
+Indices returned by `route_index` are *slots* of the core: positions in
+`RouterCore.destination_ids`, which only ever grows, so a slot keeps naming the
+same destination across plans even when a new plan lists destinations in another
+order (tables are mapped into slots by id on install).
+
+Concurrency: there are no locks. Everything a decision reads about the current
+plan sits in one `_Active` object, and install / health changes replace that one
+reference, so a `route` sees the old state or the new one, never a mix. Counters
+and in-flight counts are plain ints: under free threading an increment may be
+lost, which skews a statistic, never a decision's validity.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Union
+
+import numpy as np
+
+from router_client.errors import NoPlanAvailable
+from router_client.plan import RoutingPlan, Version
+
+Members = Union[int, tuple[int, ...]]  # noqa: UP007 - used at runtime as an alias
+
+PLANNED = "planned"
+FALLBACK = "fallback"
+
+
+@dataclass(frozen=True)
+class RoutingTable:
+    """key -> plan destination index (k_b = 1) or tuple of indices (k_b > 1)."""
+
+    version: Version
+    destination_ids: tuple[str, ...]
+    lookup: Mapping[str, Members]
+    created_at_ms: int = 0
+    digest: bytes = b""
+    # The planner published a plan in fallback mode: route everything by P2C.
+    planner_fallback: bool = False
+    draining: frozenset[int] = field(default_factory=frozenset)
+
+    @classmethod
+    def from_plan(cls, plan: RoutingPlan, digest: bytes = b"") -> RoutingTable:
+        return cls(
+            version=plan.version,
+            destination_ids=tuple(plan.destination_ids),
+            lookup=lookup_from_columns(plan.table.keys, plan.table.set_offsets, plan.table.members),
+            created_at_ms=plan.created_at_ms,
+            digest=digest,
+            planner_fallback=plan.config.built_by == FALLBACK,
+            draining=frozenset(i for i, d in enumerate(plan.destinations) if d.draining),
+        )
+
+    def __len__(self) -> int:
+        return len(self.lookup)
+
+    def members_of(self, key: str) -> tuple[int, ...]:
+        """T(b) as plan indices; () for an unadmitted key."""
+        m = self.lookup.get(key)
+        if m is None:
+            return ()
+        return (m,) if isinstance(m, int) else m
+
+
+def lookup_from_columns(
+    keys: Sequence[str], set_offsets: np.ndarray, members: np.ndarray
+) -> dict[str, Members]:
+    """Build the lookup dict without a Python tuple per key: ints for k_b = 1."""
+    if not len(keys):
+        return {}
+    offs = np.asarray(set_offsets, np.int64)
+    values: list[Members] = np.asarray(members)[offs[:-1]].tolist()
+    multi = np.nonzero(np.diff(offs) > 1)[0].tolist()
+    if multi:
+        mem = np.asarray(members).tolist()
+        offl = offs.tolist()
+        for i in multi:
+            values[i] = tuple(mem[offl[i] : offl[i + 1]])
+    return dict(zip(keys, values, strict=False))  # lengths checked by decode
+
+
+def translate_lookup(lookup: Mapping[str, Members], slot_of: Sequence[int]) -> dict[str, Members]:
+    """Re-index a lookup through `slot_of[plan index] -> slot` (when orders differ)."""
+    out: dict[str, Members] = {}
+    for key, m in lookup.items():
+        out[key] = slot_of[m] if isinstance(m, int) else tuple(slot_of[i] for i in m)
+    return out
+
+
+class _Active:
+    """Everything a decision reads about the installed table, swapped as one reference."""
+
+    __slots__ = ("fallback", "lookup", "pool", "table", "table_slots")
+
+    def __init__(
+        self,
+        table: RoutingTable | None,
+        lookup: Mapping[str, Members],
+        table_slots: tuple[int, ...],
+        pool: tuple[int, ...],
+        fallback: bool,
+    ) -> None:
+        self.table = table
+        self.lookup = lookup
+        self.table_slots = table_slots  # the fleet P2C draws from
+        self.pool = pool  # table_slots that are healthy (or all, if none is)
+        self.fallback = fallback
+
+
+class RouterCore:
+    """In-flight counts, health and the decision; no I/O, no clock, no locks."""
+
+    def __init__(self, destination_ids: Sequence[str], *, seed: int | None = None) -> None:
+        self.destination_ids: list[str] = []
+        self._slot: dict[str, int] = {}
+        self.inflight: list[int] = []
+        self._healthy: list[bool] = []
+        for d in destination_ids:
+            self._slot_for(d)
+        self._rand = random.Random(seed).random
+        self._forced_fallback = False
+        self.planned = 0
+        self.unadmitted = 0
+        self.fallback = 0
+        self.unhealthy_reroute = 0
+        self._active = self._build_active(None, {}, tuple(range(len(self.destination_ids))))
+
+    # --- state changes (rare) ------------------------------------------------
+
+    def install(self, table: RoutingTable | None) -> None:
+        """Swap in a new table (None: no plan, route all by P2C). Maps destinations by id."""
+        if table is None:
+            slots = tuple(range(len(self.destination_ids)))
+            self._active = self._build_active(None, {}, slots)
+            return
+        slots = tuple(self._slot_for(d) for d in table.destination_ids)
+        identity = all(s == i for i, s in enumerate(slots))
+        lookup = table.lookup if identity else translate_lookup(table.lookup, slots)
+        self._active = self._build_active(table, lookup, slots)
+
+    def mark_down(self, destination_id: str) -> None:
+        """Skip this destination from the next decision on, until `mark_up`."""
+        self._set_health(destination_id, False)
+
+    def mark_up(self, destination_id: str) -> None:
+        self._set_health(destination_id, True)
+
+    def set_fallback(self, on: bool) -> None:
+        """Force (or release) fallback routing: everything by P2C, whatever the plan says."""
+        self._forced_fallback = on
+        self._refresh()
+
+    def started(self, slot: int) -> None:
+        self.inflight[slot] += 1
+
+    def finished(self, slot: int) -> None:
+        if self.inflight[slot] > 0:
+            self.inflight[slot] -= 1
+
+    # --- queries --------------------------------------------------------------
+
+    @property
+    def table(self) -> RoutingTable | None:
+        return self._active.table
+
+    @property
+    def forced_fallback(self) -> bool:
+        return self._forced_fallback
+
+    @property
+    def mode(self) -> str:
+        return FALLBACK if self._active.fallback else PLANNED
+
+    def slot_of(self, destination_id: str) -> int:
+        return self._slot[destination_id]
+
+    def is_healthy(self, destination_id: str) -> bool:
+        return self._healthy[self._slot[destination_id]]
+
+    def counters(self) -> dict[str, int]:
+        return {
+            "planned": self.planned,
+            "unadmitted": self.unadmitted,
+            "fallback": self.fallback,
+            "unhealthy_reroute": self.unhealthy_reroute,
+        }
+
+    # --- the decision (hot) -------------------------------------------------------
+
+    def route_index(self, key: str) -> int:
+        """The slot to send `key` to. Does not count it in flight: call `started`."""
+        a = self._active
+        if a.fallback:
+            self.fallback += 1
+            return self._p2c(a.pool)
+        m = a.lookup.get(key)
+        if m is None:
+            self.unadmitted += 1
+            return self._p2c(a.pool)
+        if m.__class__ is int:
+            if self._healthy[m]:  # type: ignore[index]
+                self.planned += 1
+                return m  # type: ignore[return-value]
+        else:
+            best = self._least_loaded(m)  # type: ignore[arg-type]
+            if best >= 0:
+                self.planned += 1
+                return best
+        self.unhealthy_reroute += 1
+        return self._p2c(a.pool)
+
+    def route(self, key: str) -> str:
+        return self.destination_ids[self.route_index(key)]
+
+    def _least_loaded(self, members: tuple[int, ...]) -> int:
+        healthy, inflight, rand = self._healthy, self.inflight, self._rand
+        best, best_load, ties = -1, 0, 0
+        for m in members:
+            if not healthy[m]:
+                continue
+            load = inflight[m]
+            if best < 0 or load < best_load:
+                best, best_load, ties = m, load, 1
+            elif load == best_load:
+                ties += 1  # reservoir sampling: each tied member wins with 1/ties
+                if rand() * ties < 1.0:
+                    best = m
+        return best
+
+    def _p2c(self, pool: tuple[int, ...]) -> int:
+        n = len(pool)
+        if n <= 1:
+            if n:
+                return pool[0]
+            raise NoPlanAvailable("no plan and no known destination to route to")
+        rand = self._rand
+        i = int(rand() * n)
+        j = int(rand() * (n - 1))
+        if j >= i:  # two distinct draws, without replacement
+            j += 1
+        a, b = pool[i], pool[j]
+        la, lb = self.inflight[a], self.inflight[b]
+        if la < lb:
+            return a
+        if lb < la:
+            return b
+        return a if rand() < 0.5 else b
+
+    # --- helpers ----------------------------------------------------------------
+
+    def _slot_for(self, destination_id: str) -> int:
+        slot = self._slot.get(destination_id)
+        if slot is None:
+            slot = len(self.destination_ids)
+            self.inflight.append(0)
+            self._healthy.append(True)
+            self.destination_ids.append(destination_id)
+            self._slot[destination_id] = slot
+        return slot
+
+    def _set_health(self, destination_id: str, healthy: bool) -> None:
+        self._healthy[self._slot_for(destination_id)] = healthy
+        self._refresh()
+
+    def _refresh(self) -> None:
+        a = self._active
+        self._active = self._build_active(a.table, a.lookup, a.table_slots)
+
+    def _build_active(
+        self, table: RoutingTable | None, lookup: Mapping[str, Members], slots: tuple[int, ...]
+    ) -> _Active:
+        pool = tuple(s for s in slots if self._healthy[s]) or slots
+        fallback = table is None or table.planner_fallback or self._forced_fallback
+        return _Active(table, lookup, slots, pool, fallback)
