@@ -200,6 +200,8 @@ class ControlLoop:
             return None
         if telemetry.requests < self.settings.min_measured_requests:
             return None
+        if telemetry.window_end_s <= self.baseline.window_end_s:
+            return None  # the baseline window itself: nothing measured against it yet
         return measured_staleness_rate(
             telemetry,
             self.baseline,

@@ -1,0 +1,163 @@
+"""ControlLoop end to end on tiny plans: accumulate, install, skip, learn, guard, persist."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from planner_svc.control import (
+    Action,
+    ControlLoop,
+    DecisionSettings,
+    LoopSettings,
+    Mode,
+    Telemetry,
+    Traffic,
+    ValidatedRange,
+)
+from router_client.plan import DestinationSpec, KeyTable, PlanConfig, RoutingPlan
+
+TOKENS = 1000.0
+
+
+def make_plan(sets: dict[str, tuple[int, ...]], n: int = 3, q_cap: float = 100.0) -> RoutingPlan:
+    keys = list(sets)
+    table = KeyTable.from_sets(keys, [sets[k] for k in keys], [1.0] * len(keys))
+    return RoutingPlan(
+        config=PlanConfig(q_cap=q_cap, warm_slots_per_destination=1, warm_slots=n),
+        destinations=tuple(DestinationSpec(f"d{i}") for i in range(n)),
+        table=table,
+    )
+
+
+# The installed plan admits a and b; traffic moved to c, which the candidate admits.
+INSTALLED = make_plan({"a": (0,), "b": (1,)})
+CANDIDATE = make_plan({"a": (0,), "c": (2,)})
+
+
+def traffic(at_s: float) -> Traffic:
+    return Traffic(["a", "b", "c"], np.array([5.0, 1.0, 4.0]), np.full(3, TOKENS), at_s)
+
+
+def window(at_s: float, hit: float = 0.9, requests: int = 10_000, **kw: object) -> Telemetry:
+    return Telemetry(
+        window_end_s=at_s, hit_rate=hit, prompt_tokens_per_s=1e4, requests=requests, **kw
+    )  # type: ignore[arg-type]
+
+
+def loop(**knobs: object) -> ControlLoop:
+    decision = DecisionSettings(hysteresis=0.1, min_dwell_s=0.0)
+    return ControlLoop(LoopSettings(decision=decision, warmup_s=1.0, **knobs))  # type: ignore[arg-type]
+
+
+def step(lp: ControlLoop, t: float, telemetry: Telemetry | None = None, **kw: object):  # type: ignore[no-untyped-def]
+    return lp.step(
+        t, installed=INSTALLED, traffic=traffic(t), candidate=CANDIDATE, telemetry=telemetry, **kw
+    )  # type: ignore[arg-type]
+
+
+def test_keeps_until_staleness_pays_for_the_rewarm_then_installs() -> None:
+    lp = loop()
+    figures = lp.price(INSTALLED, traffic(0), CANDIDATE)
+    rate, price = figures.staleness_rate_modelled, figures.rewarm_cost * 1.1
+    # c: 4 req/s × 1000 tokens × Δh 0.3 gained, b: 1 req/s lost.
+    assert rate == pytest.approx(3 * TOKENS * 0.3)
+    dt = 0.26 * price / rate  # the fourth step's rent buys the candidate
+    actions = [step(lp, i * dt).action for i in range(6)]
+    assert actions == [Action.KEEP] * 4 + [Action.INSTALL, Action.INSTALL]
+    decision = lp.last_decision
+    assert decision is not None and decision.penalties.staleness_accumulated >= price
+    assert decision.penalties.measured_used is False
+    lp.record_install(5 * dt)
+    assert lp.accumulated == 0.0 and lp.installs[-1].predicted_tokens > 0
+
+
+def test_stale_rates_or_stale_or_recovering_telemetry_are_never_acted_on() -> None:
+    lp = loop(max_rates_age_s=30.0, max_telemetry_age_s=30.0)
+    step(lp, 0.0)
+    s = lp.accumulated
+    old_rates = lp.step(1e6, installed=INSTALLED, traffic=traffic(0.0), candidate=CANDIDATE)
+    assert old_rates.action is Action.SKIP and "rates are" in old_rates.reason
+    assert step(lp, 2e6, window(2e6 - 100)).reason.startswith("not acting: telemetry is 100 s")
+    recovering = step(lp, 3e6, window(3e6, recovering=True))
+    assert recovering.action is Action.SKIP and "recovering" in recovering.reason
+    assert lp.accumulated == s  # the integral did not advance over the unusable gap
+
+
+def test_decides_on_measured_staleness_once_there_is_a_baseline() -> None:
+    lp = loop(min_measured_requests=1000)
+    first = step(lp, 0.0, window(0.0, hit=0.9))
+    assert first.penalties.measured_used is False  # this window becomes the baseline
+    later = step(lp, 10.0, window(10.0, hit=0.85))
+    assert later.penalties.measured_used is True
+    assert later.penalties.staleness_rate_measured == pytest.approx(0.05 * 1e4)
+    thin = step(lp, 20.0, window(20.0, hit=0.85, requests=10))
+    assert thin.penalties.measured_used is False  # too little evidence: modelled
+
+
+def install_and_dip(lp: ControlLoop, t0: float, true_factor: float) -> list[Action]:
+    """Install at t0, then feed windows whose hit deficit is `true_factor` × predicted."""
+    lp.record_install(t0, figures=lp.price(INSTALLED, traffic(t0), CANDIDATE))
+    predicted = lp.installs[-1].predicted_tokens
+    depth = true_factor * predicted / (1e4 * 10.0)  # one 10 s window deep
+    hits = [0.9 - depth, 0.9, 0.9]
+    return [
+        step(lp, t0 + 10 * (i + 1), window(t0 + 10 * (i + 1), hit=h)).action
+        for i, h in enumerate(hits)
+    ]
+
+
+def test_skips_while_rewarming_and_learns_the_rewarm_factor() -> None:
+    lp = loop(min_measured_requests=1000)
+    assert lp.rewarm.value == 2.0  # conservative default before any install
+    actions = install_and_dip(lp, 0.0, true_factor=0.6)
+    assert actions[:2] == [Action.SKIP, Action.SKIP]  # the dip has not settled yet
+    assert lp.settling is None and lp.baseline is not None
+    assert lp.rewarm.value == pytest.approx(0.6, rel=1e-6)
+    assert lp.installs[-1].measured_dip_tokens == pytest.approx(
+        0.6 * lp.installs[-1].predicted_tokens
+    )
+    for i in range(1, 25):
+        install_and_dip(lp, 1000.0 * i, true_factor=1.5 if i % 2 else 0.5)
+    assert lp.rewarm.value == pytest.approx(1.0, abs=0.25)  # the EWMA tracks the mean ratio
+
+
+def test_guard_falls_back_and_resumes_through_the_loop() -> None:
+    lp = loop(resume_dwell_s=30.0)
+    lp.set_validated_range(ValidatedRange(p99_ms_max=3500.0, active_keys_max=10))
+    assert step(lp, 0.0, window(0.0, p99_ms=1000.0, active_keys=3)).action is Action.KEEP
+    bad = step(lp, 10.0, window(10.0, p99_ms=9000.0, active_keys=3))
+    assert bad.action is Action.FALLBACK and "p99 9000 ms" in bad.reason
+    assert bad.mode == "fallback"
+    assert step(lp, 20.0, window(20.0, p99_ms=9000.0, active_keys=3)).action is Action.SKIP
+    assert step(lp, 50.0, window(50.0, p99_ms=9000.0, active_keys=3)).action is Action.RESUME
+    assert lp.settling is not None  # back on a cold plan: follow its dip
+
+
+def test_operator_forces_and_releases_fallback() -> None:
+    lp = loop(resume_dwell_s=1e9)
+    step(lp, 0.0, window(0.0))
+    forced = lp.force_mode(1.0, Mode.FALLBACK, "maintenance window")
+    assert forced.action is Action.FALLBACK and "maintenance window" in forced.reason
+    assert step(lp, 2.0, window(2.0)).action is Action.SKIP
+    assert lp.force_mode(3.0, None, "").action is Action.KEEP
+    assert step(lp, 4.0, window(4.0)).action is Action.RESUME
+
+
+def test_snapshot_restore_round_trip_continues_identically() -> None:
+    lp = loop(min_measured_requests=1000)
+    step(lp, 0.0, window(0.0))
+    lp.record_install(5.0)
+    step(lp, 10.0, window(10.0, hit=0.7))  # mid-dip: settling state is persisted too
+    lp.warm = lp.warm.observe_keys(["a"], np.array([0.95]), 0.6)
+    data = json.loads(json.dumps(lp.snapshot()))
+    twin = ControlLoop.restore(data, lp.settings)
+    assert twin.snapshot() == lp.snapshot()
+    for t, hit in ((20.0, 0.9), (30.0, 0.9), (40.0, 0.8)):
+        a, b = step(lp, t, window(t, hit=hit)), step(twin, t, window(t, hit=hit))
+        assert a == b
+    assert twin.snapshot() == lp.snapshot()
+    with pytest.raises(ValueError, match="schema"):
+        ControlLoop.restore({**data, "schema": 99})
