@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_planning_reference import reference_admission, reference_lpt
 
 from planner_svc.planning import PlanningConfig, PlanningError, build_plan
 from planner_svc.planning.admission import admit_by_tokens
 from router_client.plan import DestinationSpec, decode_plan, encode_plan
-from test_planning_reference import reference_admission, reference_lpt
 
 # Rates drawn from a small grid so that ties (rate and load) are common.
 rate_values = st.sampled_from([0.0, 0.5, 1.0, 1.0, 2.0, 3.0, 3.5, 7.0, 12.0, 40.0])
