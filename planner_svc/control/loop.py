@@ -83,6 +83,9 @@ class LoopSettings:
     min_measured_requests: int = 1000  # evidence needed to decide on measured staleness
     settle_tolerance: float = 0.005  # hit-rate change between windows that counts as settled
     min_settle_s: float = 0.0
+    # A dip is over after `settle_span` × its expected duration (τ̄ of the moved traffic), at
+    # most `max_settle_s`, even if drift keeps the hit rate moving.
+    settle_span: float = 3.0
     max_settle_s: float = 600.0
     resume_dwell_s: float = 60.0
     history_limit: int = 100
@@ -129,6 +132,7 @@ class Settling:
     since_s: float
     predicted_tokens: float
     min_settle_s: float
+    max_settle_s: float
     samples: tuple[tuple[float, float, float], ...] = ()  # (window_end_s, hit, tokens/s)
 
 
@@ -315,7 +319,7 @@ class ControlLoop:
     def _settled(self, settling: Settling) -> bool:
         samples = settling.samples
         elapsed = samples[-1][0] - settling.since_s
-        if elapsed >= self.settings.max_settle_s:
+        if elapsed >= settling.max_settle_s:
             return True
         if len(samples) < 2 or elapsed < settling.min_settle_s:
             return False
@@ -351,9 +355,14 @@ class ControlLoop:
         return record
 
     def _start_dip(self, now_s: float, predicted_tokens: float, expected_s: float) -> None:
-        min_settle = max(self.settings.min_settle_s, expected_s)
+        s = self.settings
+        min_settle = min(max(s.min_settle_s, expected_s), s.max_settle_s)
+        longest = min(max(min_settle, s.settle_span * expected_s), s.max_settle_s)
         self.settling = Settling(
-            since_s=now_s, predicted_tokens=predicted_tokens, min_settle_s=min_settle
+            since_s=now_s,
+            predicted_tokens=predicted_tokens,
+            min_settle_s=min_settle,
+            max_settle_s=longest,
         )
         self.baseline = None
 
@@ -462,6 +471,7 @@ def _settling_to_dict(s: Settling) -> dict[str, Any]:
         "since_s": s.since_s,
         "predicted_tokens": s.predicted_tokens,
         "min_settle_s": s.min_settle_s,
+        "max_settle_s": s.max_settle_s,
         "samples": [list(x) for x in s.samples],
     }
 
@@ -472,5 +482,6 @@ def _settling_from_dict(data: Mapping[str, Any]) -> Settling:
         since_s=data["since_s"],
         predicted_tokens=data["predicted_tokens"],
         min_settle_s=data["min_settle_s"],
+        max_settle_s=data["max_settle_s"],
         samples=samples,
     )
