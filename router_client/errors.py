@@ -2,7 +2,8 @@
 
 RouterClientError
 ├── PlanRejected      a plan or delta failed decoding, digest, signature or sanity checks
-└── NoPlanAvailable   asked for the plan before any valid one was applied
+├── NoPlanAvailable   asked for the plan before any valid one was applied
+└── SourceUnavailable the plan source cannot be reached now (the client retries)
 """
 
 from __future__ import annotations
@@ -23,3 +24,7 @@ class PlanRejected(RouterClientError):
 
 class NoPlanAvailable(RouterClientError):
     """No valid plan has been applied yet."""
+
+
+class SourceUnavailable(RouterClientError):
+    """The plan source cannot be reached now; keep the last good plan and retry."""

@@ -23,13 +23,17 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from router_client import signing
 from router_client.delta import make_delta
-from router_client.errors import RouterClientError
+from router_client.errors import SourceUnavailable
 from router_client.layout import Pointer
 from router_client.plan import RoutingPlan, Version, encode_plan
 
-
-class SourceUnavailable(RouterClientError):
-    """The plan source cannot be reached now (retry later)."""
+__all__ = [
+    "AsyncPlanSource",
+    "AsyncStaticPlanSource",
+    "PlanSource",
+    "SourceUnavailable",
+    "StaticPlanSource",
+]
 
 
 class PlanSource(Protocol):

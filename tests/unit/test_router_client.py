@@ -1,0 +1,189 @@
+"""The clients against the in-memory StaticPlanSource (no servers)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from router_client import AsyncRouterClient, AsyncStaticPlanSource, RouterClient, StaticPlanSource
+from router_client.follow import Ask, PlanFollower, sync_round
+from router_client.layout import Pointer
+from router_client.plan import Version
+from router_client.routing import FALLBACK, PLANNED
+from router_client.testing import perturb, synthetic_plan
+
+
+def _eventually(cond, timeout_s=5.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.01)
+    return cond()
+
+
+def _client(source, **kw) -> RouterClient:
+    kw.setdefault("recheck_s", 0.05)
+    return RouterClient(source, router_id="r", public_keys=source.public_keys, **kw)
+
+
+def test_sync_round_asks_pointer_then_delta_then_plan():
+    src = StaticPlanSource()
+    p1 = synthetic_plan(20, 3)
+    ptr = src.publish(p1)
+    f = PlanFollower(src.public_keys)
+    rnd = sync_round(f)
+    assert next(rnd).ask is Ask.CURRENT
+    want = rnd.send(ptr)
+    assert want.ask is Ask.PLAN and want.version == Version(1, 1)  # no base: no delta
+    try:
+        rnd.send(src.fetch_plan(want.version))
+    except StopIteration as done:
+        f.accept(done.value)
+    # the same pointer again: nothing to fetch; an older one is ignored and counted
+    rnd = sync_round(f)
+    next(rnd)
+    try:
+        rnd.send(Pointer(Version(0, 5), b""))
+    except StopIteration as done:
+        assert done.value is None
+    assert f.ignored_older == 1
+
+
+def test_client_follows_versions_using_deltas_and_routes_by_the_plan():
+    src = StaticPlanSource()
+    plan = synthetic_plan(300, 8)
+    src.publish(plan)
+    with _client(src) as c:
+        assert c.wait_for_version(Version(1, 1), 5)
+        for seq in range(2, 6):
+            plan = perturb(plan, 0.05, version=Version(1, seq), seed=seq)
+            src.publish(plan)
+            assert c.wait_for_version(Version(1, seq), 5)
+        assert c.follower.applied_delta >= 1
+        table = c.table
+        assert table is not None and table.lookup == type(table).from_plan(plan).lookup
+        assert c.route("k00000007") in {
+            plan.destinations[i].id for i in table.members_of("k00000007")
+        }
+        assert c.mode == PLANNED
+        with c.request("k00000001") as dest:
+            assert c.core.inflight[c.core.slot_of(dest)] == 1
+        assert c.core.inflight[c.core.slot_of(dest)] == 0
+
+
+def test_corrupt_version_is_rejected_reported_and_the_last_good_kept():
+    src = StaticPlanSource()
+    src.publish(synthetic_plan(100, 4))
+    rejections: list[str] = []
+    with _client(src, on_rejection=rejections.append) as c:
+        assert c.wait_for_version(Version(1, 1), 5)
+        good = c.table
+        src.put_raw(Version(1, 2), b"\x0a\x03abc", b"\x00" * 32)
+        assert _eventually(lambda: c.follower.rejections == 1)
+        time.sleep(0.2)  # several more rounds: the bad version is not refetched
+        assert c.follower.rejections == 1 and c.table is good and c.version == Version(1, 1)
+        assert rejections and "1.2" in rejections[0]
+        assert _eventually(lambda: src.reports["r"].last_rejected.seq == 2)
+        assert "1.2" in c.source.reports["r"].last_rejection
+
+
+def test_saved_plan_serves_at_start_when_the_source_is_down(tmp_path):
+    src = StaticPlanSource()
+    plan = synthetic_plan(100, 4)
+    src.publish(plan)
+    src.publish(perturb(plan, 0.1, version=Version(1, 2)))
+    with _client(src, cache_path=tmp_path / "plan.bin") as c:
+        assert c.wait_for_version(Version(1, 2), 5)
+        assert _eventually(lambda: (tmp_path / "plan.bin").exists())
+    src.available = False
+    c2 = _client(src, cache_path=tmp_path / "plan.bin").start()
+    try:
+        assert c2.version == Version(1, 2) and c2.mode == PLANNED  # at once, no waiting
+        assert c2.table is not None and c2.table.lookup == c.table.lookup
+    finally:
+        c2.stop()
+
+
+def test_tampered_saved_plan_is_ignored(tmp_path):
+    src = StaticPlanSource()
+    src.publish(synthetic_plan(50, 4))
+    with _client(src, cache_path=tmp_path / "plan.bin") as c:
+        assert c.wait_for_version(Version(1, 1), 5)
+        assert _eventually(lambda: (tmp_path / "plan.bin").exists())
+    data = bytearray((tmp_path / "plan.bin").read_bytes())
+    data[-5] ^= 0xFF
+    (tmp_path / "plan.bin").write_bytes(bytes(data))
+    src.available = False
+    c2 = _client(src, cache_path=tmp_path / "plan.bin", destination_ids=["d0000"]).start()
+    try:
+        assert c2.table is None and c2.mode == FALLBACK and c2.route("x") == "d0000"
+    finally:
+        c2.stop()
+
+
+def test_plan_older_than_max_age_routes_by_fallback_until_confirmed_again():
+    src = StaticPlanSource()
+    src.publish(synthetic_plan(50, 4))
+    with _client(src, max_plan_age_s=0.3) as c:
+        assert c.wait_for_version(Version(1, 1), 5)
+        src.available = False
+        assert _eventually(lambda: c.mode == FALLBACK)
+        assert c.fallback_reason == "stale" and c.plan_age_s > 0.3
+        c.route("k00000001")
+        assert c.core.fallback >= 1
+        src.available = True
+        assert _eventually(lambda: c.mode == PLANNED)
+
+
+def test_metrics_are_attributes_and_prometheus_text():
+    src = StaticPlanSource()
+    src.publish(synthetic_plan(10, 2))
+    with _client(src) as c:
+        assert c.wait_for_version(Version(1, 1), 5)
+        c.route("k00000001")
+        c.route("nope")
+        m = c.metrics()
+        assert m["decisions_planned"] == 1 and m["decisions_unadmitted"] == 1
+        text = c.metrics_text()
+        assert 'cacheroute_router_decisions_total{router="r",path="planned"} 1' in text
+        assert 'cacheroute_router_plan_seq{router="r"} 1' in text
+
+
+def test_async_client_follows_the_same_way():
+    async def scenario() -> None:
+        src = StaticPlanSource()
+        plan = synthetic_plan(100, 4)
+        src.publish(plan)
+        client = AsyncRouterClient(
+            AsyncStaticPlanSource(src), router_id="a", public_keys=src.public_keys, recheck_s=0.05
+        )
+        async with client:
+            assert await client.wait_for_version(Version(1, 1), 5)
+            src.publish(perturb(plan, 0.1, version=Version(1, 2)))
+            assert await client.wait_for_version(Version(1, 2), 5)
+            assert client.follower.applied_delta == 1
+            assert client.route("k00000003") in {d.id for d in plan.destinations}
+
+    asyncio.run(scenario())
+
+
+def test_public_names():
+    import router_client
+
+    assert set(router_client.__all__) == {
+        "AsyncPlanSource",
+        "AsyncRedisPlanSource",
+        "AsyncRouterClient",
+        "AsyncStaticPlanSource",
+        "NoPlanAvailable",
+        "PlanRejected",
+        "PlanSource",
+        "RedisPlanSource",
+        "RouterClient",
+        "RouterClientError",
+        "RouterCore",
+        "RoutingTable",
+        "SourceUnavailable",
+        "StaticPlanSource",
+    }

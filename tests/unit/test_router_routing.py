@@ -1,0 +1,158 @@
+"""The routing decision (router_client.routing): pure, no servers."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from router_client.errors import NoPlanAvailable
+from router_client.plan import DestinationSpec, KeyTable, PlanConfig, RoutingPlan, Version
+from router_client.routing import FALLBACK, PLANNED, RouterCore, RoutingTable
+
+CONFIG = PlanConfig(q_cap=10.0, warm_slots_per_destination=4, warm_slots=16)
+
+
+def plan_of(sets: dict[str, tuple[int, ...]], n: int = 4, *, order=None, built_by="build"):
+    ids = order or [f"d{i}" for i in range(n)]
+    return RoutingPlan(
+        config=PlanConfig(10.0, 4, 16, built_by=built_by),
+        destinations=tuple(DestinationSpec(i) for i in ids),
+        table=KeyTable.from_sets(list(sets), list(sets.values()), [1.0] * len(sets)),
+        version=Version(1, 1),
+    )
+
+
+def core_with(sets, n=4, seed=0) -> RouterCore:
+    core = RouterCore([f"d{i}" for i in range(n)], seed=seed)
+    core.install(RoutingTable.from_plan(plan_of(sets, n)))
+    return core
+
+
+def test_table_holds_ints_for_single_keys_and_tuples_for_replicated():
+    t = RoutingTable.from_plan(plan_of({"a": (2,), "b": (0, 3)}))
+    assert t.lookup == {"a": 2, "b": (0, 3)}
+    assert t.members_of("a") == (2,) and t.members_of("b") == (0, 3) and t.members_of("x") == ()
+    assert t.version == Version(1, 1) and t.destination_ids == ("d0", "d1", "d2", "d3")
+
+
+def test_admitted_single_key_goes_to_its_destination():
+    core = core_with({"a": (2,)})
+    assert {core.route("a") for _ in range(50)} == {"d2"}
+    assert core.planned == 50 and core.mode == PLANNED
+
+
+def test_replicated_key_goes_to_least_in_flight_member():
+    core = core_with({"b": (0, 3)})
+    core.started(0)
+    assert {core.route_index("b") for _ in range(50)} == {3}
+    core.started(3)
+    core.started(3)
+    assert {core.route_index("b") for _ in range(50)} == {0}
+
+
+def test_ties_between_members_are_broken_at_random():
+    core = core_with({"b": (0, 1, 3)})
+    seen = Counter(core.route_index("b") for _ in range(3000))
+    assert set(seen) == {0, 1, 3}
+    assert min(seen.values()) > 800  # roughly uniform, not biased to the first member
+
+
+def test_unhealthy_member_is_skipped_at_once_and_rerouted_when_whole_set_is_down():
+    core = core_with({"a": (2,), "b": (0, 3)})
+    core.mark_down("d0")
+    assert {core.route_index("b") for _ in range(50)} == {3}
+    core.mark_down("d2")
+    picks = {core.route_index("a") for _ in range(200)}
+    assert 2 not in picks and picks <= {1, 3}
+    assert core.unhealthy_reroute == 200
+    core.mark_up("d2")
+    assert core.route_index("a") == 2
+
+
+def test_unadmitted_key_uses_p2c_with_two_distinct_destinations():
+    core = core_with({"a": (2,)}, n=2)
+    core.started(0)
+    # With two destinations P2C must sample both (without replacement): the idle one wins.
+    assert {core.route_index("zzz") for _ in range(200)} == {1}
+    assert core.unadmitted == 200
+
+
+def test_p2c_spreads_over_all_healthy_destinations():
+    core = core_with({}, n=5)
+    seen = Counter(core.route_index(f"k{i}") for i in range(5000))
+    assert set(seen) == {0, 1, 2, 3, 4}
+    assert min(seen.values()) > 700
+
+
+def test_no_table_means_fallback_over_known_destinations():
+    core = RouterCore(["x", "y"], seed=1)
+    assert core.mode == FALLBACK
+    assert {core.route("a") for _ in range(100)} == {"x", "y"}
+    assert core.fallback == 100
+
+
+def test_empty_core_without_plan_raises():
+    with pytest.raises(NoPlanAvailable):
+        RouterCore([]).route("a")
+
+
+def test_forced_fallback_and_planner_fallback_route_by_p2c():
+    core = core_with({"a": (2,)})
+    core.set_fallback(True)
+    assert core.mode == FALLBACK
+    assert len({core.route_index("a") for _ in range(200)}) > 1
+    core.set_fallback(False)
+    assert core.route_index("a") == 2
+    core.install(RoutingTable.from_plan(plan_of({"a": (2,)}, built_by="fallback")))
+    assert core.mode == FALLBACK
+
+
+def test_new_table_with_other_destination_order_is_mapped_by_id():
+    core = RouterCore(["d0", "d1", "d2"], seed=0)
+    core.started(core.slot_of("d2"))
+    plan = plan_of({"a": (0,), "b": (1, 2)}, order=["d2", "d9", "d0"])
+    core.install(RoutingTable.from_plan(plan))
+    assert core.route("a") == "d2"
+    assert core.destination_ids == ["d0", "d1", "d2", "d9"]  # slots are stable, grow only
+    # "b" is {d9, d0}: both idle, so both get chosen; d2's in-flight count survived the swap
+    assert {core.route("b") for _ in range(100)} == {"d9", "d0"}
+    assert core.inflight[core.slot_of("d2")] == 1
+    # P2C now draws only from the new table's destinations (d1 is not in it)
+    core.finished(core.slot_of("d2"))
+    assert {core.route(f"x{i}") for i in range(300)} == {"d2", "d9", "d0"}
+
+
+def test_finished_never_goes_negative():
+    core = core_with({"a": (1,)})
+    core.finished(1)
+    assert core.inflight[1] == 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    n=st.integers(2, 6),
+    data=st.data(),
+)
+def test_route_stays_in_its_set_or_in_the_healthy_pool(n, data):
+    keys = data.draw(st.lists(st.text("abc", min_size=1, max_size=3), unique=True, max_size=8))
+    sets = {
+        k: tuple(data.draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=n, unique=True)))
+        for k in keys
+    }
+    down = data.draw(st.sets(st.integers(0, n - 1), max_size=n - 1))
+    core = core_with(sets, n=n, seed=data.draw(st.integers(0, 9)))
+    for d in down:
+        core.mark_down(f"d{d}")
+    for key in [*keys, "unknown"]:
+        slot = core.route_index(key)
+        healthy_members = [m for m in sets.get(key, ()) if m not in down]
+        if healthy_members:
+            assert slot in healthy_members
+            loads = [core.inflight[m] for m in healthy_members]
+            assert core.inflight[slot] == min(loads)
+        else:
+            assert slot not in down
+        core.started(slot)
