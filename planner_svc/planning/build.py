@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -55,14 +56,19 @@ def assemble(
     healthy = np.flatnonzero(config.active)
     loads = np.zeros(len(config.destinations))
     loads[healthy] = healthy_loads
-    table = table_from_flat(
-        [keys[i] for i in adm.index.tolist()], adm.replicas, members, rates[adm.index]
-    )
+    table = table_from_flat(pick(keys, adm.index), adm.replicas, members, rates[adm.index])
     stats = plan_stats(
         loads=loads, weights=config.weights, healthy=healthy, total_rate=float(rates.sum()),
         admitted_rate=float(rates[adm.index].sum()), table=table, build_seconds=build_seconds,
     )
     return RoutingPlan(config.plan_config(built_by), config.destinations, table, stats)
+
+
+def pick(keys: Sequence[str], index: np.ndarray) -> list[str]:
+    """keys[i] for i in index, as a list (itemgetter: one C loop instead of a comprehension)."""
+    if len(index) < 2:
+        return [keys[i] for i in index.tolist()]
+    return list(operator.itemgetter(*index.tolist())(keys))
 
 
 def check_keys(keys: Sequence[str]) -> None:
