@@ -1,0 +1,210 @@
+"""`cacheroute up` and `cacheroute demo`: the local stack, alone or under the demo fleet."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from types import FrameType
+
+from planner_svc.cli.fleet import (
+    EngineFleet,
+    FleetOptions,
+    Tally,
+    Workload,
+    make_engines,
+    run_fleets,
+)
+from planner_svc.cli.stack import LocalStack, StackOptions, start_stack
+from router_client import RouterClient, RouterCore, signing
+from router_client.redis_source import RedisPlanSource
+from streams.emitter import EventEmitter
+
+
+def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def add_stack_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--destinations", type=int, default=8, help="engines / destinations (R)")
+    p.add_argument("--partitions", type=int, default=4, help="partitions of the events topic")
+    p.add_argument("--workers", type=int, default=1, help="stream worker processes")
+    p.add_argument("--window-s", type=float, default=10.0)
+    p.add_argument("--hop-s", type=float, default=2.0)
+    p.add_argument("--interval-s", type=float, default=5.0, help="planner control interval")
+    p.add_argument("--q-cap", type=float, default=60.0)
+    p.add_argument("--warm-slots-per-destination", type=int, default=64)
+    p.add_argument("--workdir", default="", help="keep logs and keys here (default: temporary)")
+
+
+def stack_options(args: argparse.Namespace) -> StackOptions:
+    return StackOptions(
+        destinations=args.destinations,
+        event_partitions=args.partitions,
+        workers=args.workers,
+        window_s=args.window_s,
+        hop_s=args.hop_s,
+        interval_s=args.interval_s,
+        q_cap=args.q_cap,
+        warm_slots_per_destination=args.warm_slots_per_destination,
+        workdir=args.workdir,
+    )
+
+
+def describe(stack: LocalStack) -> str:
+    return "\n".join(
+        [
+            f"  Kafka (Tansu)  {stack.bootstrap}",
+            f"  Redis          {stack.redis_url}",
+            f"  planner gRPC   {stack.grpc_target}",
+            f"  routers pin    {stack.public_key_path}",
+            f"  logs           {stack.workdir}",
+        ]
+    )
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    stack = start_stack(stack_options(args))
+    try:
+        print("CacheRoute stack is up (Ctrl-C stops everything):\n" + describe(stack), flush=True)
+        while all(p.alive() for p in stack.processes()):
+            time.sleep(0.5)
+        dead = [p.name for p in stack.processes() if not p.alive()]
+        print(f"stopping: {', '.join(dead)} exited (see logs)", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        stack.stop()
+
+
+@dataclass
+class DemoResult:
+    versions_seen: list[str]
+    planned_hit: float
+    flat_hit: float
+    planned_imbalance: float
+    flat_imbalance: float
+    first_plan_at_s: float | None
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    stack = start_stack(stack_options(args))
+    try:
+        print("CacheRoute demo: stack up\n" + describe(stack), flush=True)
+        result = run_demo(
+            stack, FleetOptions(keys=args.keys, total_rate=args.rate, seed=args.seed), args.duration
+        )
+    except KeyboardInterrupt:
+        print("interrupted: stopping the stack", file=sys.stderr)
+        return 130
+    finally:
+        stack.stop()
+    print_summary(result)
+    if args.json:
+        print(json.dumps(result.__dict__))
+    return 0
+
+
+def run_demo(stack: LocalStack, options: FleetOptions, duration_s: float) -> DemoResult:
+    ids = stack.options.destination_ids
+    keys = signing.pin([signing.load_public_key(stack.public_key_path)])
+    router = RouterClient(
+        RedisPlanSource(stack.redis_url),
+        router_id="demo-edge",
+        public_keys=keys,
+        destination_ids=ids,
+    ).start()
+    flat = RouterCore(ids, seed=options.seed + 1)
+    emitter = EventEmitter(stack.bootstrap, stack.options.events_topic, producer_id="demo-fleet")
+    planned = EngineFleet(
+        "cacheroute",
+        make_engines(ids, options),
+        router.route,
+        router.started,
+        router.finished,
+        on_dispatch=lambda k, d, p, pre: emitter.emit_request(
+            k, d, prompt_tokens=p, reusable_prefix_tokens=pre, router_id="demo-edge"
+        ),
+        on_complete=lambda k, d, p, c, o, ms: emitter.emit_cache_hit(
+            k, d, prompt_tokens=p, cached_tokens=c, output_tokens=o, e2e_ms=ms
+        ),
+    )
+    baseline = EngineFleet(
+        "flat-lb",
+        make_engines(ids, options),
+        flat.route,
+        lambda d: flat.started(flat.slot_of(d)),
+        lambda d: flat.finished(flat.slot_of(d)),
+    )
+    progress = _Progress(router)
+    print(
+        f"{'t':>5}  {'plan':>8} {'keys':>5}  {'CacheRoute hit':>14} {'imb':>5}  "
+        f"{'Flat-LB hit':>11} {'imb':>5}",
+        flush=True,
+    )
+    try:
+        run_fleets(Workload(options), [planned, baseline], duration_s, 5.0, progress.report)
+    finally:
+        emitter.close()
+        router.stop()
+    return progress.result()
+
+
+class _Progress:
+    """Prints one line per period; totals count only periods with a plan applied."""
+
+    def __init__(self, router: RouterClient) -> None:
+        self.router = router
+        self.versions: list[str] = []
+        self.first_plan_at: float | None = None
+        self.planned, self.flat = Tally(), Tally()
+
+    def report(self, elapsed: float, period: list[Tally]) -> None:
+        version = self.router.version
+        table = self.router.table
+        planned_now = table is not None and self.router.mode == "planned"
+        if planned_now and str(version) not in self.versions:
+            self.versions.append(str(version))
+            self.first_plan_at = self.first_plan_at or elapsed
+        cr, fl = period
+        if planned_now:
+            self.planned.add(cr)
+            self.flat.add(fl)
+        label = str(version) if table is not None else "none"
+        n = len(table) if table is not None else 0
+        print(
+            f"{elapsed:5.0f}  {label:>8} {n:5d}  {cr.hit_rate:13.1%} {cr.imbalance():5.2f}  "
+            f"{fl.hit_rate:10.1%} {fl.imbalance():5.2f}",
+            flush=True,
+        )
+
+    def result(self) -> DemoResult:
+        return DemoResult(
+            self.versions,
+            self.planned.hit_rate,
+            self.flat.hit_rate,
+            self.planned.imbalance(),
+            self.flat.imbalance(),
+            self.first_plan_at,
+        )
+
+
+def print_summary(r: DemoResult) -> None:
+    print()
+    print(
+        f"plan versions applied by the router: {len(r.versions_seen)} ({', '.join(r.versions_seen)})"
+    )
+    if r.first_plan_at_s is None:
+        print("no plan was applied during the run: try a longer --duration")
+        return
+    print(f"after the first plan (from t={r.first_plan_at_s:.0f} s), same traffic on both fleets:")
+    print(
+        f"  CacheRoute  served hit rate {r.planned_hit:6.1%}   imbalance {r.planned_imbalance:.2f}"
+    )
+    print(f"  Flat-LB     served hit rate {r.flat_hit:6.1%}   imbalance {r.flat_imbalance:.2f}")

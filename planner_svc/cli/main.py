@@ -1,0 +1,79 @@
+"""The `cacheroute` console script: one entry point, a sub-command per job.
+
+Commands are registered by their own modules; this file only assembles the parser,
+so importing it does no work and a command's dependencies load when it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Callable
+
+# (module, function that adds its sub-commands to the top-level sub-parsers)
+_COMMAND_MODULES: list[tuple[str, str]] = [
+    ("planner_svc.cli.replay_cmd", "add_commands"),
+    ("planner_svc.cli.ops", "add_commands"),
+]
+
+
+def _add_stack_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    from planner_svc.cli import demo
+
+    up = sub.add_parser("up", help="start the local stack on loopback until Ctrl-C")
+    demo.add_stack_arguments(up)
+    up.set_defaults(func=demo.cmd_up)
+    d = sub.add_parser("demo", help="the stack plus a synthetic fleet, CacheRoute vs Flat-LB")
+    demo.add_stack_arguments(d)
+    d.add_argument("--duration", type=float, default=60.0, help="seconds to run the fleet")
+    d.add_argument("--keys", type=int, default=3000, help="routing keys (paper: 128,824)")
+    d.add_argument("--rate", type=float, default=300.0, help="requests/s offered")
+    d.add_argument("--seed", type=int, default=7)
+    d.add_argument("--json", action="store_true", help="also print the summary as JSON")
+    d.set_defaults(func=demo.cmd_demo)
+
+
+def _add_plan_commands(sub: argparse._SubParsersAction) -> argparse._SubParsersAction:  # type: ignore[type-arg]
+    plan = sub.add_parser("plan", help="build, diff and inspect plans")
+    plan_sub = plan.add_subparsers(dest="plan_command", required=True)
+    from planner_svc.cli import plan_cmd
+
+    plan_cmd.add_offline_commands(plan_sub)
+    return plan_sub
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="cacheroute", description=__doc__)
+    parser.add_argument("--log-level", default="WARNING")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_stack_commands(sub)
+    plan_sub = _add_plan_commands(sub)
+    for module_name, fn_name in _COMMAND_MODULES:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name != module_name:
+                raise
+            continue
+        add: Callable[..., None] = getattr(module, fn_name)
+        add(sub, plan_sub) if fn_name == "add_commands" and _wants_plan(add) else add(sub)
+    return parser
+
+
+def _wants_plan(fn: Callable[..., None]) -> bool:
+    return fn.__code__.co_argcount >= 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

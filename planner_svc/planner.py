@@ -1,0 +1,549 @@
+"""The planner: rates in, decisions made, plans published. The service's one stateful object.
+
+It glues the pure parts together and owns nothing clever itself:
+- `planner_svc.planning` builds (`build_plan`) and repacks (`repack`) candidates;
+- `planner_svc.control.ControlLoop` prices them and decides (staleness vs rewarm);
+- a publisher (`planner_svc.publish.PlanPublisher`) makes an install visible to routers.
+
+Thread-safety: one re-entrant lock guards all state; gRPC handlers, the snapshot
+consumer and the interval timer call in from their own threads. Publishing happens
+under the lock so that versions are assigned and installed in order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import queue
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from planner_svc.control import ControlLoop
+from planner_svc.control.decision import Action, Decision, Penalties
+from planner_svc.control.drift import Drift
+from planner_svc.control.guard import Mode
+from planner_svc.control.loop import Figures
+from planner_svc.control.telemetry import Telemetry
+from planner_svc.control.traffic import Traffic
+from planner_svc.errors import Conflict, InvalidRequest, NotFound, Unavailable
+from planner_svc.planning import PlanDiff, PlanningConfig, build_plan, diff, repack
+from router_client.plan import (
+    DestinationSpec,
+    KeyTable,
+    PlanStats,
+    RoutingPlan,
+    Version,
+)
+
+log = logging.getLogger("cacheroute.planner")
+
+
+class Publisher(Protocol):
+    def install(self, plan: RoutingPlan, previous: RoutingPlan | None) -> Any: ...
+    def current(self) -> Any: ...
+    def load(self, version: Version) -> RoutingPlan: ...
+    def list_versions(self) -> list[Version]: ...
+    def router_statuses(self, max_age_s: float = 60.0) -> list[Any]: ...
+
+
+@dataclass(frozen=True)
+class Installed:
+    plan: RoutingPlan
+    digest: bytes
+    installed_at_s: float
+
+
+@dataclass(frozen=True)
+class ReplanResult:
+    candidate: RoutingPlan
+    diff: PlanDiff | None
+    figures: Figures | None
+    installed: Installed | None
+    decision: Decision | None
+
+
+@dataclass(frozen=True)
+class Tunables:
+    """What `UpdateConfig` may change at run time."""
+
+    q_cap: float
+    warm_slots_per_destination: int
+    interval_s: float
+    hysteresis: float
+    min_dwell_s: float
+    imbalance_tolerance: float
+    max_plan_age_s: float
+
+
+class Planner:
+    """See the module docstring. `clock` returns seconds (wall clock: plans carry times)."""
+
+    def __init__(
+        self,
+        *,
+        publisher: Publisher,
+        destinations: list[DestinationSpec],
+        tunables: Tunables,
+        loop: ControlLoop | None = None,
+        clock: Callable[[], float] = time.time,
+        rate_column: str = "rate",
+        epoch: int = 1,
+    ) -> None:
+        self._lock = threading.RLock()
+        self._publisher = publisher
+        self._clock = clock
+        self._destinations = list(destinations)
+        self.tunables = tunables
+        self._loop = loop or ControlLoop()
+        self._apply_decision_settings()
+        self._rate_column = rate_column
+        self._epoch = epoch
+        self.installed: Installed | None = None
+        self.traffic: Traffic | None = None
+        self.telemetry: Telemetry | None = None
+        self.rates_window_end_ms = 0
+        self.pinned = False
+        self.mode_reason = ""
+        self.decisions: deque[Decision] = deque(maxlen=1000)
+        self._last_tick_s = -math.inf
+        self._idempotent: OrderedDict[str, Any] = OrderedDict()
+        self._watchers: list[queue.Queue[tuple[str, Any]]] = []
+        self._plans: OrderedDict[Version, RoutingPlan] = OrderedDict()
+
+    # --- start-up ---------------------------------------------------------------
+
+    def resume(self) -> None:
+        """Adopt the plan Redis points at, so a restart does not re-plan from scratch."""
+        with self._lock:
+            current = self._publisher.current()
+            if current is None:
+                return
+            plan = self._publisher.load(current.version)
+            self._epoch = max(self._epoch, current.version.epoch)
+            self.installed = Installed(plan, current.digest, self._clock())
+            self._remember(plan)
+            log.info("resumed at plan version %s", current.version)
+
+    def republish_if_missing(self) -> bool:
+        """Redis came back empty or behind: publish the installed plan again."""
+        with self._lock:
+            if self.installed is None:
+                return False
+            current = self._publisher.current()
+            if current is not None and current.version >= self.installed.plan.version:
+                return False
+            self._publisher.install(self.installed.plan, None)
+            log.warning(
+                "republished plan %s: Redis was empty or behind", self.installed.plan.version
+            )
+            return True
+
+    # --- inputs ------------------------------------------------------------------
+
+    def on_window(self, window: Any) -> None:
+        """A complete stream window (streams.assembly.CompleteWindow) arrived."""
+        rates = window.ewma_rate_per_s if self._rate_column == "ewma" else window.rate_per_s
+        with self._lock:
+            traffic = Traffic(
+                keys=list(window.keys),
+                rates=np.asarray(rates, np.float64),
+                prefix_tokens=np.asarray(window.reusable_prefix_tokens, np.float64),
+                window_end_s=window.window_end_ms / 1000.0,
+            )
+            self.traffic = traffic
+            self.rates_window_end_ms = int(window.window_end_ms)
+            self.telemetry = telemetry_from_window(window, self._admitted_keys())
+
+    def _admitted_keys(self) -> set[str]:
+        if self.installed is None:
+            return set()
+        return set(self.installed.plan.table.keys)
+
+    # --- the control step ---------------------------------------------------------
+
+    def tick(self, now_s: float | None = None) -> Decision | None:
+        """Run a control step if an interval has passed; the timer thread calls this."""
+        now = self._clock() if now_s is None else now_s
+        with self._lock:
+            if now - self._last_tick_s < self.tunables.interval_s or self.traffic is None:
+                return None
+            self._last_tick_s = now
+            if self.installed is None:
+                return self._install_first(now)
+            if self.pinned:
+                return None
+            return self._control_step(now)
+
+    def _install_first(self, now: float) -> Decision:
+        assert self.traffic is not None
+        plan = build_plan(
+            self.traffic.keys,
+            self.traffic.rates,
+            self.planning_config(),
+            prefix_tokens=self.traffic.prefix_tokens,
+        )
+        self._install(plan, now, forced=False)
+        return self._record(now, Action.INSTALL, "first plan: nothing was installed", None)
+
+    def _control_step(self, now: float) -> Decision:
+        assert self.installed is not None and self.traffic is not None
+        installed = self.installed.plan
+        candidate = None if self.mode == Mode.FALLBACK else self._candidate(fresh=False)
+        decision = self._loop.step(
+            now,
+            installed=self._serving_plan(),
+            traffic=self.traffic,
+            candidate=candidate,
+            telemetry=self.telemetry,
+        )
+        if decision.action is Action.INSTALL and candidate is not None:
+            self._install(candidate, now, forced=False)
+        elif decision.action is Action.FALLBACK:
+            self._install(self._fallback_plan(installed), now, forced=False)
+        elif decision.action is Action.RESUME:
+            self._install(self._candidate(fresh=False), now, forced=False)
+        return self._log(decision)
+
+    def _serving_plan(self) -> RoutingPlan:
+        """The planned table routers follow (in fallback: the last planned one)."""
+        assert self.installed is not None
+        plan = self.installed.plan
+        if plan.config.built_by == "fallback":
+            for older in reversed(self._plans.values()):
+                if older.config.built_by != "fallback":
+                    return older
+        return plan
+
+    def _candidate(self, *, fresh: bool) -> RoutingPlan:
+        assert self.traffic is not None
+        config = self.planning_config()
+        t = self.traffic
+        if fresh or self.installed is None:
+            return build_plan(t.keys, t.rates, config, prefix_tokens=t.prefix_tokens)
+        return repack(self._serving_plan(), t.keys, t.rates, config, prefix_tokens=t.prefix_tokens)
+
+    # --- installs -------------------------------------------------------------------
+
+    def _next_version(self) -> Version:
+        last = self.installed.plan.version if self.installed else Version(self._epoch, 0)
+        if last.epoch < self._epoch:
+            return Version(self._epoch, 1)
+        return Version(last.epoch, last.seq + 1)
+
+    def _install(self, plan: RoutingPlan, now: float, *, forced: bool) -> Installed:
+        previous = self.installed.plan if self.installed else None
+        versioned = dataclasses.replace(
+            plan,
+            version=self._next_version(),
+            created_at_ms=int(now * 1000),
+            rates_window_end_ms=self.rates_window_end_ms or plan.rates_window_end_ms,
+        )
+        published = self._publisher.install(versioned, previous)
+        self.installed = Installed(versioned, published.digest, now)
+        self._remember(versioned)
+        if versioned.config.built_by not in ("fallback",):
+            self._loop.record_install(now, forced=forced)
+        self._notify("installed", self.version_info(versioned, published.digest))
+        log.info(
+            "installed plan %s (%s, %d keys)",
+            versioned.version,
+            versioned.config.built_by,
+            len(versioned.table),
+        )
+        return self.installed
+
+    def _remember(self, plan: RoutingPlan) -> None:
+        self._plans[plan.version] = plan
+        while len(self._plans) > 64:
+            self._plans.popitem(last=False)
+
+    def _fallback_plan(self, base: RoutingPlan) -> RoutingPlan:
+        """Flat-LB for every key: the same destinations and an empty key table."""
+        config = dataclasses.replace(base.config, built_by="fallback")
+        stats = PlanStats(cold_tail_rate_per_s=self.traffic.total_rate if self.traffic else 0.0)
+        return RoutingPlan(
+            config=config, destinations=base.destinations, table=KeyTable.empty(), stats=stats
+        )
+
+    # --- operator actions -------------------------------------------------------------
+
+    def replan(
+        self, *, fresh: bool, force: bool, dry_run: bool, request_id: str = ""
+    ) -> ReplanResult:
+        with self._lock:
+            cached = self._cached(request_id)
+            if cached is not None:
+                return cached  # type: ignore[no-any-return]
+            if self.traffic is None:
+                raise Unavailable("no complete rate window yet: nothing to plan on")
+            candidate = self._candidate(fresh=fresh)
+            base = self.installed.plan if self.installed else None
+            figures = self._price(candidate)
+            plan_diff = diff(self._serving_plan(), candidate) if base is not None else None
+            result = ReplanResult(candidate, plan_diff, figures, None, None)
+            if not dry_run:
+                result = self._operator_install(result, force=force)
+            return self._remember_request(request_id, result)
+
+    def _price(self, candidate: RoutingPlan) -> Figures | None:
+        if self.installed is None or self.traffic is None:
+            return None
+        return self._loop.price(self._serving_plan(), self.traffic, candidate, self.telemetry)
+
+    def _operator_install(self, result: ReplanResult, *, force: bool) -> ReplanResult:
+        now = self._clock()
+        figures = result.figures
+        worth_it = figures is None or (
+            self._loop.accumulated >= figures.rewarm_cost * (1 + self.tunables.hysteresis)
+        )
+        if not (force or worth_it):
+            reason = "operator replan not installed: staleness below rewarm (use force)"
+            return dataclasses.replace(
+                result, decision=self._record(now, Action.KEEP, reason, figures)
+            )
+        installed = self._install(result.candidate, now, forced=force)
+        self.pinned = False
+        reason = "operator replan" + (" (forced)" if force else "")
+        decision = self._record(now, Action.INSTALL, reason, figures)
+        return dataclasses.replace(result, installed=installed, decision=decision)
+
+    def rollback(self, version: Version, request_id: str = "") -> Installed:
+        """Install the retained `version` again as a new version, and pin it."""
+        with self._lock:
+            cached = self._cached(request_id)
+            if cached is not None:
+                return cached  # type: ignore[no-any-return]
+            target = self.plan(version)
+            now = self._clock()
+            installed = self._install(
+                dataclasses.replace(
+                    target,
+                    config=dataclasses.replace(target.config, built_by=f"rollback:{version}"),
+                ),
+                now,
+                forced=True,
+            )
+            self.pinned = True
+            self._record(now, Action.INSTALL, f"operator rollback to {version}; plan pinned", None)
+            return self._remember_request(request_id, installed)  # type: ignore[no-any-return]
+
+    def release_pin(self) -> None:
+        with self._lock:
+            self.pinned = False
+            self._record(self._clock(), Action.KEEP, "operator released the rollback pin", None)
+
+    def set_mode(self, mode: Mode | None, reason: str) -> Mode:
+        """Force `mode` (None releases the override). Installs the matching table."""
+        with self._lock:
+            if self.installed is None:
+                raise Unavailable("no plan installed yet")
+            now = self._clock()
+            decision = self._loop.force_mode(now, mode, reason or "operator")
+            self._log(decision)
+            if decision.action is Action.FALLBACK:
+                self._install(self._fallback_plan(self.installed.plan), now, forced=True)
+            elif decision.action is Action.RESUME:
+                self._install(self._serving_plan(), now, forced=True)
+            self.mode_reason = reason
+            return self.mode
+
+    def update_config(
+        self,
+        *,
+        tunables: dict[str, Any],
+        add: list[DestinationSpec],
+        drain: list[str],
+        remove: list[str],
+    ) -> Tunables:
+        with self._lock:
+            self.tunables = dataclasses.replace(self.tunables, **tunables)
+            self._apply_decision_settings()
+            self._destinations = _edit_destinations(self._destinations, add, drain, remove)
+            self.planning_config()  # validate now, so a bad edit is refused at once
+            self._last_tick_s = -math.inf  # act on the change at the next tick
+            return self.tunables
+
+    def _apply_decision_settings(self) -> None:
+        s = self._loop.settings
+        decision = dataclasses.replace(
+            s.decision, hysteresis=self.tunables.hysteresis, min_dwell_s=self.tunables.min_dwell_s
+        )
+        self._loop.settings = dataclasses.replace(s, decision=decision)
+
+    # --- views --------------------------------------------------------------------------
+
+    @property
+    def mode(self) -> Mode:
+        return self._loop.guard.mode
+
+    @property
+    def destinations(self) -> list[DestinationSpec]:
+        return list(self._destinations)
+
+    @property
+    def loop(self) -> ControlLoop:
+        return self._loop
+
+    def planning_config(self) -> PlanningConfig:
+        t = self.tunables
+        return PlanningConfig(
+            destinations=tuple(self._destinations),
+            q_cap=t.q_cap,
+            warm_slots_per_destination=t.warm_slots_per_destination,
+            imbalance_tolerance=t.imbalance_tolerance,
+        )
+
+    def plan(self, version: Version | None = None) -> RoutingPlan:
+        with self._lock:
+            if version is None or version == Version():
+                if self.installed is None:
+                    raise NotFound("no plan installed yet")
+                return self.installed.plan
+            if version in self._plans:
+                return self._plans[version]
+            try:
+                return self._publisher.load(version)
+            except Exception as exc:
+                raise NotFound(f"plan version {version} is not retained") from exc
+
+    def list_versions(self, limit: int) -> list[RoutingPlan]:
+        versions = sorted(self._publisher.list_versions(), reverse=True)[: limit or None]
+        return [self.plan(v) for v in versions]
+
+    def version_info(self, plan: RoutingPlan, digest: bytes = b"") -> dict[str, Any]:
+        current = self.installed is not None and self.installed.plan.version == plan.version
+        return {
+            "plan": plan,
+            "digest": digest or (self.installed.digest if current and self.installed else b""),
+            "current": current,
+        }
+
+    def status(self) -> dict[str, Any]:
+        with self._lock:
+            now = self._clock()
+            figures = self._loop.last_figures
+            return {
+                "mode": self.mode,
+                "mode_reason": self.mode_reason or self._loop.guard.reason,
+                "installed": self.installed,
+                "installed_age_s": now - self.installed.installed_at_s if self.installed else 0.0,
+                "figures": figures,
+                "accumulated": self._loop.accumulated,
+                "last_decision": self.decisions[-1] if self.decisions else None,
+                "rates_age_s": now - self.traffic.window_end_s if self.traffic else math.inf,
+                "rates_recovering": bool(self.telemetry and self.telemetry.recovering),
+                "pinned": self.pinned,
+                "tunables": self.tunables,
+                "destinations": self.destinations,
+            }
+
+    # --- decisions and watchers ------------------------------------------------------------
+
+    def _record(self, now: float, action: Action, reason: str, figures: Figures | None) -> Decision:
+        f = figures or Figures()
+        decision = Decision(
+            id=(self.decisions[-1].id + 1) if self.decisions else 1_000_000,
+            at_s=now,
+            action=action,
+            reason=reason,
+            drift=f.drift or Drift(),
+            penalties=Penalties(
+                staleness_rate_modelled=f.staleness_rate_modelled,
+                staleness_rate_measured=f.staleness_rate_measured,
+                staleness_accumulated=self._loop.accumulated,
+                rewarm_cost=f.rewarm_cost,
+                measured_used=f.measured_used,
+            ),
+            moved_traffic_share=f.moved_traffic_share,
+            mode=str(self.mode),
+        )
+        return self._log(decision)
+
+    def _log(self, decision: Decision) -> Decision:
+        self.decisions.append(decision)
+        self._notify("decision", decision)
+        log.info("decision %s: %s", decision.action, decision.reason)
+        return decision
+
+    def watch(self) -> Iterator[tuple[str, Any]]:
+        """Yield ("installed", info) and ("decision", Decision) events until the caller stops."""
+        q: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=1000)
+        with self._lock:
+            self._watchers.append(q)
+        try:
+            while True:
+                yield q.get()
+        finally:
+            with self._lock:
+                self._watchers.remove(q)
+
+    def _notify(self, kind: str, payload: Any) -> None:
+        for q in list(self._watchers):
+            try:
+                q.put_nowait((kind, payload))
+            except queue.Full:
+                pass  # a slow watcher misses events rather than stalling the planner
+
+    def _cached(self, request_id: str) -> Any:
+        return self._idempotent.get(request_id) if request_id else None
+
+    def _remember_request(self, request_id: str, result: Any) -> Any:
+        if request_id:
+            self._idempotent[request_id] = result
+            while len(self._idempotent) > 1000:
+                self._idempotent.popitem(last=False)
+        return result
+
+
+def _edit_destinations(
+    current: list[DestinationSpec], add: list[DestinationSpec], drain: list[str], remove: list[str]
+) -> list[DestinationSpec]:
+    by_id = {d.id: d for d in current}
+    for d in add:
+        if d.id in by_id and not by_id[d.id].draining:
+            raise Conflict(f"destination {d.id!r} already exists")
+        by_id[d.id] = d
+    for ident in [*drain, *remove]:
+        if ident not in by_id:
+            raise InvalidRequest(f"unknown destination {ident!r}")
+    for ident in drain:
+        by_id[ident] = dataclasses.replace(by_id[ident], draining=True)
+    for ident in remove:
+        del by_id[ident]
+    if not by_id:
+        raise InvalidRequest("removing every destination leaves nowhere to route")
+    return list(by_id.values())
+
+
+def telemetry_from_window(window: Any, admitted: set[str]) -> Telemetry:
+    """The control loop's view of a stream window (see planner_svc.control.telemetry)."""
+    span_s = max(1e-9, (window.window_end_ms - window.window_start_ms) / 1000.0)
+    prompt = np.asarray(window.prompt_tokens, np.float64)
+    cached = np.asarray(window.cached_tokens, np.float64)
+    mask = np.fromiter((k in admitted for k in window.keys), bool, count=len(window.keys))
+    p99s = [d.p99_e2e_ms for d in window.destinations.values() if not math.isnan(d.p99_e2e_ms)]
+    return Telemetry(
+        window_end_s=window.window_end_ms / 1000.0,
+        hit_rate=_ratio(cached.sum(), prompt.sum()),
+        prompt_tokens_per_s=float(prompt.sum()) / span_s,
+        requests=int(np.sum(window.requests)),
+        destination_loads_per_s={d: s.arrival_rate_per_s for d, s in window.destinations.items()},
+        planned_hit_rate=_ratio(cached[mask].sum(), prompt[mask].sum()) if mask.any() else None,
+        fallback_hit_rate=_ratio(cached[~mask].sum(), prompt[~mask].sum())
+        if (~mask).any()
+        else None,
+        p99_ms=max(p99s) if p99s else None,
+        active_keys=int(window.active_keys),
+        recovering=bool(window.recovering),
+    )
+
+
+def _ratio(num: float, den: float) -> float:
+    return float(num) / float(den) if den > 0 else 0.0

@@ -1,0 +1,182 @@
+"""Assemble and run the planner service: settings in, threads and a gRPC server out.
+
+snapshots topic ──SnapshotConsumer──▶ Planner.on_window
+interval timer ─────────────────────▶ Planner.tick ──▶ PlanPublisher (Redis)
+gRPC (PlannerServicer + health + reflection) ──▶ Planner
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from concurrent import futures
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from cacheroute.v1 import planner_pb2, planner_pb2_grpc
+from planner_svc.interceptors import PlannerInterceptor
+from planner_svc.planner import Planner, Tunables
+from planner_svc.publish import PlanPublisher
+from planner_svc.service import PlannerServicer
+from planner_svc.settings import PlannerSettings
+from planner_svc.snapshots import SnapshotConsumer
+from router_client import signing
+from router_client.plan import DestinationSpec
+
+log = logging.getLogger("cacheroute.planner")
+SERVICE_NAME = planner_pb2.DESCRIPTOR.services_by_name["Planner"].full_name
+
+
+def signing_key(settings: PlannerSettings) -> signing.Ed25519PrivateKey:
+    """Load the planner's key, or create one (and its public half for routers to pin)."""
+    path = Path(settings.signing_key_path or Path(settings.data_dir) / "planner-signing-key.pem")
+    if path.exists():
+        return signing.load_private_key(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    key = signing.generate_private_key()
+    signing.save_private_key(key, path)
+    signing.save_public_key(key.public_key(), path.with_suffix(".pub.pem"))
+    log.info("created signing key %s (routers pin %s)", path, path.with_suffix(".pub.pem"))
+    return key
+
+
+def tunables_from(settings: PlannerSettings) -> Tunables:
+    return Tunables(
+        q_cap=settings.q_cap,
+        warm_slots_per_destination=settings.warm_slots_per_destination,
+        interval_s=settings.interval_s,
+        hysteresis=settings.hysteresis,
+        min_dwell_s=settings.min_dwell_s,
+        imbalance_tolerance=settings.imbalance_tolerance,
+        max_plan_age_s=settings.max_plan_age_s,
+    )
+
+
+@dataclass
+class PlannerService:
+    settings: PlannerSettings
+    planner: Planner
+    publisher: PlanPublisher
+    server: grpc.Server
+    health: health.HealthServicer
+    consumer: SnapshotConsumer | None
+    port: int
+    _stop: threading.Event
+    _timer: threading.Thread | None = None
+
+    def start(self) -> None:
+        self.server.start()
+        if self.consumer is not None:
+            self.consumer.start()
+        self._timer = threading.Thread(target=self._run_timer, name="planner-timer", daemon=True)
+        self._timer.start()
+        self._set_health(True)
+        log.info("planner serving gRPC on %s:%d", self.settings.grpc_host, self.port)
+
+    def _run_timer(self) -> None:
+        period = min(1.0, self.planner.tunables.interval_s / 4)
+        while not self._stop.wait(period):
+            try:
+                self.planner.republish_if_missing()
+                self.planner.tick()
+                self._set_health(True)
+            except Exception:
+                log.exception("control step failed; will retry next period")
+                self._set_health(self._redis_ok())
+
+    def _redis_ok(self) -> bool:
+        try:
+            return self.publisher.ping()
+        except Exception:
+            return False
+
+    def _set_health(self, ok: bool) -> None:
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if ok
+            else (health_pb2.HealthCheckResponse.NOT_SERVING)
+        )
+        for name in ("", SERVICE_NAME):
+            self.health.set(name, status)
+
+    def stop(self, grace_s: float = 2.0) -> None:
+        self._stop.set()
+        self.health.enter_graceful_shutdown()
+        self.server.stop(grace_s).wait()
+        if self.consumer is not None:
+            self.consumer.stop()
+        if self._timer is not None:
+            self._timer.join(5)
+        self.publisher.close()
+
+    def wait(self) -> None:
+        self._stop.wait()
+
+
+def build_service(settings: PlannerSettings, *, consume: bool = True) -> PlannerService:
+    """Wire every part from `settings`; nothing starts until `.start()`."""
+    publisher = PlanPublisher(
+        settings.redis_url,
+        signing_key(settings),
+        namespace=settings.redis_namespace,
+        retain=settings.retain_versions,
+    )
+    destinations = [DestinationSpec(d) for d in settings.destinations]
+    if not destinations:
+        raise SystemExit("the planner needs destinations: --destinations d0,d1,...")
+    planner = Planner(
+        publisher=publisher,
+        destinations=destinations,
+        tunables=tunables_from(settings),
+        rate_column=settings.rate_column,
+    )
+    planner.resume()
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=16),
+        interceptors=[
+            PlannerInterceptor(
+                operator_token=settings.operator_token, reader_token=settings.reader_token
+            )
+        ],
+        options=[("grpc.max_receive_message_length", settings.max_request_bytes)],
+    )
+    planner_pb2_grpc.add_PlannerServicer_to_server(PlannerServicer(planner, publisher), server)
+    health_servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+    )
+    port = _bind(server, settings)
+    consumer = (
+        SnapshotConsumer(settings.bootstrap, settings.snapshots_topic, planner.on_window)
+        if consume
+        else None
+    )
+    return PlannerService(
+        settings, planner, publisher, server, health_servicer, consumer, port, threading.Event()
+    )
+
+
+def _bind(server: grpc.Server, settings: PlannerSettings) -> int:
+    address = f"{settings.grpc_host}:{settings.grpc_port}"
+    if settings.tls_cert and settings.tls_key:
+        creds = grpc.ssl_server_credentials(
+            [(Path(settings.tls_key).read_bytes(), Path(settings.tls_cert).read_bytes())]
+        )
+        return server.add_secure_port(address, creds)
+    return server.add_insecure_port(address)
+
+
+def run(settings: PlannerSettings) -> None:
+    """Run until SIGTERM / SIGINT."""
+    service = build_service(settings)
+    service.start()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: service._stop.set())
+    service.wait()
+    service.stop()

@@ -1,0 +1,97 @@
+"""Planner settings: built once at the entry point from flags and environment.
+
+Every address is configuration (production users bring their own Kafka and Redis).
+Environment variables are `CACHEROUTE_<FIELD>` in upper case, e.g.
+`CACHEROUTE_REDIS_URL`, `CACHEROUTE_BOOTSTRAP`, `CACHEROUTE_OPERATOR_TOKEN`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+
+@dataclass(frozen=True)
+class PlannerSettings:
+    bootstrap: str = "127.0.0.1:9092"
+    snapshots_topic: str = "cacheroute.snapshots"
+    state_topic: str = "cacheroute.planner-state"
+    consumer_group: str = "cacheroute-planner"
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    redis_namespace: str = "cacheroute"
+    grpc_host: str = "127.0.0.1"
+    grpc_port: int = 50051
+    metrics_port: int = 0  # 0 = no metrics endpoint
+    signing_key_path: str = ""  # Ed25519 PEM; generated next to data_dir when empty
+    data_dir: str = "./var/planner"
+    # Planning.
+    destinations: tuple[str, ...] = ()
+    q_cap: float = 50.0
+    warm_slots_per_destination: int = 128
+    imbalance_tolerance: float = 0.03
+    rate_column: str = "rate"  # "rate" (hopping window) or "ewma"
+    # Control loop.
+    interval_s: float = 10.0
+    hysteresis: float = 0.1
+    min_dwell_s: float = 0.0
+    max_plan_age_s: float = 300.0
+    retain_versions: int = 50
+    # Access control: empty = no auth. Operators may mutate; readers may only read.
+    operator_token: str = ""
+    reader_token: str = ""
+    tls_cert: str = ""
+    tls_key: str = ""
+    max_request_bytes: int = 4 * 1024 * 1024
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def with_overrides(self, **changes: Any) -> PlannerSettings:
+        return replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+
+def _coerce(kind: Any, text: str) -> Any:
+    if kind in (int, "int"):
+        return int(text)
+    if kind in (float, "float"):
+        return float(text)
+    if kind in (bool, "bool"):
+        return text.lower() in ("1", "true", "yes", "on")
+    if "tuple" in str(kind):
+        return tuple(s for s in text.split(",") if s)
+    return text
+
+
+def from_env(
+    base: PlannerSettings | None = None, environ: dict[str, str] | None = None
+) -> PlannerSettings:
+    env = os.environ if environ is None else environ
+    base = base or PlannerSettings()
+    changes: dict[str, Any] = {}
+    for f in fields(PlannerSettings):
+        raw = env.get(f"CACHEROUTE_{f.name.upper()}")
+        if raw is not None and f.name != "extra":
+            changes[f.name] = _coerce(f.type, raw)
+    return replace(base, **changes)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags for every setting; unset flags fall back to the environment, then defaults."""
+    for f in fields(PlannerSettings):
+        if f.name == "extra":
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        if "tuple" in str(f.type):
+            parser.add_argument(flag, default=None, help="comma-separated list")
+        else:
+            parser.add_argument(flag, default=None)
+
+
+def from_args(args: argparse.Namespace, environ: dict[str, str] | None = None) -> PlannerSettings:
+    settings = from_env(environ=environ)
+    changes: dict[str, Any] = {}
+    for f in fields(PlannerSettings):
+        value = getattr(args, f.name, None)
+        if value is not None and f.name != "extra":
+            changes[f.name] = _coerce(f.type, value) if isinstance(value, str) else value
+    return replace(settings, **changes)

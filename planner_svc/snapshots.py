@@ -1,0 +1,96 @@
+"""Consume the stream's rate snapshots from Kafka and hand complete windows to the planner.
+
+The only module of the planner that talks to Kafka. It assigns every partition of the
+snapshots topic directly (no consumer group: a planner wants every window, and a group
+join would delay start-up by seconds) starting at the end, since only fresh rates matter.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from confluent_kafka import OFFSET_END, Consumer, KafkaException, TopicPartition
+from google.protobuf.message import DecodeError
+
+from cacheroute.v1 import snapshot_pb2
+from streams.assembly import CompleteWindow, WindowAssembler
+
+log = logging.getLogger("cacheroute.planner.snapshots")
+
+
+class SnapshotConsumer:
+    """Background thread: snapshots topic -> WindowAssembler -> `on_window`."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        on_window: Callable[[CompleteWindow], None],
+        **kafka_config: Any,
+    ) -> None:
+        self._topic = topic
+        self._on_window = on_window
+        self._assembler = WindowAssembler()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="snapshots", daemon=True)
+        self.undecodable = 0
+        self.windows = 0
+        self._consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": "cacheroute-planner",  # required by the client; we never join it
+                "enable.auto.commit": False,
+                "fetch.wait.max.ms": 100,
+                "message.max.bytes": 64 * 1024 * 1024,
+                "fetch.max.bytes": 128 * 1024 * 1024,
+                **kafka_config,
+            }
+        )
+
+    def start(self, from_beginning: bool = False) -> None:
+        partitions = self._partitions()
+        offset = 0 if from_beginning else OFFSET_END
+        self._consumer.assign([TopicPartition(self._topic, p, offset) for p in partitions])
+        self._thread.start()
+
+    def _partitions(self) -> list[int]:
+        meta = self._consumer.list_topics(self._topic, timeout=10)
+        topic = meta.topics.get(self._topic)
+        if topic is None or topic.error is not None or not topic.partitions:
+            raise KafkaException(f"snapshots topic {self._topic!r} is missing")
+        return sorted(topic.partitions)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            msg = self._consumer.poll(0.2)
+            if msg is None:
+                continue
+            if msg.error():
+                log.warning("snapshot consumer: %s", msg.error())
+                continue
+            self._handle(msg.value())
+
+    def _handle(self, raw: bytes) -> None:
+        snap = snapshot_pb2.RateSnapshot()
+        try:
+            snap.ParseFromString(raw)
+            window = self._assembler.add(snap)
+        except (DecodeError, ValueError) as exc:
+            self.undecodable += 1
+            log.warning("skipping a snapshot that does not decode: %s", exc)
+            return
+        if window is not None:
+            self.windows += 1
+            try:
+                self._on_window(window)
+            except Exception:
+                log.exception("planner failed on window %s", window.window_end_ms)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(5)
+        self._consumer.close()
