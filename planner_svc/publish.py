@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis
-from cacheroute.v1 import plan_pb2
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from cacheroute.v1 import plan_pb2
 from router_client import signing
 from router_client.delta import make_delta
 from router_client.layout import DEFAULT_NAMESPACE, Layout, Pointer, parse_member, version_member
@@ -44,6 +44,16 @@ class VersionConflict(PublishError):
 class PublishedVersion:
     version: Version
     digest: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedInstall:
+    """Signed blobs ready to install (see `PlanPublisher.prepare`)."""
+
+    version: Version
+    digest: bytes
+    plan_blob: bytes
+    delta_blob: bytes  # b"" when there is no usable base
 
 
 # KEYS: current, versions, plan, delta, digest
@@ -112,22 +122,35 @@ class PlanPublisher:
         self._install = self._redis.register_script(_INSTALL_LUA)
 
     def install(self, plan: RoutingPlan, previous: RoutingPlan | None) -> PublishedVersion:
-        """Publish `plan` (its version set by the caller) with a delta from `previous`."""
+        """Publish `plan` (its version set by the caller) with a delta from `previous`.
+
+        Raises VersionRegression if the pointer is already past `plan.version`, and
+        VersionConflict if that version was installed with other bytes. Installing
+        the same version with the same bytes again is a no-op.
+        """
+        return self.commit(self.prepare(plan, previous))
+
+    def prepare(self, plan: RoutingPlan, previous: RoutingPlan | None) -> PreparedInstall:
+        """The CPU half of `install` (encode, sign, delta): no write yet."""
         payload = encode_plan(plan)
         plan_blob = signing.sign_blob(payload, signing.PLAN, self._key)
         digest = _digest_of(plan_blob)
         delta_blob = self._delta_blob(plan, previous, digest) if previous is not None else b""
+        return PreparedInstall(plan.version, digest, plan_blob, delta_blob)
+
+    def commit(self, prepared: PreparedInstall) -> PublishedVersion:
+        """The atomic half of `install`: one Lua script call."""
+        v, digest = prepared.version, prepared.digest
         note = plan_pb2.PlanNotification(
-            version=plan_pb2.PlanVersion(epoch=plan.version.epoch, seq=plan.version.seq),
-            digest=digest,
+            version=plan_pb2.PlanVersion(epoch=v.epoch, seq=v.seq), digest=digest
         ).SerializeToString()
-        lay, v = self.layout, plan.version
+        lay = self.layout
         keys = [lay.current, lay.versions, lay.plan(v), lay.delta(v), lay.digest(v)]
         args = [
             version_member(v),
             digest.hex(),
-            plan_blob,
-            delta_blob,
+            prepared.plan_blob,
+            prepared.delta_blob,
             note,
             lay.channel,
             self.retain,
@@ -166,6 +189,13 @@ class PlanPublisher:
             raise KeyError(f"plan version {version} is not retained")
         _kind, payload, _digest = signing.verify_blob(raw, self._keys)
         return decode_plan(payload)
+
+    def signed_plan(self, version: Version) -> bytes:
+        """The stored SignedBlob bytes of `version` (what routers fetch); KeyError if gone."""
+        raw = self._redis.get(self.layout.plan(version))
+        if raw is None:
+            raise KeyError(f"plan version {version} is not retained")
+        return bytes(raw)
 
     def list_versions(self) -> list[Version]:
         """Retained versions, oldest first."""

@@ -89,7 +89,7 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
     ) -> Iterator[planner_pb2.PlanChunk]:
         version = _version_arg(request.version, "version", required=False)
         plan = self._planner.plan(version)
-        blob = self._publisher.signed_plan_blob(plan.version)
+        blob = self._publisher.signed_plan(plan.version)
         count = max(1, -(-len(blob) // CHUNK_BYTES))
         for i in range(count):
             yield planner_pb2.PlanChunk(

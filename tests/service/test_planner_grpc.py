@@ -1,0 +1,209 @@
+"""The planner service in-process: real gRPC on an ephemeral port, real redis-server.
+
+Windows are fed straight into the planner (the Kafka leg is covered end to end in
+tests/integration); everything from the planner to Redis and the gRPC API is real.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+
+from cacheroute.v1 import plan_pb2, planner_pb2, planner_pb2_grpc
+from planner_svc.replay.rates import paper_like_keys, paper_like_rates
+from planner_svc.server import PlannerService, build_service
+from planner_svc.settings import PlannerSettings
+from router_client import signing
+from router_client.plan import decode_plan
+from tests.service.windows import make_window
+
+pytestmark = pytest.mark.integration
+
+DESTS = tuple(f"d{i}" for i in range(6))
+OPERATOR, READER = "op-secret", "read-secret"
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1_700_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture()
+def service(redis_server, tmp_path: Path) -> Iterator[PlannerService]:
+    settings = PlannerSettings(
+        redis_url=redis_server.url,
+        grpc_port=0,
+        data_dir=str(tmp_path),
+        destinations=DESTS,
+        q_cap=20.0,
+        warm_slots_per_destination=8,
+        interval_s=3600.0,  # ticks are driven by the test
+        operator_token=OPERATOR,
+        reader_token=READER,
+    )
+    svc = build_service(settings, consume=False)
+    svc.server.start()
+    yield svc
+    svc.stop(0)
+
+
+def stub_for(svc: PlannerService) -> planner_pb2_grpc.PlannerStub:
+    channel = grpc.insecure_channel(f"127.0.0.1:{svc.port}")
+    return planner_pb2_grpc.PlannerStub(channel)
+
+
+def auth(token: str) -> list[tuple[str, str]]:
+    return [("authorization", f"Bearer {token}")]
+
+
+def feed(svc: PlannerService, seed: int = 1, end_ms: int | None = None) -> None:
+    keys = paper_like_keys(400)
+    rates = paper_like_rates(400, 300.0, seed=seed)
+    end = end_ms or int(time.time() * 1000)
+    svc.planner.on_window(make_window(keys, rates, window_end_ms=end, destinations=list(DESTS)))
+
+
+def test_first_window_installs_a_plan_visible_over_grpc_and_in_redis(service):
+    feed(service)
+    decision = service.planner.tick()
+    assert decision is not None and decision.action == "install"
+    stub = stub_for(service)
+    current = stub.GetCurrentVersion(planner_pb2.GetCurrentVersionRequest(), metadata=auth(READER))
+    assert (current.version.epoch, current.version.seq) == (1, 1)
+    published = service.publisher.current()
+    assert published is not None and published.version.seq == 1
+    assert published.digest == current.digest
+    chunks = list(stub.GetPlan(planner_pb2.GetPlanRequest(), metadata=auth(READER)))
+    blob = b"".join(c.payload for c in chunks)
+    key = signing.load_private_key(Path(service.settings.data_dir) / "planner-signing-key.pem")
+    _kind, payload, _digest = signing.verify_blob(blob, signing.pin([key.public_key()]))
+    plan = decode_plan(payload)
+    assert len(plan.table) == 6 * 8  # C = R·W slots, all k_b = 1 at these rates
+    assert plan.destination_ids == list(DESTS)
+
+
+def test_replan_rollback_and_mode_work_end_to_end(service):
+    feed(service)
+    service.planner.tick()
+    stub = stub_for(service)
+    op = auth(OPERATOR)
+    dry = stub.Replan(planner_pb2.ReplanRequest(dry_run=True), metadata=op)
+    assert not dry.installed
+    forced = stub.Replan(planner_pb2.ReplanRequest(force=True, fresh=True, request_id="r1"), metadata=op)
+    assert forced.installed and forced.candidate.version.seq == 2
+    again = stub.Replan(planner_pb2.ReplanRequest(force=True, fresh=True, request_id="r1"), metadata=op)
+    assert again.candidate.version.seq == 2  # the retried request acted once
+    rolled = stub.Rollback(
+        planner_pb2.RollbackRequest(version=plan_pb2.PlanVersion(epoch=1, seq=1), request_id="b1"),
+        metadata=op,
+    )
+    assert rolled.pinned and rolled.installed.version.seq == 3
+    assert rolled.installed.built_by == "rollback:1.1"
+    status = stub.GetStatus(planner_pb2.GetStatusRequest(), metadata=op)
+    assert status.pinned and status.installed.seq == 3
+    mode = stub.SetMode(planner_pb2.SetModeRequest(mode=planner_pb2.FALLBACK, reason="drill"), metadata=op)
+    assert mode.mode == planner_pb2.FALLBACK
+    fallback_plan = service.publisher.load(service.publisher.current().version)
+    assert len(fallback_plan.table) == 0 and fallback_plan.config.built_by == "fallback"
+    back = stub.SetMode(planner_pb2.SetModeRequest(mode=planner_pb2.PLANNED), metadata=op)
+    assert back.mode == planner_pb2.PLANNED
+    resumed = service.publisher.load(service.publisher.current().version)
+    assert len(resumed.table) > 0
+    versions = stub.ListPlanVersions(planner_pb2.ListPlanVersionsRequest(), metadata=op)
+    seqs = [v.version.seq for v in versions.versions]
+    assert seqs == sorted(seqs, reverse=True) and seqs[0] == service.publisher.current().version.seq
+    decisions = stub.ListDecisions(planner_pb2.ListDecisionsRequest(limit=50), metadata=op)
+    actions = [d.action for d in decisions.decisions]
+    assert "install" in actions and "fallback" in actions and "resume" in actions
+
+
+def test_auth_matrix(service):
+    feed(service)
+    service.planner.tick()
+    stub = stub_for(service)
+    with pytest.raises(grpc.RpcError) as none:
+        stub.Replan(planner_pb2.ReplanRequest(dry_run=True))
+    assert none.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    with pytest.raises(grpc.RpcError) as reader:
+        stub.Replan(planner_pb2.ReplanRequest(dry_run=True), metadata=auth(READER))
+    assert reader.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    with pytest.raises(grpc.RpcError) as wrong:
+        stub.GetStatus(planner_pb2.GetStatusRequest(), metadata=auth("nope"))
+    assert wrong.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert stub.GetStatus(planner_pb2.GetStatusRequest(), metadata=auth(READER)).installed.seq == 1
+
+
+@pytest.mark.parametrize(
+    ("call", "request_"),
+    [
+        ("UpdateConfig", planner_pb2.UpdateConfigRequest(q_cap=-1.0)),
+        ("UpdateConfig", planner_pb2.UpdateConfigRequest(drain_destinations=["nope"])),
+        ("UpdateConfig", planner_pb2.UpdateConfigRequest(warm_slots_per_destination=0)),
+        ("DiffPlans", planner_pb2.DiffPlansRequest()),
+        ("ListDecisions", planner_pb2.ListDecisionsRequest(limit=10**6)),
+        ("Rollback", planner_pb2.RollbackRequest()),
+    ],
+)
+def test_invalid_requests_get_invalid_argument(service, call, request_):
+    feed(service)
+    service.planner.tick()
+    with pytest.raises(grpc.RpcError) as err:
+        getattr(stub_for(service), call)(request_, metadata=auth(OPERATOR))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.value.details()
+
+
+def test_unknown_version_is_not_found(service):
+    feed(service)
+    service.planner.tick()
+    with pytest.raises(grpc.RpcError) as err:
+        list(
+            stub_for(service).GetPlan(
+                planner_pb2.GetPlanRequest(version=plan_pb2.PlanVersion(epoch=1, seq=99)),
+                metadata=auth(READER),
+            )
+        )
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_drain_moves_keys_off_the_destination(service):
+    feed(service)
+    service.planner.tick()
+    stub = stub_for(service)
+    stub.UpdateConfig(planner_pb2.UpdateConfigRequest(drain_destinations=["d0"]), metadata=auth(OPERATOR))
+    result = stub.Replan(planner_pb2.ReplanRequest(force=True), metadata=auth(OPERATOR))
+    assert result.installed
+    plan = service.publisher.load(service.publisher.current().version)
+    d0 = plan.destination_ids.index("d0")
+    assert d0 not in set(plan.table.members.tolist())
+
+
+def test_restart_resumes_at_the_installed_version(service, redis_server, tmp_path):
+    feed(service)
+    service.planner.tick()
+    installed = service.planner.installed
+    again = build_service(service.settings, consume=False)
+    try:
+        assert again.planner.installed is not None
+        assert again.planner.installed.plan.version == installed.plan.version
+        assert again.planner.installed.digest == installed.digest
+    finally:
+        again.publisher.close()
+
+
+def test_numpy_rates_survive(service):
+    # A window of all-zero rates still yields a (empty-admission) valid plan, not a crash.
+    keys = paper_like_keys(10)
+    service.planner.on_window(
+        make_window(keys, np.zeros(10), window_end_ms=int(time.time() * 1000), destinations=list(DESTS))
+    )
+    decision = service.planner.tick()
+    assert decision is not None
