@@ -133,12 +133,22 @@ class Settling:
     predicted_tokens: float
     min_settle_s: float
     max_settle_s: float
+    # The hit rate expected without a dip: the last window before the install plus the
+    # candidate's modelled gain. None (e.g. no telemetry before): the settled window's hit.
+    reference_hit: float | None = None
     samples: tuple[tuple[float, float, float], ...] = ()  # (window_end_s, hit, tokens/s)
+
+    @property
+    def measurable(self) -> bool:
+        """Whether the samples can say how deep the dip was."""
+        return self.reference_hit is not None or len(self.samples) >= 2
 
 
 def _dip_tokens(settling: Settling) -> float:
-    """∫ (settled hit − hit) × prompt tokens/s dt over the windows of the dip."""
-    reference = settling.samples[-1][1]
+    """∫ (reference hit − hit) × prompt tokens/s dt over the windows of the dip."""
+    reference = settling.reference_hit
+    if reference is None:
+        reference = settling.samples[-1][1]
     total, previous = 0.0, settling.since_s
     for end_s, hit, tokens_per_s in settling.samples:
         total += max(0.0, reference - hit) * tokens_per_s * max(0.0, end_s - previous)
@@ -167,6 +177,7 @@ class ControlLoop:
         self._last_step_s: float | None = None
         self._last_install_s: float | None = None
         self._last_window_s: float | None = None
+        self.last_window: Telemetry | None = None  # newest usable telemetry seen
         self._next_id = 1
 
     # --- pricing -------------------------------------------------------------
@@ -294,6 +305,7 @@ class ControlLoop:
         if self._last_window_s is not None and t.window_end_s <= self._last_window_s:
             return  # this window was already seen
         self._last_window_s = t.window_end_s
+        self.last_window = t
         if self.settling is not None:
             self._follow_dip(self.settling, t)
             return
@@ -326,10 +338,11 @@ class ControlLoop:
         return abs(samples[-1][1] - samples[-2][1]) <= self.settings.settle_tolerance
 
     def _end_dip(self, settling: Settling, t: Telemetry) -> None:
-        dip = _dip_tokens(settling)
-        self.rewarm = self.rewarm.observe(dip, settling.predicted_tokens)
-        if self.installs and self.installs[-1].at_s == settling.since_s:
-            self.installs[-1] = replace(self.installs[-1], measured_dip_tokens=dip)
+        if settling.measurable:
+            dip = _dip_tokens(settling)
+            self.rewarm = self.rewarm.observe(dip, settling.predicted_tokens)
+            if self.installs and self.installs[-1].at_s == settling.since_s:
+                self.installs[-1] = replace(self.installs[-1], measured_dip_tokens=dip)
         self.settling = None
         self.baseline = t
 
@@ -351,10 +364,22 @@ class ControlLoop:
         self.installs = [*self.installs, record][-self.settings.history_limit :]
         self.accumulated, self._rate = 0.0, 0.0
         self._last_install_s = now_s
-        self._start_dip(now_s, f.rewarm_formula_tokens, f.rewarm_time_s)
+        self._start_dip(now_s, f.rewarm_formula_tokens, f.rewarm_time_s, self._expected_hit(f))
         return record
 
-    def _start_dip(self, now_s: float, predicted_tokens: float, expected_s: float) -> None:
+    def _expected_hit(self, f: Figures) -> float | None:
+        before = self.last_window
+        if before is None or before.prompt_tokens_per_s <= 0:
+            return None
+        return min(1.0, before.hit_rate + f.staleness_rate_modelled / before.prompt_tokens_per_s)
+
+    def _start_dip(
+        self,
+        now_s: float,
+        predicted_tokens: float,
+        expected_s: float,
+        reference_hit: float | None = None,
+    ) -> None:
         s = self.settings
         min_settle = min(max(s.min_settle_s, expected_s), s.max_settle_s)
         longest = min(max(min_settle, s.settle_span * expected_s), s.max_settle_s)
@@ -363,6 +388,7 @@ class ControlLoop:
             predicted_tokens=predicted_tokens,
             min_settle_s=min_settle,
             max_settle_s=longest,
+            reference_hit=reference_hit,
         )
         self.baseline = None
 
@@ -440,6 +466,7 @@ class ControlLoop:
             "guard": self.guard.to_dict(),
             "validated": self.validated.to_dict(),
             "baseline": None if self.baseline is None else self.baseline.to_dict(),
+            "last_window": None if self.last_window is None else self.last_window.to_dict(),
             "settling": None if self.settling is None else _settling_to_dict(self.settling),
             "installs": [asdict(r) for r in self.installs],
             "last_decision": None if self.last_decision is None else self.last_decision.to_dict(),
@@ -459,6 +486,8 @@ class ControlLoop:
         loop.guard = GuardState.from_dict(data["guard"])
         baseline, settling = data["baseline"], data["settling"]
         loop.baseline = None if baseline is None else Telemetry.from_dict(baseline)
+        last = data["last_window"]
+        loop.last_window = None if last is None else Telemetry.from_dict(last)
         loop.settling = None if settling is None else _settling_from_dict(settling)
         loop.installs = [InstallRecord(**r) for r in data["installs"]]
         last = data["last_decision"]
@@ -472,6 +501,7 @@ def _settling_to_dict(s: Settling) -> dict[str, Any]:
         "predicted_tokens": s.predicted_tokens,
         "min_settle_s": s.min_settle_s,
         "max_settle_s": s.max_settle_s,
+        "reference_hit": s.reference_hit,
         "samples": [list(x) for x in s.samples],
     }
 
@@ -483,5 +513,6 @@ def _settling_from_dict(data: Mapping[str, Any]) -> Settling:
         predicted_tokens=data["predicted_tokens"],
         min_settle_s=data["min_settle_s"],
         max_settle_s=data["max_settle_s"],
+        reference_hit=data["reference_hit"],
         samples=samples,
     )

@@ -99,12 +99,21 @@ def test_decides_on_measured_staleness_once_there_is_a_baseline() -> None:
     assert thin.penalties.measured_used is False  # too little evidence: modelled
 
 
-def install_and_dip(lp: ControlLoop, t0: float, true_factor: float) -> list[Action]:
+def install_and_dip(
+    lp: ControlLoop, t0: float, true_factor: float, window_before: bool = True
+) -> list[Action]:
     """Install at t0, then feed windows whose hit deficit is `true_factor` × predicted."""
+    if window_before:
+        step(lp, t0 - 5.0, window(t0 - 5.0, hit=0.9))
     lp.record_install(t0, figures=lp.price(INSTALLED, traffic(t0), CANDIDATE))
     predicted = lp.installs[-1].predicted_tokens
+    assert lp.settling is not None
+    # Without a window before the install the settled window is the reference; with one,
+    # that window's hit plus the candidate's modelled gain (0.9 + 900 / 1e4 here).
+    reference = lp.settling.reference_hit or 0.9
+    assert reference == pytest.approx(0.99 if window_before else 0.9)
     depth = true_factor * predicted / (1e4 * 10.0)  # one 10 s window deep
-    hits = [0.9 - depth, 0.9, 0.9]
+    hits = [reference - depth, reference, reference]
     return [
         step(lp, t0 + 10 * (i + 1), window(t0 + 10 * (i + 1), hit=h)).action
         for i, h in enumerate(hits)
@@ -114,7 +123,7 @@ def install_and_dip(lp: ControlLoop, t0: float, true_factor: float) -> list[Acti
 def test_skips_while_rewarming_and_learns_the_rewarm_factor() -> None:
     lp = loop(min_measured_requests=1000, min_settle_s=15.0)
     assert lp.rewarm.value == 2.0  # conservative default before any install
-    actions = install_and_dip(lp, 0.0, true_factor=0.6)
+    actions = install_and_dip(lp, 0.0, true_factor=0.6, window_before=False)
     assert actions[0] is Action.SKIP  # 10 s after the install the dip has not settled
     assert actions[1] is not Action.SKIP
     assert lp.settling is None and lp.baseline is not None
