@@ -56,7 +56,8 @@ def assemble(
     healthy = np.flatnonzero(config.active)
     loads = np.zeros(len(config.destinations))
     loads[healthy] = healthy_loads
-    table = table_from_flat(pick(keys, adm.index), adm.replicas, members, rates[adm.index])
+    admitted = check_unique(pick(keys, adm.index))
+    table = table_from_flat(admitted, adm.replicas, members, rates[adm.index])
     stats = plan_stats(
         loads=loads, weights=config.weights, healthy=healthy, total_rate=float(rates.sum()),
         admitted_rate=float(rates[adm.index].sum()), table=table, build_seconds=build_seconds,
@@ -71,7 +72,8 @@ def pick(keys: Sequence[str], index: np.ndarray) -> list[str]:
     return list(operator.itemgetter(*index.tolist())(keys))
 
 
-def check_keys(keys: Sequence[str]) -> None:
-    """Keys must be unique (the plan codec refuses duplicates); PlanningError otherwise."""
+def check_unique(keys: list[str]) -> list[str]:
+    """Admitted keys must be unique (routers refuse a plan that repeats one)."""
     if len(set(keys)) != len(keys):
-        raise PlanningError("routing keys must be unique")
+        raise PlanningError("routing keys must be unique; an admitted key appears twice")
+    return keys

@@ -37,12 +37,16 @@ class PlanEvaluation:
 
 
 def plan_key_rates(plan: RoutingPlan, keys: Sequence[str], rates: np.ndarray) -> np.ndarray:
-    """Current rate of every key of the plan's table (0 for keys absent from `keys`)."""
-    where = {k: i for i, k in enumerate(keys)}
-    idx = np.array([where.get(k, -1) for k in plan.table.keys], np.int64)
-    out = np.zeros(len(idx))
-    found = idx >= 0
-    out[found] = rates[idx[found]]
+    """Current rate of every key of the plan's table (0 for keys absent from `keys`).
+
+    One pass over `keys` against a dict of the plan's keys: no per-key object is kept, so this
+    stays cheap in memory for millions of keys.
+    """
+    where = {k: j for j, k in enumerate(plan.table.keys)}
+    slot = np.fromiter((where.get(k, -1) for k in keys), np.int64, len(keys))
+    found = np.flatnonzero(slot >= 0)
+    out = np.zeros(len(plan.table.keys))
+    out[slot[found]] = rates[found]
     return out
 
 

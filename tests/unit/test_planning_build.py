@@ -224,3 +224,19 @@ def test_batched_lpt_equals_the_sequential_walk_on_a_large_skewed_input() -> Non
     assert [list(got[str(i)]) for i, _ in admitted] == sets
     assert list(plan.stats.expected_load_per_s) == loads
     assert int(plan.table.replicas().max()) > 1
+
+
+def test_duplicate_admitted_keys_are_refused() -> None:
+    with pytest.raises(PlanningError, match="unique"):
+        build_plan(["a", "a"], np.array([1.0, 2.0]), PlanningConfig.uniform(2, 5.0, 2))
+
+
+def test_public_api_is_exactly_what_all_lists() -> None:
+    import planner_svc.planning as planning
+
+    public = {n for n in dir(planning) if not n.startswith("_")}
+    modules = {"admission", "build", "config", "diff", "errors", "evaluate", "placement",
+               "repack", "stats"}
+    assert set(planning.__all__) <= public and public - set(planning.__all__) <= modules
+    assert {"PlanningConfig", "PlanningError", "build_plan", "repack", "evaluate",
+            "PlanEvaluation", "diff", "PlanDiff"} <= set(planning.__all__)
