@@ -197,6 +197,11 @@ class PlanPublisher:
             raise KeyError(f"plan version {version} is not retained")
         return bytes(raw)
 
+    def decode_signed(self, blob: bytes) -> RoutingPlan:
+        """Verify a SignedBlob of ours (e.g. from the durable history) and decode its plan."""
+        _kind, payload, _digest = signing.verify_blob(blob, self._keys)
+        return decode_plan(payload)
+
     def list_versions(self) -> list[Version]:
         """Retained versions, oldest first."""
         return [parse_member(m) for m in self._redis.zrange(self.layout.versions, 0, -1)]

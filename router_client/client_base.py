@@ -14,9 +14,9 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from cacheroute.v1 import plan_pb2
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
+from cacheroute.v1 import plan_pb2
 from router_client import cache, signing
 from router_client.delta import decode_delta
 from router_client.errors import PlanRejected
@@ -60,6 +60,9 @@ class BaseRouterClient:
         self.follower = PlanFollower(public_keys, max_bytes=max_plan_bytes)
         self.core = RouterCore(destination_ids, seed=seed)
         self._route_index = self.core.route_index
+        # route(key) -> destination id: the core's own method, so the hot path is one
+        # Python call (call `started`/`finished` around the request, or use `request`).
+        self.route: Callable[[str], str] = self.core.route
         self._ids = self.core.destination_ids  # the same list; it only grows
         self._on_applied = on_applied
         self._on_rejection = on_rejection
@@ -76,10 +79,6 @@ class BaseRouterClient:
         self.unavailable_rounds = 0
 
     # --- the hot path -------------------------------------------------------------
-
-    def route(self, key: str) -> str:
-        """The destination id for `key` (call `started`/`finished` around the request)."""
-        return self._ids[self._route_index(key)]
 
     def started(self, destination_id: str) -> None:
         self.core.started(self.core.slot_of(destination_id))

@@ -21,14 +21,14 @@ from collections.abc import Generator, Mapping
 from dataclasses import dataclass
 from enum import Enum
 
-from cacheroute.v1 import plan_pb2
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
+from cacheroute.v1 import plan_pb2
 from router_client import signing
 from router_client.delta import apply_delta, decode_delta
 from router_client.errors import PlanRejected
 from router_client.layout import Pointer
-from router_client.plan import MAX_PLAN_BYTES, Version, decode_plan
+from router_client.plan import MAX_PLAN_BYTES, Version
 from router_client.routing import RoutingTable
 
 FULL = "full"
@@ -103,10 +103,11 @@ class PlanFollower:
             raise PlanRejected("malformed", "expected a plan blob, got a delta")
         if digest != pointer.digest:
             raise PlanRejected("digest_mismatch", "plan digest differs from the pointer's")
-        plan = decode_plan(payload)
-        if plan.version != pointer.version:
-            raise PlanRejected("wrong_version", f"payload is {plan.version}, not {pointer.version}")
-        return RoutingTable.from_plan(plan, digest)
+        table = RoutingTable.from_payload(payload, digest)
+        if table.version != pointer.version:
+            wrong = f"payload is {table.version}, not {pointer.version}"
+            raise PlanRejected("wrong_version", wrong)
+        return table
 
     def table_from_delta(self, pointer: Pointer, raw: bytes) -> RoutingTable:
         if self.table is None:

@@ -18,9 +18,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-from cacheroute.v1 import plan_pb2
 from google.protobuf.message import DecodeError
 
+from cacheroute.v1 import plan_pb2
 from router_client.errors import PlanRejected
 
 SCHEMA = 1
@@ -246,7 +246,11 @@ def table_to_pb(t: KeyTable) -> plan_pb2.KeyTable:
     )
 
 
-def table_from_pb(pb: plan_pb2.KeyTable, n_destinations: int) -> KeyTable:
+def table_from_pb(
+    pb: plan_pb2.KeyTable, n_destinations: int, *, unique_keys_checked_by_caller: bool = False
+) -> KeyTable:
+    """Decode and check a key table. A caller that builds a dict of the keys anyway
+    may skip the duplicate-key check here and compare the dict's size instead."""
     keys = decode_keys(pb.keys)
     offsets = _u32(pb.set_offsets_u32le, "set offsets")
     members = _u32(pb.members_u32le, "members")
@@ -254,7 +258,12 @@ def table_from_pb(pb: plan_pb2.KeyTable, n_destinations: int) -> KeyTable:
         raise PlanRejected("malformed", "rates column is not a whole number of float32")
     rates = np.frombuffer(pb.rates_f32le, "<f4").astype(np.float64)
     table = KeyTable(keys, offsets, members, rates)
-    check_table(table, n_destinations, key_bytes=_key_byte_lengths(pb.keys))
+    check_table(
+        table,
+        n_destinations,
+        key_bytes=_key_byte_lengths(pb.keys),
+        unique_keys=unique_keys_checked_by_caller,
+    )
     return table
 
 
@@ -275,11 +284,13 @@ def check_table(
     n_destinations: int,
     draining: Sequence[int] = (),
     key_bytes: np.ndarray | None = None,
+    unique_keys: bool = False,
 ) -> None:
     """Raise PlanRejected unless `t` satisfies the module invariants.
 
     `key_bytes` (UTF-8 length of each key) may be passed when the caller already
-    has it; otherwise it is computed.
+    has it; otherwise it is computed. `unique_keys=True` skips the duplicate-key
+    check (the caller has made it).
     """
     n = len(t.keys)
     offs = t.set_offsets
@@ -292,7 +303,7 @@ def check_table(
         raise PlanRejected("empty_set", "a key has an empty destination set")
     if len(t.members) and int(t.members.max()) >= n_destinations:
         raise PlanRejected("unknown_destination", "a key names a destination the plan lacks")
-    if len(set(t.keys)) != n:
+    if not unique_keys and len(set(t.keys)) != n:
         raise PlanRejected("duplicate_key", "a key appears twice")
     if key_bytes is None:
         key_bytes = np.fromiter((len(k.encode()) for k in t.keys), np.int64, count=n)
@@ -360,6 +371,11 @@ def plan_from_pb(pb: plan_pb2.RoutingPlan) -> RoutingPlan:
 
 def decode_plan(payload: bytes) -> RoutingPlan:
     """Parse and check a serialized RoutingPlan; raise PlanRejected if it is not sound."""
+    return plan_from_pb(parse_plan_pb(payload))
+
+
+def parse_plan_pb(payload: bytes) -> plan_pb2.RoutingPlan:
+    """Size check, parse and schema check only (no table checks)."""
     if len(payload) > MAX_PLAN_BYTES:
         raise PlanRejected("oversize", f"plan of {len(payload)} bytes exceeds {MAX_PLAN_BYTES}")
     pb = plan_pb2.RoutingPlan()
@@ -367,4 +383,6 @@ def decode_plan(payload: bytes) -> RoutingPlan:
         pb.ParseFromString(payload)
     except DecodeError as exc:
         raise PlanRejected("malformed", f"plan does not parse: {exc}") from exc
-    return plan_from_pb(pb)
+    if pb.schema != SCHEMA:
+        raise PlanRejected("unknown_schema", f"plan schema {pb.schema} is not {SCHEMA}")
+    return pb

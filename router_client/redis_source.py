@@ -22,8 +22,8 @@ from typing import Any
 
 import redis
 import redis.asyncio as aioredis
-from cacheroute.v1 import plan_pb2
 
+from cacheroute.v1 import plan_pb2
 from router_client.layout import (
     DEFAULT_NAMESPACE,
     ROUTER_STATUS_TTL_S,

@@ -13,12 +13,12 @@ import hashlib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from cacheroute.v1 import plan_pb2
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from google.protobuf.message import DecodeError
 
+from cacheroute.v1 import plan_pb2
 from router_client.errors import PlanRejected
 from router_client.plan import MAX_PLAN_BYTES
 

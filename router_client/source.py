@@ -18,9 +18,9 @@ import asyncio
 import threading
 from typing import Protocol
 
-from cacheroute.v1 import plan_pb2
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from cacheroute.v1 import plan_pb2
 from router_client import signing
 from router_client.delta import make_delta
 from router_client.errors import SourceUnavailable

@@ -1,0 +1,193 @@
+"""Publish -> applied delay of a plan, full and delta, to 1 and to N subscriber processes.
+
+A real redis-server is started on loopback (and stopped at the end). The plan
+has 100,000 keys over 1,000 destinations; a delta round changes 2 % of the keys.
+Each subscriber is its own process running `RouterClient(RedisPlanSource(...))`.
+
+Method: the publisher prepares (encodes, signs, diffs) the install first; the
+clock starts right before the one Lua script call that moves the pointer and
+PUBLISHes, and stops in each subscriber right after its atomic swap
+(`on_applied`), both read with `time.time()` on the same machine. So a delay
+covers: notification, GET of the blob, size/digest/signature checks, decoding,
+sanity checks, building the lookup, and the swap. "full" rounds are installed
+without a delta (every subscriber fetches the whole plan), "delta" rounds with one.
+
+Last line: one JSON object of figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from planner_svc.cli.processes import start_redis
+from planner_svc.publish import PlanPublisher
+from router_client import signing
+from router_client.client import RouterClient
+from router_client.plan import RoutingPlan, Version
+from router_client.redis_source import RedisPlanSource
+from router_client.testing import perturb, synthetic_plan
+
+
+def subscriber(url: str, pem: bytes, rid: str, out: Any, stop: Any) -> None:
+    from cryptography.hazmat.primitives.serialization import load_pem_public_key
+
+    key = load_pem_public_key(pem)
+    keys = signing.pin([key])  # type: ignore[list-item]
+
+    def applied(table: Any, kind: str) -> None:
+        out.put((rid, table.version.seq, kind, time.time()))
+
+    client = RouterClient(RedisPlanSource(url), router_id=rid, public_keys=keys, on_applied=applied)
+    client.start()
+    stop.wait()
+    client.stop()
+
+
+def _pct(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+class Run:
+    def __init__(self, url: str, publisher: PlanPublisher, n_subs: int, pem: bytes) -> None:
+        ctx = mp.get_context("fork")
+        self.out = ctx.Queue()
+        self.stop = ctx.Event()
+        self.n = n_subs
+        self.publisher = publisher
+        self.procs = [
+            ctx.Process(
+                target=subscriber, args=(url, pem, f"s{i}", self.out, self.stop), daemon=True
+            )
+            for i in range(n_subs)
+        ]
+        for p in self.procs:
+            p.start()
+
+    def install(self, plan: RoutingPlan, previous: RoutingPlan | None) -> tuple[list[float], dict]:
+        prepared = self.publisher.prepare(plan, previous)
+        t0 = time.time()
+        self.publisher.commit(prepared)
+        delays, kinds = [], {}
+        deadline = time.monotonic() + 30
+        while len(delays) < self.n and time.monotonic() < deadline:
+            rid, seq, kind, t = self.out.get(timeout=30)
+            if seq == plan.version.seq:
+                delays.append((t - t0) * 1000)
+                kinds[kind] = kinds.get(kind, 0) + 1
+        return delays, kinds
+
+    def close(self) -> None:
+        self.stop.set()
+        for p in self.procs:
+            p.join(5)
+            if p.is_alive():
+                p.kill()
+
+
+def measure(
+    url: str,
+    pub: PlanPublisher,
+    pem: bytes,
+    n_subs: int,
+    base: RoutingPlan,
+    rounds: int,
+    start_seq: int,
+) -> dict[str, Any]:
+    run = Run(url, pub, n_subs, pem)
+    try:
+        seq = start_seq
+        plan = synthetic_plan(len(base.table), len(base.destinations), version=Version(1, seq))
+        run.install(plan, None)  # warm-up: every subscriber holds a plan
+        res: dict[str, Any] = {"full": [], "delta": [], "kinds": {}}
+        for r in range(rounds):
+            for kind in ("full", "delta"):
+                seq += 1
+                nxt = perturb(plan, 0.02, version=Version(1, seq), seed=seq)
+                delays, kinds = run.install(nxt, plan if kind == "delta" else None)
+                res[kind] += delays
+                for k, v in kinds.items():
+                    res["kinds"][f"{kind}->{k}"] = res["kinds"].get(f"{kind}->{k}", 0) + v
+                plan = nxt
+                time.sleep(0.3)
+        res["seq"] = seq
+        return res
+    finally:
+        run.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--keys", type=int, default=100_000)
+    ap.add_argument("--destinations", type=int, default=1_000)
+    ap.add_argument("--subscribers", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--quick", action="store_true", help="3 rounds")
+    args = ap.parse_args()
+    if args.quick:
+        args.rounds = 3
+
+    workdir = Path(tempfile.mkdtemp(prefix="cacheroute-propagation-"))
+    redis = start_redis(workdir)
+    try:
+        key = signing.generate_private_key()
+        from cryptography.hazmat.primitives import serialization
+
+        pem = key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+        pub = PlanPublisher(redis.url, key)
+        base = synthetic_plan(args.keys, args.destinations)
+        t = time.perf_counter()
+        pub.prepare(perturb(base, 0.02, version=Version(1, 2)), base)
+        prepare_ms = (time.perf_counter() - t) * 1000
+        one = measure(redis.url, pub, pem, 1, base, args.rounds, 1)
+        many = measure(redis.url, pub, pem, args.subscribers, base, args.rounds, one["seq"] + 1)
+    finally:
+        redis.process.stop()
+
+    print(
+        f"plan: {args.keys:,} keys over {args.destinations:,} destinations; delta = 2 % of keys;"
+        f" {args.rounds} rounds each; publisher prepare (encode+sign+delta) {prepare_ms:.0f} ms"
+    )
+    print(
+        f"{'subscribers':>11s} {'kind':>6s} {'n':>5s} {'p50 ms':>8s} {'p99 ms':>8s} "
+        f"{'max ms':>8s} {'target':>8s}"
+    )
+    fig: dict[str, Any] = {
+        "keys": args.keys,
+        "destinations": args.destinations,
+        "subscribers": args.subscribers,
+        "rounds": args.rounds,
+        "publisher_prepare_ms": round(prepare_ms, 1),
+    }
+    targets = {(1, "full"): 30, (args.subscribers, "full"): 400, (args.subscribers, "delta"): 50}
+    for n, res in ((1, one), (args.subscribers, many)):
+        for kind in ("full", "delta"):
+            xs = res[kind]
+            tgt = targets.get((n, kind))
+            print(
+                f"{n:11d} {kind:>6s} {len(xs):5d} {statistics.median(xs):8.1f} "
+                f"{_pct(xs, 0.99):8.1f} {max(xs):8.1f} {tgt if tgt else '-':>8}"
+            )
+            tag = "1sub" if n == 1 else f"{n}sub"
+            fig[f"{kind}_{tag}_p50_ms"] = round(statistics.median(xs), 1)
+            fig[f"{kind}_{tag}_p99_ms"] = round(_pct(xs, 0.99), 1)
+        print(f"{'':11s} applied as: {res['kinds']}")
+    fig["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    print(json.dumps(fig))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,167 @@
+"""route() decisions per second and per-decision latency, next to a bare dict lookup.
+
+Plan: 100,000 keys over 1,000 destinations (2 % of keys replicated on 2-4
+destinations), routed through `RouterClient.route` (the public call) and
+`RouterCore.route_index` (the decision alone). Workload: 1,000,000 keys drawn
+95 % from the plan, 5 % unadmitted (power-of-two-choices path).
+
+Method, honestly:
+- throughput: one tight Python loop over the key list per variant, best of
+  `--repeats`; one core (a single thread).
+- latency: (a) per call, each decision timed by its own pair of
+  `perf_counter_ns` calls, minus the median cost of an empty timed pair;
+  (b) batches of 64 decisions timed together, divided by 64 (smooths the tail).
+  Percentiles are over all samples. The machine is shared: expect noise.
+
+Last line: one JSON object of figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import resource
+import statistics
+import time
+from collections.abc import Callable, Sequence
+
+from router_client import RouterClient, StaticPlanSource
+from router_client.plan import Version
+from router_client.routing import RouterCore, RoutingTable
+from router_client.testing import synthetic_plan
+
+BATCH = 64
+
+
+def _workload(table: RoutingTable, n: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    keys = list(table.lookup)
+    return [rng.choice(keys) if rng.random() < 0.95 else f"cold-{rng.random()}" for _ in range(n)]
+
+
+def _throughput(fn: Callable[[str], object], keys: Sequence[str], repeats: int) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for k in keys:
+            fn(k)
+        best = min(best, time.perf_counter() - t0)
+    return len(keys) / best
+
+
+def _per_call_ns(fn: Callable[[str], object], keys: Sequence[str]) -> list[float]:
+    now = time.perf_counter_ns
+    empty = []
+    for _ in range(20000):
+        t0 = now()
+        empty.append(now() - t0)
+    overhead = statistics.median(empty)
+    out = []
+    for k in keys:
+        t0 = now()
+        fn(k)
+        out.append(now() - t0 - overhead)
+    return out
+
+
+def _batched_ns(fn: Callable[[str], object], keys: Sequence[str]) -> list[float]:
+    now = time.perf_counter_ns
+    out = []
+    for i in range(0, len(keys) - BATCH + 1, BATCH):
+        chunk = keys[i : i + BATCH]
+        t0 = now()
+        for k in chunk:
+            fn(k)
+        out.append((now() - t0) / BATCH)
+    return out
+
+
+def _pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--keys", type=int, default=100_000)
+    ap.add_argument("--destinations", type=int, default=1_000)
+    ap.add_argument("--decisions", type=int, default=1_000_000)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--quick", action="store_true", help="200k decisions, 2 repeats")
+    args = ap.parse_args()
+    if args.quick:
+        args.decisions, args.repeats = 200_000, 2
+
+    plan = synthetic_plan(args.keys, args.destinations, version=Version(1, 1))
+    table = RoutingTable.from_plan(plan)
+    source = StaticPlanSource()
+    source.publish(plan)
+    client = RouterClient(source, router_id="bench", public_keys=source.public_keys).start()
+    assert client.wait_for_version(Version(1, 1), 30)
+    core = RouterCore(plan.destination_ids, seed=1)
+    core.install(table)
+    keys = _workload(table, args.decisions, seed=7)
+    lookup = dict(table.lookup)
+    ids = plan.destination_ids
+
+    def bare_dict(k: str) -> object:
+        return lookup.get(k)
+
+    variants: dict[str, Callable[[str], object]] = {
+        "dict.get (baseline)": bare_dict,
+        "RouterCore.route_index": core.route_index,
+        "RouterClient.route": client.route,
+    }
+    rows = {}
+    for name, fn in variants.items():
+        per_s = _throughput(fn, keys, args.repeats)
+        sample = keys[: min(len(keys), 200_000)]
+        single = _per_call_ns(fn, sample)
+        batched = _batched_ns(fn, sample)
+        rows[name] = (
+            per_s,
+            _pct(single, 0.5),
+            _pct(single, 0.99),
+            _pct(batched, 0.5),
+            _pct(batched, 0.99),
+        )
+    client.stop()
+    del ids
+
+    print(
+        f"plan: {args.keys:,} keys over {args.destinations:,} destinations; "
+        f"{args.decisions:,} decisions (95 % admitted keys); best of {args.repeats}"
+    )
+    print(
+        f"{'variant':26s} {'decisions/s':>12s} {'p50 ns':>8s} {'p99 ns':>8s} "
+        f"{'p50 ns/64':>10s} {'p99 ns/64':>10s}"
+    )
+    for name, (per_s, p50, p99, b50, b99) in rows.items():
+        print(f"{name:26s} {per_s:12,.0f} {p50:8.0f} {p99:8.0f} {b50:10.0f} {b99:10.0f}")
+    r = rows["RouterClient.route"]
+    c = rows["RouterCore.route_index"]
+    b = rows["dict.get (baseline)"]
+    figures = {
+        "keys": args.keys,
+        "destinations": args.destinations,
+        "decisions": args.decisions,
+        "route_decisions_per_s": round(r[0]),
+        "route_p50_us": round(r[1] / 1000, 3),
+        "route_p99_us": round(r[2] / 1000, 3),
+        "route_batched_p50_us": round(r[3] / 1000, 3),
+        "route_batched_p99_us": round(r[4] / 1000, 3),
+        "core_decisions_per_s": round(c[0]),
+        "core_p99_us": round(c[2] / 1000, 3),
+        "dict_lookups_per_s": round(b[0]),
+        "dict_p99_us": round(b[2] / 1000, 3),
+        "route_over_dict_time_ratio": round(b[0] / r[0], 2),
+        "target_decisions_per_s": 1_000_000,
+        "target_p99_us": 5.0,
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+    }
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()
