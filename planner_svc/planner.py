@@ -45,12 +45,24 @@ from router_client.plan import (
 log = logging.getLogger("cacheroute.planner")
 
 
+class HistorySink(Protocol):
+    """The durable record (planner_svc.history.KafkaHistory); optional."""
+
+    def record_install(self, version: Version, signed_blob: bytes) -> None: ...
+    def record_decision(self, decision: dict[str, Any]) -> None: ...
+    def record_config(self, config: dict[str, Any]) -> None: ...
+    def record_loop(self, snapshot: dict[str, Any]) -> None: ...
+    def load(self) -> Any: ...
+
+
 class Publisher(Protocol):
     def install(self, plan: RoutingPlan, previous: RoutingPlan | None) -> Any: ...
     def current(self) -> Any: ...
     def load(self, version: Version) -> RoutingPlan: ...
     def list_versions(self) -> list[Version]: ...
     def router_statuses(self, max_age_s: float = 60.0) -> list[Any]: ...
+    def signed_plan(self, version: Version) -> bytes: ...
+    def decode_signed(self, blob: bytes) -> RoutingPlan: ...
 
 
 @dataclass(frozen=True)
@@ -95,6 +107,7 @@ class Planner:
         clock: Callable[[], float] = time.time,
         rate_column: str = "rate",
         epoch: int = 1,
+        history: HistorySink | None = None,
     ) -> None:
         self._lock = threading.RLock()
         self._publisher = publisher
@@ -116,13 +129,26 @@ class Planner:
         self._idempotent: OrderedDict[str, Any] = OrderedDict()
         self._watchers: list[queue.Queue[tuple[str, Any]]] = []
         self._plans: OrderedDict[Version, RoutingPlan] = OrderedDict()
+        self._history = history
 
     # --- start-up ---------------------------------------------------------------
 
     def resume(self) -> None:
-        """Adopt the plan Redis points at, so a restart does not re-plan from scratch."""
+        """Adopt the newest installed plan (Redis or the durable history) without re-planning.
+
+        If the history is ahead of Redis (Redis lost its data), the plan is republished.
+        """
         with self._lock:
+            durable = self._history.load() if self._history is not None else None
+            if durable is not None:
+                self._restore_durable(durable)
             current = self._publisher.current()
+            if durable is not None and durable.current is not None and (
+                current is None or current.version < durable.current
+            ):
+                plan = self._publisher.decode_signed(durable.plans[durable.current])
+                current = self._publisher.install(plan, None)
+                log.warning("Redis was behind the history: republished %s", durable.current)
             if current is None:
                 return
             plan = self._publisher.load(current.version)
@@ -130,6 +156,17 @@ class Planner:
             self.installed = Installed(plan, current.digest, self._clock())
             self._remember(plan)
             log.info("resumed at plan version %s", current.version)
+
+    def _restore_durable(self, durable: Any) -> None:
+        if durable.config is not None:
+            self.tunables = Tunables(**durable.config["tunables"])
+            self._destinations = [DestinationSpec(**d) for d in durable.config["destinations"]]
+            self._apply_decision_settings()
+        if durable.loop is not None:
+            settings = self._loop.settings
+            self._loop = ControlLoop.restore(durable.loop, settings)
+        for record in durable.decisions[-self.decisions.maxlen :]:  # type: ignore[operator]
+            self.decisions.append(Decision.from_dict(record))
 
     def republish_if_missing(self) -> bool:
         """Redis came back empty or behind: publish the installed plan again."""
@@ -246,6 +283,9 @@ class Planner:
             rates_window_end_ms=self.rates_window_end_ms or plan.rates_window_end_ms,
         )
         published = self._publisher.install(versioned, previous)
+        if self._history is not None:
+            self._history.record_install(versioned.version,
+                                         self._publisher.signed_plan(versioned.version))
         self.installed = Installed(versioned, published.digest, now)
         self._remember(versioned)
         if versioned.config.built_by not in ("fallback",):
@@ -367,6 +407,11 @@ class Planner:
             self._apply_decision_settings()
             self._destinations = _edit_destinations(self._destinations, add, drain, remove)
             self.planning_config()  # validate now, so a bad edit is refused at once
+            if self._history is not None:
+                self._history.record_config({
+                    "tunables": dataclasses.asdict(self.tunables),
+                    "destinations": [dataclasses.asdict(d) for d in self._destinations],
+                })
             self._last_tick_s = -math.inf  # act on the change at the next tick
             return self.tunables
 
@@ -468,6 +513,9 @@ class Planner:
 
     def _log(self, decision: Decision) -> Decision:
         self.decisions.append(decision)
+        if self._history is not None:
+            self._history.record_decision(decision.to_dict())
+            self._history.record_loop(self._loop.snapshot())
         self._notify("decision", decision)
         log.info("decision %s: %s", decision.action, decision.reason)
         return decision

@@ -19,6 +19,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from cacheroute.v1 import planner_pb2, planner_pb2_grpc
+from planner_svc.history import KafkaHistory
 from planner_svc.interceptors import PlannerInterceptor
 from planner_svc.planner import Planner, Tunables
 from planner_svc.publish import PlanPublisher
@@ -118,8 +119,14 @@ class PlannerService:
         self._stop.wait()
 
 
-def build_service(settings: PlannerSettings, *, consume: bool = True) -> PlannerService:
-    """Wire every part from `settings`; nothing starts until `.start()`."""
+def build_service(
+    settings: PlannerSettings, *, consume: bool = True, durable: bool | None = None
+) -> PlannerService:
+    """Wire every part from `settings`; nothing starts until `.start()`.
+
+    `consume`: read rate snapshots from Kafka; `durable` (default: same as consume): keep
+    plan history, config and decisions in the compacted state topic.
+    """
     publisher = PlanPublisher(
         settings.redis_url,
         signing_key(settings),
@@ -129,11 +136,15 @@ def build_service(settings: PlannerSettings, *, consume: bool = True) -> Planner
     destinations = [DestinationSpec(d) for d in settings.destinations]
     if not destinations:
         raise SystemExit("the planner needs destinations: --destinations d0,d1,...")
+    history = None
+    if (consume if durable is None else durable) and settings.state_topic:
+        history = KafkaHistory(settings.bootstrap, settings.state_topic)
     planner = Planner(
         publisher=publisher,
         destinations=destinations,
         tunables=tunables_from(settings),
         rate_column=settings.rate_column,
+        history=history,
     )
     planner.resume()
     server = grpc.server(

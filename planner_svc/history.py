@@ -1,0 +1,139 @@
+"""The planner's durable record in a compacted Kafka topic: Redis delivers, this remembers.
+
+Records (key -> value), all small except the plans:
+- `plan:<epoch>.<seq>` -> the SignedBlob bytes exactly as published to Redis;
+- `current`            -> `<epoch>.<seq>` of the installed plan;
+- `config`             -> JSON of the tunables and destinations after the last change;
+- `decision:<id>`      -> JSON of one decision (older ones are tombstoned to bound the log);
+- `loop`               -> JSON snapshot of the control loop (accumulated staleness, learned factors).
+Compaction keeps the newest value per key, so a restart reads O(retained) records.
+`load()` reads the topic to its high watermark and returns what it found.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from router_client.plan import Version
+
+log = logging.getLogger("cacheroute.planner.history")
+KEEP_DECISIONS = 1000
+KEEP_PLANS = 50
+
+
+@dataclass
+class History:
+    current: Version | None = None
+    plans: dict[Version, bytes] = field(default_factory=dict)
+    config: dict[str, Any] | None = None
+    decisions: list[dict[str, Any]] = field(default_factory=list)
+    loop: dict[str, Any] | None = None
+
+
+def ensure_topic(bootstrap: str, topic: str) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    spec = NewTopic(topic, num_partitions=1, replication_factor=1,
+                    config={"cleanup.policy": "compact"})
+    try:
+        admin.create_topics([spec])[topic].result(15)
+    except KafkaException as exc:
+        if "TOPIC_ALREADY_EXISTS" not in str(exc):
+            raise
+
+
+class KafkaHistory:
+    """Appends planner records; one partition so order is total."""
+
+    def __init__(self, bootstrap: str, topic: str, **kafka_config: Any) -> None:
+        self._bootstrap, self._topic, self._config = bootstrap, topic, kafka_config
+        ensure_topic(bootstrap, topic)
+        self._producer = Producer({
+            "bootstrap.servers": bootstrap,
+            "enable.idempotence": True,
+            "acks": "all",
+            "linger.ms": 5,
+            "message.max.bytes": 256 * 1024 * 1024,
+            **kafka_config,
+        })
+        self._plans: list[Version] = []
+
+    def _put(self, key: str, value: bytes | None) -> None:
+        self._producer.produce(self._topic, key=key.encode(), value=value)
+
+    def record_install(self, version: Version, signed_blob: bytes) -> None:
+        self._put(f"plan:{version}", signed_blob)
+        self._put("current", str(version).encode())
+        self._plans.append(version)
+        while len(self._plans) > KEEP_PLANS:
+            self._put(f"plan:{self._plans.pop(0)}", None)
+        self.flush()  # an install is acknowledged only once it is durable
+
+    def record_decision(self, decision: dict[str, Any]) -> None:
+        self._put(f"decision:{decision['id']}", json.dumps(decision).encode())
+        self._put(f"decision:{decision['id'] - KEEP_DECISIONS}", None)
+
+    def record_config(self, config: dict[str, Any]) -> None:
+        self._put("config", json.dumps(config).encode())
+
+    def record_loop(self, snapshot: dict[str, Any]) -> None:
+        self._put("loop", json.dumps(snapshot).encode())
+
+    def flush(self, timeout_s: float = 10.0) -> None:
+        if self._producer.flush(timeout_s) != 0:
+            raise KafkaException("planner history not acknowledged by the broker")
+
+    def load(self, timeout_s: float = 10.0) -> History:
+        return read_history(self._bootstrap, self._topic, timeout_s, **self._config)
+
+    def close(self) -> None:
+        self._producer.flush(5)
+
+
+def read_history(bootstrap: str, topic: str, timeout_s: float = 10.0, **config: Any) -> History:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "cacheroute-planner-history",
+                         "enable.auto.commit": False, **config})
+    try:
+        low, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=timeout_s)
+        history = History()
+        if high <= low:
+            return history
+        consumer.assign([TopicPartition(topic, 0, low)])
+        offset = low
+        while offset < high - 1:
+            msg = consumer.poll(timeout_s)
+            if msg is None:
+                raise KafkaException(f"planner history: timed out at offset {offset} of {high}")
+            if msg.error():
+                continue
+            offset = msg.offset()
+            _apply(history, msg.key().decode(), msg.value())
+        return history
+    finally:
+        consumer.close()
+
+
+def _apply(h: History, key: str, value: bytes | None) -> None:
+    kind, _, name = key.partition(":")
+    if kind == "plan":
+        version = Version.parse(name)
+        if value is None:
+            h.plans.pop(version, None)
+        else:
+            h.plans[version] = value
+    elif kind == "current" and value is not None:
+        h.current = Version.parse(value.decode())
+    elif kind == "config" and value is not None:
+        h.config = json.loads(value)
+    elif kind == "loop" and value is not None:
+        h.loop = json.loads(value)
+    elif kind == "decision":
+        ident = int(name)
+        h.decisions = [d for d in h.decisions if d.get("id") != ident]
+        if value is not None:
+            h.decisions.append(json.loads(value))
