@@ -57,20 +57,10 @@ def evaluate(
     r = check_rates(len(keys), rates)
     healthy = np.flatnonzero(config.active)
     w = config.weights
-    position = {config.destinations[i].id: i for i in healthy.tolist()}
-    remap = np.array([position.get(d.id, -1) for d in plan.destinations], np.int64)
-    lam = plan_key_rates(plan, keys, r)
-    member = remap[plan.table.members.astype(np.int64)] if len(plan.table.members) else remap[:0]
-    owner = np.repeat(np.arange(len(lam)), plan.table.replicas())
-    alive = member >= 0
-    live_k = np.bincount(owner[alive], minlength=len(lam))
-    served = live_k > 0
-    share = np.where(served, lam / np.maximum(live_k, 1), 0.0)
-    loads = np.bincount(member[alive], share[owner[alive]], minlength=len(w)).astype(np.float64)
-    total, admitted = float(r.sum()), float(lam[served].sum())
+    loads, admitted, orphaned = _admitted_loads(plan, plan_key_rates(plan, keys, r), config)
+    total = float(r.sum())
     loads[healthy] += cold_tail_loads(max(0.0, total - admitted), w[healthy])
-    over = np.maximum(0.0, loads - config.q_cap * w)
-    over[~config.active] = 0.0
+    over = np.where(config.active, np.maximum(0.0, loads - config.q_cap * w), 0.0)
     ids = tuple(d.id for d in config.destinations)
     return PlanEvaluation(
         destination_ids=ids,
@@ -82,5 +72,22 @@ def evaluate(
         imbalance_max_over_mean=imbalance(loads[healthy], w[healthy]),
         overload_rate_per_s=float(over.sum()),
         overloaded_destinations=tuple(ids[i] for i in np.flatnonzero(over > 0).tolist()),
-        orphaned_keys=int((~served).sum()),
+        orphaned_keys=orphaned,
     )
+
+
+def _admitted_loads(
+    plan: RoutingPlan, lam: np.ndarray, config: PlanningConfig
+) -> tuple[np.ndarray, float, int]:
+    """Loads of the plan's keys on `config`'s destinations (by id), admitted rate, #orphans."""
+    position = {d.id: i for i, d in enumerate(config.destinations) if not d.draining}
+    remap = np.array([position.get(d.id, -1) for d in plan.destinations], np.int64)
+    member = remap[plan.table.members.astype(np.int64)]
+    owner = np.repeat(np.arange(len(lam)), plan.table.replicas())
+    alive = member >= 0
+    live_k = np.bincount(owner[alive], minlength=len(lam))
+    served = live_k > 0
+    share = np.where(served, lam / np.maximum(live_k, 1), 0.0)
+    n = len(config.destinations)
+    loads = np.bincount(member[alive], share[owner[alive]], minlength=n).astype(np.float64)
+    return loads, float(lam[served].sum()), int((~served).sum())

@@ -173,3 +173,21 @@ def test_repack_of_an_empty_plan_places_everything_like_lpt() -> None:
     fresh = build_plan(keys, rates, config)
     assert new.table.as_dict() == fresh.table.as_dict()
     assert len(admit(rates, config).index) == len(new.table)
+
+
+def test_byte_aware_repack_admits_like_a_byte_aware_build() -> None:
+    n = 3_000
+    keys = paper_like_keys(n)
+    rates = paper_like_rates(n, 60.0, seed=6)
+    tokens = np.random.default_rng(6).integers(100, 8_000, n).astype(np.float64)
+    config = PlanningConfig.uniform(8, 4.0, 30, byte_aware=True)
+    old = build_plan(keys, rates, config, prefix_tokens=tokens)
+    drifted = lognormal_walk(rates, 0.3, np.random.default_rng(2))
+    new = repack(old, keys, drifted, config, prefix_tokens=tokens)
+    fresh = build_plan(keys, drifted, config, prefix_tokens=tokens)
+    assert list(new.table.keys) == list(fresh.table.keys)
+    slot_config = PlanningConfig.uniform(8, 4.0, 30)
+    assert set(new.table.keys) != set(build_plan(keys, drifted, slot_config).table.keys)
+    kept = set(old.table.keys) & set(new.table.keys)
+    assert diff(old, new).moved_key_fraction < 0.2 < diff(old, fresh).moved_key_fraction
+    assert kept
