@@ -72,14 +72,20 @@ def paper_case(seed: int, reps: int) -> tuple[dict[str, float], list[str], np.nd
         lambda: build_plan(keys, rates, config), rates, reps
     )
     plan = build_plan(keys, rates, config)
-    print(f"workload: {PAPER_KEYS:,} keys, Gini {gini(rates):.3f}, "
-          f"max share {rates.max() / rates.sum():.4f}, admitted share "
-          f"{plan.stats.admitted_rate_share:.3f}, "
-          f"imbalance {plan.stats.imbalance_max_over_mean:.4f}")
-    print(f"{'keys':>12} {'R':>6} {'W':>5} {'build ms (med)':>15} {'best':>8} {'np.sort ms':>11} "
-          f"{'ratio':>7}")
-    print(f"{PAPER_KEYS:>12,} {30:>6} {128:>5} {build_ms:>15.2f} {best_ms:>8.2f} {sort_ms:>11.2f} "
-          f"{build_ms / sort_ms:>7.3f}")
+    print(
+        f"workload: {PAPER_KEYS:,} keys, Gini {gini(rates):.3f}, "
+        f"max share {rates.max() / rates.sum():.4f}, admitted share "
+        f"{plan.stats.admitted_rate_share:.3f}, "
+        f"imbalance {plan.stats.imbalance_max_over_mean:.4f}"
+    )
+    print(
+        f"{'keys':>12} {'R':>6} {'W':>5} {'build ms (med)':>15} {'best':>8} {'np.sort ms':>11} "
+        f"{'ratio':>7}"
+    )
+    print(
+        f"{PAPER_KEYS:>12,} {30:>6} {128:>5} {build_ms:>15.2f} {best_ms:>8.2f} {sort_ms:>11.2f} "
+        f"{build_ms / sort_ms:>7.3f}"
+    )
     figures = {
         "build_128k_ms": build_ms,
         "build_128k_best_ms": best_ms,
@@ -98,15 +104,21 @@ def large_case(n: int, seed: int, reps: int) -> dict[str, float]:
         lambda: build_plan(keys, rates, config), rates, reps
     )
     label = f"{n // 1_000_000}m"
-    print(f"{n:>12,} {1000:>6} {100:>5} {build_ms:>15.2f} {best_ms:>8.2f} {sort_ms:>11.2f} "
-          f"{build_ms / sort_ms:>7.3f}")
+    print(
+        f"{n:>12,} {1000:>6} {100:>5} {build_ms:>15.2f} {best_ms:>8.2f} {sort_ms:>11.2f} "
+        f"{build_ms / sort_ms:>7.3f}"
+    )
     return {f"build_{label}_ms": build_ms, f"sort_{label}_ms": sort_ms}
 
 
 def _moved(before: RoutingPlan, after: RoutingPlan) -> tuple[float, float, float, float]:
     d = diff(before, after)
-    return (d.moved_traffic_share, d.added_traffic_share, d.removed_traffic_share,
-            d.moved_key_fraction)
+    return (
+        d.moved_traffic_share,
+        d.added_traffic_share,
+        d.removed_traffic_share,
+        d.moved_key_fraction,
+    )
 
 
 def churn_case(keys: list[str], rates: np.ndarray, seed: int) -> dict[str, float]:
@@ -114,9 +126,11 @@ def churn_case(keys: list[str], rates: np.ndarray, seed: int) -> dict[str, float
     rng = np.random.default_rng(seed + 1)
     scratch = installed = build_plan(keys, rates, config)
     print("\nsix intervals of a lognormal walk, sigma 0.3 (traffic shares of admitted traffic)")
-    print(f"{'int':>3} | {'scratch moved':>13} {'keys':>6} {'enter':>6} {'leave':>6} {'imb':>7} | "
-          f"{'repack moved':>12} {'keys':>6} {'enter':>6} {'leave':>6} {'imb':>7} {'gap':>7} "
-          f"{'ms':>6}")
+    print(
+        f"{'int':>3} | {'scratch moved':>13} {'keys':>6} {'enter':>6} {'leave':>6} {'imb':>7} | "
+        f"{'repack moved':>12} {'keys':>6} {'enter':>6} {'leave':>6} {'imb':>7} {'gap':>7} "
+        f"{'ms':>6}"
+    )
     rows = []
     for interval in range(1, 7):
         rates = lognormal_walk(rates, 0.3, rng)
@@ -127,10 +141,12 @@ def churn_case(keys: list[str], rates: np.ndarray, seed: int) -> dict[str, float
         s, r = _moved(scratch, fresh), _moved(installed, repacked)
         gap = repacked.stats.imbalance_max_over_mean - fresh.stats.imbalance_max_over_mean
         rows.append((s, r, fresh.stats.imbalance_max_over_mean, gap, repack_ms))
-        print(f"{interval:>3} | {s[0]:>13.3f} {s[3]:>6.3f} {s[1]:>6.3f} {s[2]:>6.3f} "
-              f"{fresh.stats.imbalance_max_over_mean:>7.4f} | {r[0]:>12.4f} {r[3]:>6.4f} "
-              f"{r[1]:>6.3f} {r[2]:>6.3f} {repacked.stats.imbalance_max_over_mean:>7.4f} "
-              f"{gap:>7.4f} {repack_ms:>6.1f}")
+        print(
+            f"{interval:>3} | {s[0]:>13.3f} {s[3]:>6.3f} {s[1]:>6.3f} {s[2]:>6.3f} "
+            f"{fresh.stats.imbalance_max_over_mean:>7.4f} | {r[0]:>12.4f} {r[3]:>6.4f} "
+            f"{r[1]:>6.3f} {r[2]:>6.3f} {repacked.stats.imbalance_max_over_mean:>7.4f} "
+            f"{gap:>7.4f} {repack_ms:>6.1f}"
+        )
         scratch, installed = fresh, repacked
     return {
         "scratch_moved_share_mean": float(np.mean([row[0][0] for row in rows])),
@@ -157,10 +173,11 @@ def main() -> None:
     targets = {
         "target_128k_under_10ms": figures["build_128k_ms"] <= 10.0,
         "target_faster_than_sort": figures["ratio_vs_sort"] < 1.0,
-        "target_10m_under_2s": figures.get("build_10m_ms", 0.0) <= 2_000.0,
         "target_repack_moves_under_5pct": figures["repack_moved_share_max"] <= 0.05,
         "target_repack_imbalance_within_003": figures["repack_imbalance_gap_max"] <= 0.03 + 1e-9,
     }
+    if "build_10m_ms" in figures:  # not measured with --quick
+        targets["target_10m_under_2s"] = figures["build_10m_ms"] <= 2_000.0
     print("\n" + "  ".join(f"{k}={'yes' if v else 'NO'}" for k, v in targets.items()))
     figures["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(json.dumps({k: round(v, 4) for k, v in figures.items()} | targets))
