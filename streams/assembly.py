@@ -20,8 +20,8 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
-from cacheroute.v1 import snapshot_pb2
 
+from cacheroute.v1 import snapshot_pb2
 from streams.columns import decode_keys
 from streams.errors import SnapshotError
 
