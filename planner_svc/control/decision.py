@@ -19,7 +19,7 @@ Pure: floats in, (action, reason) out.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
 
@@ -81,6 +81,28 @@ class Decision:
                 "penalties": Penalties(**data["penalties"]),
             }
         )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Figures:
+    """The priced candidate: what `step` decides on, and a `Replan` dry run shows."""
+
+    drift: Drift = field(default_factory=Drift)
+    staleness_rate_modelled: float = 0.0
+    staleness_rate_measured: float | None = None
+    rewarm_formula_tokens: float = 0.0
+    rewarm_cost: float = 0.0
+    rewarm_time_s: float = 0.0
+    moved_traffic_share: float = 0.0
+
+    @property
+    def measured_used(self) -> bool:
+        return self.staleness_rate_measured is not None
+
+    @property
+    def staleness_rate(self) -> float:
+        measured = self.staleness_rate_measured
+        return self.staleness_rate_modelled if measured is None else measured
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -44,11 +44,13 @@ from planner_svc.control.decision import (
     Action,
     Decision,
     DecisionSettings,
+    Figures,
     Penalties,
     accumulate,
     ski_rental,
 )
-from planner_svc.control.drift import Drift, measure_drift
+from planner_svc.control.dip import InstallRecord, Settling
+from planner_svc.control.drift import measure_drift
 from planner_svc.control.guard import (
     GuardState,
     Mode,
@@ -89,71 +91,6 @@ class LoopSettings:
     max_settle_s: float = 600.0
     resume_dwell_s: float = 60.0
     history_limit: int = 100
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Figures:
-    """The priced candidate: what `step` decides on, and a `Replan` dry run shows."""
-
-    drift: Drift = field(default_factory=Drift)
-    staleness_rate_modelled: float = 0.0
-    staleness_rate_measured: float | None = None
-    rewarm_formula_tokens: float = 0.0
-    rewarm_cost: float = 0.0
-    rewarm_time_s: float = 0.0
-    moved_traffic_share: float = 0.0
-
-    @property
-    def measured_used(self) -> bool:
-        return self.staleness_rate_measured is not None
-
-    @property
-    def staleness_rate(self) -> float:
-        measured = self.staleness_rate_measured
-        return self.staleness_rate_modelled if measured is None else measured
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class InstallRecord:
-    """One install and, once its dip settled, what the dip measured."""
-
-    at_s: float
-    predicted_tokens: float  # the rewarm formula, before the learned factor
-    rewarm_cost: float  # what the loop priced it at (formula × factor)
-    moved_traffic_share: float
-    forced: bool = False
-    measured_dip_tokens: float | None = None
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Settling:
-    """A dip being followed: since when, what was predicted, the windows seen."""
-
-    since_s: float
-    predicted_tokens: float
-    min_settle_s: float
-    max_settle_s: float
-    # The hit rate expected without a dip: the last window before the install plus the
-    # candidate's modelled gain. None (e.g. no telemetry before): the settled window's hit.
-    reference_hit: float | None = None
-    samples: tuple[tuple[float, float, float], ...] = ()  # (window_end_s, hit, tokens/s)
-
-    @property
-    def measurable(self) -> bool:
-        """Whether the samples can say how deep the dip was."""
-        return self.reference_hit is not None or len(self.samples) >= 2
-
-
-def _dip_tokens(settling: Settling) -> float:
-    """∫ (reference hit − hit) × prompt tokens/s dt over the windows of the dip."""
-    reference = settling.reference_hit
-    if reference is None:
-        reference = settling.samples[-1][1]
-    total, previous = 0.0, settling.since_s
-    for end_s, hit, tokens_per_s in settling.samples:
-        total += max(0.0, reference - hit) * tokens_per_s * max(0.0, end_s - previous)
-        previous = end_s
-    return total
 
 
 class ControlLoop:
@@ -322,24 +259,14 @@ class ControlLoop:
     def _follow_dip(self, settling: Settling, t: Telemetry) -> None:
         if t.window_end_s <= settling.since_s:
             return
-        sample = (t.window_end_s, t.hit_rate, t.prompt_tokens_per_s)
-        settling = replace(settling, samples=(*settling.samples, sample))
+        settling = settling.with_sample(t.window_end_s, t.hit_rate, t.prompt_tokens_per_s)
         self.settling = settling
-        if self._settled(settling):
+        if settling.settled(self.settings.settle_tolerance):
             self._end_dip(settling, t)
-
-    def _settled(self, settling: Settling) -> bool:
-        samples = settling.samples
-        elapsed = samples[-1][0] - settling.since_s
-        if elapsed >= settling.max_settle_s:
-            return True
-        if len(samples) < 2 or elapsed < settling.min_settle_s:
-            return False
-        return abs(samples[-1][1] - samples[-2][1]) <= self.settings.settle_tolerance
 
     def _end_dip(self, settling: Settling, t: Telemetry) -> None:
         if settling.measurable:
-            dip = _dip_tokens(settling)
+            dip = settling.dip_tokens()
             self.rewarm = self.rewarm.observe(dip, settling.predicted_tokens)
             if self.installs and self.installs[-1].at_s == settling.since_s:
                 self.installs[-1] = replace(self.installs[-1], measured_dip_tokens=dip)
@@ -467,7 +394,7 @@ class ControlLoop:
             "validated": self.validated.to_dict(),
             "baseline": None if self.baseline is None else self.baseline.to_dict(),
             "last_window": None if self.last_window is None else self.last_window.to_dict(),
-            "settling": None if self.settling is None else _settling_to_dict(self.settling),
+            "settling": None if self.settling is None else self.settling.to_dict(),
             "installs": [asdict(r) for r in self.installs],
             "last_decision": None if self.last_decision is None else self.last_decision.to_dict(),
         }
@@ -488,31 +415,8 @@ class ControlLoop:
         loop.baseline = None if baseline is None else Telemetry.from_dict(baseline)
         last = data["last_window"]
         loop.last_window = None if last is None else Telemetry.from_dict(last)
-        loop.settling = None if settling is None else _settling_from_dict(settling)
+        loop.settling = None if settling is None else Settling.from_dict(settling)
         loop.installs = [InstallRecord(**r) for r in data["installs"]]
         last = data["last_decision"]
         loop.last_decision = None if last is None else Decision.from_dict(last)
         return loop
-
-
-def _settling_to_dict(s: Settling) -> dict[str, Any]:
-    return {
-        "since_s": s.since_s,
-        "predicted_tokens": s.predicted_tokens,
-        "min_settle_s": s.min_settle_s,
-        "max_settle_s": s.max_settle_s,
-        "reference_hit": s.reference_hit,
-        "samples": [list(x) for x in s.samples],
-    }
-
-
-def _settling_from_dict(data: Mapping[str, Any]) -> Settling:
-    samples = tuple((float(a), float(b), float(c)) for a, b, c in data["samples"])
-    return Settling(
-        since_s=data["since_s"],
-        predicted_tokens=data["predicted_tokens"],
-        min_settle_s=data["min_settle_s"],
-        max_settle_s=data["max_settle_s"],
-        reference_hit=data["reference_hit"],
-        samples=samples,
-    )
