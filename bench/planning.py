@@ -124,6 +124,7 @@ def _moved(before: RoutingPlan, after: RoutingPlan) -> tuple[float, float, float
 def churn_case(keys: list[str], rates: np.ndarray, seed: int) -> dict[str, float]:
     config = PlanningConfig.uniform(30, Q_CAP, 128)
     rng = np.random.default_rng(seed + 1)
+    rates_start = rates
     scratch = installed = build_plan(keys, rates, config)
     print("\nsix intervals of a lognormal walk, sigma 0.3 (traffic shares of admitted traffic)")
     print(
@@ -149,6 +150,7 @@ def churn_case(keys: list[str], rates: np.ndarray, seed: int) -> dict[str, float
         )
         scratch, installed = fresh, repacked
     return {
+        **hysteresis_case(keys, rates_start, seed),
         "scratch_moved_share_mean": float(np.mean([row[0][0] for row in rows])),
         "scratch_moved_keys_mean": float(np.mean([row[0][3] for row in rows])),
         "repack_moved_share_max": max(row[1][0] for row in rows),
@@ -158,6 +160,28 @@ def churn_case(keys: list[str], rates: np.ndarray, seed: int) -> dict[str, float
         "fresh_imbalance_max": max(row[2] for row in rows),
         "repack_ms_median": statistics.median(row[4] for row in rows),
     }
+
+
+def hysteresis_case(keys: list[str], rates: np.ndarray, seed: int) -> dict[str, float]:
+    """The same walk with admission hysteresis 0.2 (opt-in): churn at the admission boundary."""
+    config = PlanningConfig.uniform(30, Q_CAP, 128, admission_hysteresis=0.2)
+    rng = np.random.default_rng(seed + 1)
+    installed = build_plan(keys, rates, config)
+    entering, moved, gaps = [], [], []
+    for _ in range(6):
+        rates = lognormal_walk(rates, 0.3, rng)
+        repacked = repack(installed, keys, rates, config)
+        d = diff(installed, repacked)
+        entering.append(d.added_traffic_share)
+        moved.append(d.moved_traffic_share)
+        fresh = build_plan(keys, rates, config).stats.imbalance_max_over_mean
+        gaps.append(repacked.stats.imbalance_max_over_mean - fresh)
+        installed = repacked
+    print(f"with admission_hysteresis=0.2: entering share per interval "
+          f"{' '.join(f'{e:.3f}' for e in entering)}; moved max {max(moved):.4f}; "
+          f"imbalance gap max {max(gaps):.4f}")
+    return {"hysteresis_entering_share_mean": float(np.mean(entering)),
+            "hysteresis_moved_share_max": max(moved)}
 
 
 def main() -> None:

@@ -53,6 +53,8 @@ def add_offline_commands(plan_subparsers: Any) -> None:
     build.add_argument("--imbalance-tolerance", type=float, default=0.03)
     build.add_argument("--balance-effort", type=float, default=1.0,
                        help="repack: 0 = least churn .. 1 = best balance")
+    build.add_argument("--admission-hysteresis", type=float, default=0.0, metavar="H",
+                       help="repack: installed keys rank at rate x (1 + H)")
     build.add_argument("--previous", type=Path, metavar="PLAN", help="repack this installed plan")
     build.add_argument("--out", type=Path, metavar="PLAN", help="write the encoded plan here")
     build.add_argument("--json", action="store_true", help="print a JSON summary")
@@ -113,6 +115,7 @@ def config_from_args(args: argparse.Namespace) -> PlanningConfig:
         balance_effort=args.balance_effort,
         byte_aware=args.byte_aware,
         token_budget=args.token_budget,
+        admission_hysteresis=args.admission_hysteresis,
     )
 
 

@@ -52,11 +52,25 @@ def replica_counts(rates: np.ndarray, config: PlanningConfig) -> np.ndarray:
 
 
 def admit(
-    rates: np.ndarray, config: PlanningConfig, prefix_tokens: np.ndarray | None = None
+    rates: np.ndarray,
+    config: PlanningConfig,
+    prefix_tokens: np.ndarray | None = None,
+    *,
+    incumbent: np.ndarray | None = None,
 ) -> Admission:
-    """Admission for `config`: by tokens when byte-aware and sizes are given, else by slots."""
+    """Admission for `config`: by tokens when byte-aware and sizes are given, else by slots.
+
+    `incumbent` (bool per key: admitted by the installed plan) only matters when
+    `config.admission_hysteresis` h > 0: incumbents then *rank* at λ_b·(1 + h), so a challenger
+    must beat an incumbent by that margin to take its slot (k_b still uses the true λ_b).
+    """
+    rank = None
+    if incumbent is not None and config.admission_hysteresis > 0.0:
+        rank = np.where(incumbent, rates * (1.0 + config.admission_hysteresis), rates)
     if config.byte_aware and prefix_tokens is not None:
-        return admit_by_tokens(rates, config, _check_tokens(len(rates), prefix_tokens))
+        return admit_by_tokens(rates, config, _check_tokens(len(rates), prefix_tokens), rank)
+    if rank is not None:
+        return admit_by_rank(rates, rank, config)
     return admit_by_slots(rates, config)
 
 
@@ -78,10 +92,29 @@ def admit_by_slots(rates: np.ndarray, config: PlanningConfig) -> Admission:
     fits = _greedy_fit(k_multi.astype(np.float64), float(capacity))
     multi, k_multi = multi[fits], k_multi[fits]
     used = int(k_multi.sum())
-    singles = _top_by_rate(rates, q_ref, capacity - used)
+    singles = _top_singles(rates, rates, q_ref, capacity - used)
     index = np.concatenate([multi, singles])
     replicas = np.concatenate([k_multi, np.ones(len(singles), np.int64)])
     return Admission(index, replicas, used + len(singles))
+
+
+def admit_by_rank(rates: np.ndarray, rank: np.ndarray, config: PlanningConfig) -> Admission:
+    """Slot admission walking keys by (rank desc, index asc) instead of λ (hysteresis).
+
+    Candidates: every multi-replica key plus the top C single-replica keys by rank. Exact for the
+    same reason as above: single-replica keys are admitted in rank order until a slot is
+    missing, after which nothing fits, so no single outside the top C can be admitted.
+    """
+    q_ref = config.reference_capacity
+    multi = np.flatnonzero(rates > q_ref)
+    singles = _top_singles(rates, rank, q_ref, config.slots)
+    cand = np.concatenate([multi, singles])
+    cand = cand[np.lexsort((cand, -rank[cand]))]
+    k = replica_counts(rates[cand], config)
+    fits = _greedy_fit(k.astype(np.float64), float(config.slots))
+    chosen, k_chosen = cand[fits], k[fits]
+    placement = np.lexsort((chosen, -rates[chosen]))  # LPT walks by true λ
+    return Admission(chosen[placement], k_chosen[placement], int(k_chosen.sum()))
 
 
 def _greedy_fit(costs: np.ndarray, budget: float) -> np.ndarray:
@@ -104,17 +137,18 @@ def _greedy_fit(costs: np.ndarray, budget: float) -> np.ndarray:
     return take
 
 
-def _top_by_rate(rates: np.ndarray, q_ref: float, count: int) -> np.ndarray:
-    """Indices of the `count` largest rates in (0, q_ref], ordered by (rate desc, index asc)."""
+def _top_singles(rates: np.ndarray, rank: np.ndarray, q_ref: float, count: int) -> np.ndarray:
+    """The `count` single-replica keys (rate in (0, q_ref]) with the largest rank, ordered by
+    (rank desc, index asc)."""
     if count <= 0:
         return np.zeros(0, np.int64)
-    threshold = _guess_threshold(rates, count)
-    cand = np.flatnonzero((rates >= threshold) & (rates <= q_ref) & (rates > 0.0))
+    threshold = _guess_threshold(rank, count)
+    cand = np.flatnonzero((rank >= threshold) & (rates <= q_ref) & (rates > 0.0))
     if len(cand) < count and threshold > 0.0:
         cand = np.flatnonzero((rates <= q_ref) & (rates > 0.0))
     if len(cand) > count:
-        cand = _exact_top(cand, rates[cand], count)
-    order = np.argsort(-rates[cand], kind="stable")  # cand is index-ascending: ties by index
+        cand = _exact_top(cand, rank[cand], count)
+    order = np.argsort(-rank[cand], kind="stable")  # cand is index-ascending: ties by index
     return cand[order].astype(np.int64)
 
 
@@ -152,7 +186,7 @@ def _check_tokens(n_keys: int, prefix_tokens: np.ndarray) -> np.ndarray:
 
 
 def admit_by_tokens(
-    rates: np.ndarray, config: PlanningConfig, tokens: np.ndarray
+    rates: np.ndarray, config: PlanningConfig, tokens: np.ndarray, rank: np.ndarray | None = None
 ) -> Admission:
     """Byte-aware admission: a knapsack in tokens, filled greedily by value density.
 
@@ -163,11 +197,13 @@ def admit_by_tokens(
     admit while the token budget holds, skip a key that does not fit. Keys with P_b = 0 or λ_b = 0
     have nothing to keep warm and are not admitted. Budget: `token_budget`, else C × mean P_b over
     the keys with λ_b > 0. This sorts all eligible keys (O(n log n)); the slot path does not.
+    With hysteresis, `rank` replaces λ_b in the density and value (not in k_b).
     """
     eligible = np.flatnonzero((rates > 0.0) & (tokens > 0.0))
     lam, size = rates[eligible], tokens[eligible]
     k = replica_counts(lam, config)
-    order = np.lexsort((eligible, -(lam * size), -(lam / k)))
+    score = lam if rank is None else rank[eligible]
+    order = np.lexsort((eligible, -(score * size), -(score / k)))
     budget = _token_budget(rates, tokens, config)
     fits = _greedy_fit((k * size)[order], budget)
     chosen = order[fits]

@@ -28,6 +28,9 @@ class PlanningConfig:
       the post-fix imbalance and the full target.
     - `byte_aware`, `token_budget`: admit by value density under a budget in tokens (see
       `planner_svc.planning.admission`); the default budget is C × the mean reusable prefix.
+    - `admission_hysteresis` (repack only, default 0 = exact top-rate admission): keys the
+      installed plan admits rank at λ·(1 + h), so rate noise near the admission boundary does
+      not swap keys in and out (each swap rewarms a prefix).
     """
 
     destinations: tuple[DestinationSpec, ...]
@@ -38,6 +41,7 @@ class PlanningConfig:
     balance_effort: float = 1.0
     byte_aware: bool = False
     token_budget: float | None = None
+    admission_hysteresis: float = 0.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "destinations", tuple(self.destinations))
@@ -50,6 +54,10 @@ class PlanningConfig:
             raise PlanningError(f"imbalance_tolerance must be >= 0, got {self.imbalance_tolerance}")
         if not 0.0 <= self.balance_effort <= 1.0:
             raise PlanningError(f"balance_effort must be in [0, 1], got {self.balance_effort}")
+        if not (math.isfinite(self.admission_hysteresis) and self.admission_hysteresis >= 0):
+            raise PlanningError(
+                f"admission_hysteresis must be >= 0, got {self.admission_hysteresis}"
+            )
         if self.token_budget is not None:
             _check_positive("token_budget", self.token_budget)
 

@@ -40,12 +40,13 @@ def repack(
 ) -> RoutingPlan:
     """A plan for the new rates that moves as little traffic as balance allows (built_by="repack").
 
-    Admission is the same top-rate rule as `build_plan`; only placement is churn-aware.
-    Deterministic; `clock` fills `stats.build_seconds` as in `build_plan`.
+    Admission is the same top-rate rule as `build_plan` (unless `config.admission_hysteresis`
+    favours the installed plan's keys); placement is churn-aware. Deterministic; `clock` fills
+    `stats.build_seconds` as in `build_plan`.
     """
     started = clock() if clock else 0.0
     r = check_rates(len(keys), rates)
-    adm = admit(r, config, prefix_tokens)
+    adm = admit(r, config, prefix_tokens, incumbent=_incumbents(previous, keys, config))
     healthy = np.flatnonzero(config.active)
     weights = config.weights[healthy]
     shares = r[adm.index] / adm.replicas
@@ -60,6 +61,16 @@ def repack(
     members = healthy[flat]
     return assemble(keys, r, config, adm, members, loads, "repack",
                     (clock() - started) if clock else 0.0)
+
+
+def _incumbents(
+    previous: RoutingPlan, keys: Sequence[str], config: PlanningConfig
+) -> np.ndarray | None:
+    """Bool per key: admitted by `previous` (only computed when hysteresis is on: one O(n) pass)."""
+    if config.admission_hysteresis <= 0.0:
+        return None
+    admitted = set(previous.table.keys)
+    return np.fromiter((k in admitted for k in keys), bool, len(keys))
 
 
 def _kept_sets(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -9,7 +11,7 @@ from hypothesis import strategies as st
 from test_planning_reference import reference_admission, reference_lpt
 
 from planner_svc.planning import PlanningConfig, PlanningError, build_plan
-from planner_svc.planning.admission import admit_by_tokens
+from planner_svc.planning.admission import admit, admit_by_tokens
 from router_client.plan import DestinationSpec, decode_plan, encode_plan
 
 # Rates drawn from a small grid so that ties (rate and load) are common.
@@ -240,3 +242,17 @@ def test_public_api_is_exactly_what_all_lists() -> None:
     assert set(planning.__all__) <= public and public - set(planning.__all__) <= modules
     assert {"PlanningConfig", "PlanningError", "build_plan", "repack", "evaluate",
             "PlanEvaluation", "diff", "PlanDiff"} <= set(planning.__all__)
+
+
+@settings(max_examples=200, deadline=None)
+@given(plan_inputs(), st.lists(st.booleans(), min_size=60), st.sampled_from([0.1, 0.5, 3.0]))
+def test_hysteresis_admission_walks_by_boosted_rank(
+    inputs: tuple[list[str], np.ndarray, PlanningConfig], flags: list[bool], h: float
+) -> None:
+    _, rates, config = inputs
+    config = replace(config, admission_hysteresis=h)
+    incumbent = np.array(flags[: len(rates)], dtype=bool)
+    got = admit(rates, config, incumbent=incumbent)
+    rank = np.where(incumbent, rates * (1 + h), rates)
+    expected = reference_admission(rates, config, rank)
+    assert list(zip(got.index.tolist(), got.replicas.tolist(), strict=True)) == expected

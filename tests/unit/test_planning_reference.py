@@ -11,12 +11,15 @@ from planner_svc.planning import PlanningConfig
 
 
 def reference_admission(
-    rates: np.ndarray, config: PlanningConfig
+    rates: np.ndarray, config: PlanningConfig, rank: np.ndarray | None = None
 ) -> list[tuple[int, int]]:
-    """(key index, k_b) admitted by a full sort and a walk with skip, in placement order."""
+    """(key index, k_b) admitted by a full sort and a walk with skip, in placement order.
+
+    The walk goes by `rank` (default: the rates); placement order is always by rate."""
     w = [d.capacity_weight for d in config.destinations if not d.draining]
     q_ref = config.q_cap * float(np.mean(w))
-    order = sorted(range(len(rates)), key=lambda i: (-rates[i], i))
+    by = rates if rank is None else rank
+    order = sorted(range(len(rates)), key=lambda i: (-by[i], i))
     used, out = 0, []
     for i in order:
         if rates[i] <= 0:
@@ -25,7 +28,7 @@ def reference_admission(
         if used + k <= config.slots:
             out.append((i, k))
             used += k
-    return out
+    return sorted(out, key=lambda ik: (-rates[ik[0]], ik[0]))
 
 
 def reference_lpt(

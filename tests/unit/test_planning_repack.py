@@ -191,3 +191,18 @@ def test_byte_aware_repack_admits_like_a_byte_aware_build() -> None:
     kept = set(old.table.keys) & set(new.table.keys)
     assert diff(old, new).moved_key_fraction < 0.2 < diff(old, fresh).moved_key_fraction
     assert kept
+
+
+def test_admission_hysteresis_keeps_incumbents_near_the_boundary() -> None:
+    n = 20_000
+    keys = paper_like_keys(n)
+    rates = paper_like_rates(n, 100.0, seed=2)
+    drifted = lognormal_walk(rates, 0.3, np.random.default_rng(5))
+    plain = PlanningConfig.uniform(30, q_cap=100.0 / 30, warm_slots_per_destination=32)
+    sticky = PlanningConfig.uniform(30, 100.0 / 30, 32, admission_hysteresis=0.5)
+    old = build_plan(keys, rates, plain)
+    exact, held = repack(old, keys, drifted, plain), repack(old, keys, drifted, sticky)
+    assert diff(old, held).added_traffic_share < 0.5 * diff(old, exact).added_traffic_share
+    check = admit(drifted, sticky, incumbent=np.isin(keys, list(old.table.keys)))
+    assert list(held.table.keys) == [keys[i] for i in check.index.tolist()]
+    assert int(held.table.replicas().sum()) <= sticky.slots
