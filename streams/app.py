@@ -1,0 +1,239 @@
+"""The Faust worker: the imperative shell around `streams.processor` (the only
+module of the package that imports faust / aiokafka).
+
+- One agent consumes the events topic (`value_serializer='raw'`); events are
+  keyed by routing key at production, so there is no repartitioning. Messages
+  arrive in buffers (`take_events`) and each partition's share goes through that
+  partition's `PartitionProcessor` in one numpy pass.
+- Recovery: a newly assigned partition's state is rebuilt by replaying its
+  recent history (event-time window + eviction window + grace + margin, found by
+  message timestamp) up to the log end offset H read at assignment; messages the
+  agent then receives below H are skipped. The replay is exactly the state the
+  lost worker held, so counts continue with no gap and no double count. Windows
+  published until the replay is done say `recovering=True`.
+- A timer closes windows of idle partitions by the wall clock and refreshes lag.
+- `/metrics` serves the counters as Prometheus text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import faust
+from aiokafka import AIOKafkaConsumer
+from aiokafka.structs import TopicPartition
+
+from cacheroute.v1 import events_pb2
+from streams.config import StreamConfig
+from streams.metrics import StreamCounters
+from streams.processor import PartitionProcessor, Rejected
+from streams.settings import Settings
+from streams.snapshots import SnapshotContext, build_snapshots
+from streams.windows import WindowResult
+
+log = logging.getLogger(__name__)
+TAKE_MESSAGES = 64
+TAKE_WITHIN_S = 0.05
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class StreamWorker:
+    """Per-partition processors, recovery, and publishing for one Faust app."""
+
+    def __init__(self, app: faust.App, settings: Settings) -> None:
+        self.app = app
+        self.settings = settings
+        self.config: StreamConfig = settings.stream_config()
+        self.worker_id = settings.resolved_worker_id
+        self.counters = StreamCounters()
+        self.processors: dict[int, PartitionProcessor] = {}
+        self.recovering: dict[int, asyncio.Task[None]] = {}
+        self.partition_count = 0
+        self.events_topic = app.topic(settings.events_topic, value_type=bytes)
+        self.snapshots_topic = app.topic(settings.snapshots_topic, value_type=bytes,
+                                         key_type=bytes, partitions=1)
+        self.deadletter_topic = app.topic(settings.deadletter_topic, value_type=bytes,
+                                          key_type=bytes, partitions=1)
+
+    # -- rebalance -----------------------------------------------------------------
+
+    async def on_assigned(self, assigned: set[Any]) -> None:
+        mine = {tp.partition for tp in assigned if tp.topic == self.settings.events_topic}
+        for p in list(self.processors):
+            if p not in mine:
+                self._drop(p)
+        for p in sorted(mine - set(self.processors)):
+            self.processors[p] = PartitionProcessor(p, self.config, self.counters)
+            self.recovering[p] = asyncio.ensure_future(self._recover(p))
+
+    def _drop(self, p: int) -> None:
+        task = self.recovering.pop(p, None)
+        if task is not None:
+            task.cancel()
+        self.processors.pop(p, None)
+        self.counters.lag_by_partition.pop(p, None)
+
+    async def _recover(self, p: int) -> None:
+        """Replay partition p's recent history into its fresh processor."""
+        started = time.monotonic()
+        tp = TopicPartition(self.settings.events_topic, p)
+        reader = AIOKafkaConsumer(bootstrap_servers=self.settings.bootstrap,
+                                  enable_auto_commit=False, max_partition_fetch_bytes=8 << 20)
+        await reader.start()
+        replayed = 0
+        try:
+            await self._learn_partition_count(reader)
+            end = (await reader.end_offsets([tp]))[tp]
+            start = await self._replay_start(reader, tp, end)
+            reader.assign([tp])
+            reader.seek(tp, start)
+            position = start
+            while position < end:
+                batch = await reader.getmany(tp, timeout_ms=1000, max_records=256)
+                records = [r for r in batch.get(tp, []) if r.offset < end]
+                if records:
+                    position = records[-1].offset + 1
+                    replayed += len(records)
+                    await self._process(p, [(r.offset, r.value or b"") for r in records])
+            proc = self.processors.get(p)
+            if proc is not None:
+                proc.next_offset = max(proc.next_offset, end)
+        finally:
+            await reader.stop()
+        log.info("partition %d recovered: %d messages replayed in %.1f s", p, replayed,
+                 time.monotonic() - started)
+        self.recovering.pop(p, None)
+
+    async def _replay_start(self, reader: AIOKafkaConsumer, tp: TopicPartition, end: int) -> int:
+        cfg = self.config
+        history_ms = max(cfg.window_ms, cfg.eviction_ms) + cfg.grace_ms
+        since = now_ms() - history_ms - round(self.settings.replay_margin_s * 1000)
+        begin = (await reader.beginning_offsets([tp]))[tp]
+        try:
+            found = (await reader.offsets_for_times({tp: since}))[tp]
+        except Exception as exc:  # a broker without ListOffsets-by-time: replay all
+            log.warning("offsets_for_times failed (%r): replaying partition from the start", exc)
+            return int(begin)
+        return int(found.offset) if found is not None else int(end)
+
+    async def _learn_partition_count(self, reader: AIOKafkaConsumer) -> None:
+        if not self.partition_count:
+            parts = await reader.partitions_for_topic(self.settings.events_topic)
+            self.partition_count = len(parts or ())
+
+    # -- processing ------------------------------------------------------------------
+
+    async def handle(self, events: list[Any]) -> None:
+        """One buffer of Faust events: split by partition, count, publish."""
+        by_partition: dict[int, list[tuple[int, bytes]]] = {}
+        for event in events:
+            m = event.message
+            by_partition.setdefault(m.partition, []).append((m.offset, m.value or b""))
+        for p, messages in by_partition.items():
+            task = self.recovering.get(p)
+            if task is not None and asyncio.current_task() is not task:
+                await asyncio.shield(task)
+            await self._process(p, messages)
+
+    async def _process(self, p: int, messages: list[tuple[int, bytes]]) -> None:
+        proc = self.processors.get(p)
+        if proc is None:
+            return  # revoked meanwhile: the new owner counts these
+        outcome = proc.process(messages, now_ms())
+        await self._publish_rejects(p, outcome.rejected)
+        await self._publish_windows(proc, outcome.windows)
+
+    async def tick(self) -> None:
+        """Close idle partitions' windows by the wall clock; refresh lag."""
+        now = now_ms()
+        for p, proc in list(self.processors.items()):
+            if p not in self.recovering:
+                await self._publish_windows(proc, proc.tick(now))
+            self._update_lag(p, proc)
+
+    def _update_lag(self, p: int, proc: PartitionProcessor) -> None:
+        try:
+            high = self.app.consumer.highwater(TopicPartition(self.settings.events_topic, p))
+        except Exception:  # consumer not ready during a rebalance
+            return
+        if high is not None:
+            self.counters.lag_by_partition[p] = max(0, int(high) - proc.next_offset)
+
+    # -- publishing ------------------------------------------------------------------
+
+    async def _publish_windows(self, proc: PartitionProcessor, windows: list[WindowResult]) -> None:
+        for window in windows:
+            ctx = SnapshotContext(
+                source_partition=proc.partition,
+                partition_count=self.partition_count or 1,
+                worker_id=self.worker_id,
+                recovering=proc.partition in self.recovering,
+                published_at_ms=now_ms(),
+                dead_letters=proc.dead_letters,
+                duplicates_dropped=proc.dedup.duplicates,
+            )
+            key = f"{window.window_end_ms}:{proc.partition}".encode()
+            for part in build_snapshots(window, ctx, self.config.snapshot_part_bytes):
+                await self.snapshots_topic.send(key=key, value=part.SerializeToString())
+                self.counters.snapshots_published += 1
+
+    async def _publish_rejects(self, p: int, rejected: list[Rejected]) -> None:
+        for r in rejected:
+            letter = events_pb2.DeadLetter(
+                reason=r.reason, detail=r.detail, raw=r.raw,
+                source_topic=self.settings.events_topic, source_partition=p,
+                source_offset=r.offset, rejected_at_ms=now_ms(),
+            )
+            await self.deadletter_topic.send(key=r.reason.encode(),
+                                             value=letter.SerializeToString())
+
+
+def create_app(settings: Settings) -> tuple[faust.App, StreamWorker]:
+    """The Faust app and its worker state, wired together (no I/O until started)."""
+    app = faust.App(
+        settings.app_id,
+        broker=f"kafka://{settings.bootstrap}",
+        value_serializer="raw",
+        key_serializer="raw",
+        web_host="127.0.0.1",
+        web_port=settings.web_port,
+        datadir=str(settings.data_dir),
+        broker_session_timeout=6.0,
+        broker_heartbeat_interval=0.5,
+        topic_disable_leader=True,
+        consumer_max_fetch_size=16 << 20,
+        producer_max_request_size=2 << 20,
+        stream_wait_empty=False,
+    )
+    worker = StreamWorker(app, settings)
+
+    @app.agent(worker.events_topic, name="count-events")
+    async def count_events(stream: Any) -> None:
+        async for events in stream.take_events(TAKE_MESSAGES, within=TAKE_WITHIN_S):
+            await worker.handle(events)
+
+    @app.on_partitions_assigned.connect
+    async def _assigned(sender: Any, assigned: set[Any], **_: Any) -> None:
+        await worker.on_assigned(assigned)
+
+    @app.timer(interval=min(0.25, settings.hop_s / 4))
+    async def _tick() -> None:
+        await worker.tick()
+
+    @app.page("/metrics")
+    async def _metrics(web: Any, request: Any) -> Any:
+        return web.text(worker.counters.to_prometheus(),
+                        content_type="text/plain; version=0.0.4")
+
+    @app.task
+    async def _declare() -> None:
+        await worker.snapshots_topic.maybe_declare()
+        await worker.deadletter_topic.maybe_declare()
+
+    return app, worker

@@ -1,0 +1,205 @@
+"""Event emitter for engines, engine sidecars and edge routers (confluent-kafka).
+
+    emitter = EventEmitter("127.0.0.1:9092", producer_id="router-7")
+    emitter.emit_request("tenant-a", "dest-3", prompt_tokens=1200)
+    emitter.emit_cache_hit("tenant-a", "dest-3", prompt_tokens=1200, cached_tokens=1024)
+    emitter.close()
+
+`emit_*` never blocks and never raises on a full buffer: the event is dropped
+and counted in `.dropped`. A background thread groups buffered events by the
+partition of their routing key (`streams.partitioning`), packs up to
+`batch_max_events` of them into one `EventBatch` message per partition, and
+produces it with an idempotent producer (acks=all). Each event carries this
+emitter's `producer_id` and a sequence number that grows by one per event, so
+the stream can drop duplicates; within a partition the sequences increase,
+which is the contract `streams.dedup` relies on. Use one `producer_id` per
+emitter instance (the default adds host, pid and a random suffix).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import socket
+import threading
+import time
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, Producer
+
+from cacheroute.v1 import events_pb2
+from streams.partitioning import partition_for_key
+
+log = logging.getLogger(__name__)
+_REQUEST, _CACHE_HIT = 1, 2
+
+
+def default_producer_id(prefix: str = "emitter") -> str:
+    return f"{prefix}-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
+
+
+class EventEmitter:
+    """Batches events into `EventBatch` messages keyed by routing key; never blocks."""
+
+    def __init__(self, bootstrap: str, topic: str = "cacheroute.events", *, producer_id: str,
+                 batch_max_events: int = 500, linger_ms: int = 50,
+                 buffer_max_events: int = 100_000, **kafka_config: Any) -> None:
+        if not producer_id:
+            raise ValueError("producer_id must be non-empty")
+        self.topic = topic
+        self.producer_id = producer_id
+        self.batch_max_events = batch_max_events
+        self.linger_s = linger_ms / 1000.0
+        self.buffer_max_events = buffer_max_events
+        config = {"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",
+                  "linger.ms": 5, "message.max.bytes": 4 << 20}
+        config.update({k.replace("_", "."): v for k, v in kafka_config.items()})
+        self._producer = Producer(config)
+        self._lock = threading.Lock()
+        self._pending: list[tuple] = []
+        self._sequence = 0
+        self._partitions = 0
+        self.dropped = 0
+        self.sent = 0
+        self.delivery_errors = 0
+        self._closed = False
+        self._wake = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"emitter-{producer_id}",
+                                        daemon=True)
+        self._thread.start()
+
+    # -- the caller's side: append under a lock, nothing else --------------------
+
+    def emit_request(self, routing_key: str, destination: str, *, prompt_tokens: int,
+                     reusable_prefix_tokens: int = 0, inflight: int | None = None,
+                     router_id: str = "", timestamp_ms: int | None = None) -> bool:
+        """Buffer a router dispatch; False when the buffer was full (counted in .dropped)."""
+        return self._append((_REQUEST, routing_key, destination, timestamp_ms, prompt_tokens,
+                             reusable_prefix_tokens, inflight, router_id))
+
+    def emit_cache_hit(self, routing_key: str, destination: str, *, prompt_tokens: int,
+                       cached_tokens: int, output_tokens: int = 0, queue_depth: int | None = None,
+                       ttft_ms: float = 0.0, e2e_ms: float = 0.0,
+                       timestamp_ms: int | None = None) -> bool:
+        """Buffer an engine's cache-hit report; False when dropped."""
+        return self._append((_CACHE_HIT, routing_key, destination, timestamp_ms, prompt_tokens,
+                             cached_tokens, output_tokens, queue_depth, ttft_ms, e2e_ms))
+
+    def _append(self, row: tuple) -> bool:
+        ts = row[3] if row[3] is not None else int(time.time() * 1000)
+        with self._lock:
+            if self._closed or len(self._pending) >= self.buffer_max_events:
+                self.dropped += 1
+                return False
+            self._sequence += 1
+            self._pending.append((self._sequence, ts, *row[:3], *row[4:]))
+            full = len(self._pending) >= self.batch_max_events
+        if full:
+            self._wake.set()
+        return True
+
+    @property
+    def buffered(self) -> int:
+        return len(self._pending)
+
+    # -- the background thread -----------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._closed:
+            self._wake.wait(self.linger_s)
+            self._wake.clear()
+            self._send_pending()
+            self._producer.poll(0)
+
+    def _send_pending(self) -> None:
+        if not self._pending or not self._ensure_partitions():
+            return
+        with self._lock:
+            rows, self._pending = self._pending, []
+        by_partition: dict[int, list[tuple]] = {}
+        n = self._partitions
+        for row in rows:
+            by_partition.setdefault(partition_for_key(row[3], n), []).append(row)
+        for p, prow in by_partition.items():
+            for i in range(0, len(prow), self.batch_max_events):
+                self._produce(p, prow[i : i + self.batch_max_events])
+
+    def _ensure_partitions(self) -> bool:
+        if self._partitions:
+            return True
+        try:
+            meta = self._producer.list_topics(self.topic, timeout=5.0)
+            topic = meta.topics.get(self.topic)
+            if topic is not None and topic.error is None and topic.partitions:
+                self._partitions = len(topic.partitions)
+        except KafkaException as exc:
+            log.warning("emitter: no metadata for %s yet: %s", self.topic, exc)
+        return bool(self._partitions)
+
+    def _produce(self, partition: int, rows: list[tuple]) -> None:
+        value = self._batch(rows).SerializeToString()
+        for _ in range(50):
+            try:
+                self._producer.produce(self.topic, value=value, key=rows[0][3].encode(),
+                                       partition=partition, on_delivery=self._delivered)
+                self.sent += len(rows)
+                return
+            except BufferError:
+                self._producer.poll(0.05)  # librdkafka's queue is full: let it drain
+        with self._lock:
+            self.dropped += len(rows)
+
+    def _batch(self, rows: list[tuple]) -> events_pb2.EventBatch:
+        batch = events_pb2.EventBatch()
+        add = batch.events.add
+        pid = self.producer_id
+        for row in rows:
+            e = add(producer_id=pid, sequence=row[0], timestamp_ms=row[1])
+            if row[2] == _REQUEST:
+                r = e.request
+                r.routing_key, r.destination, r.prompt_tokens = row[3], row[4], row[5]
+                r.reusable_prefix_tokens, r.router_id = row[6], row[8]
+                if row[7] is not None:
+                    r.inflight = row[7]
+            else:
+                c = e.cache_hit
+                c.routing_key, c.destination, c.prompt_tokens = row[3], row[4], row[5]
+                c.cached_tokens, c.output_tokens = row[6], row[7]
+                c.ttft_ms, c.e2e_ms = row[9], row[10]
+                if row[8] is not None:
+                    c.queue_depth = row[8]
+        return batch
+
+    def _delivered(self, err: KafkaError | None, _msg: Any) -> None:
+        if err is not None:
+            self.delivery_errors += 1
+            log.warning("emitter: delivery failed: %s", err)
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    def flush(self, timeout_s: float = 30.0) -> int:
+        """Send everything buffered and wait for delivery; returns messages still queued."""
+        deadline = time.monotonic() + timeout_s
+        while self._pending and time.monotonic() < deadline:
+            self._wake.set()
+            time.sleep(0.01)
+        return int(self._producer.flush(max(0.0, deadline - time.monotonic())))
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Flush and stop the background thread; later emits are dropped."""
+        self.flush(timeout_s)
+        with self._lock:
+            self._closed = True
+        self._wake.set()
+        self._thread.join(timeout_s)
+        self._send_pending()
+        remaining = self._producer.flush(timeout_s)
+        if remaining:
+            log.warning("emitter: %d messages undelivered at close", remaining)
+
+    def __enter__(self) -> EventEmitter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
