@@ -1,0 +1,496 @@
+"""Operator commands: the `cacheroute` CLI talking to a running planner over gRPC.
+
+    cacheroute status                       mode, plan version and age, drift, penalties, stream
+    cacheroute plan show [VERSION] [--top N]  admitted keys, expected load per destination (bars)
+    cacheroute plan versions [--limit N]
+    cacheroute plan diff A B                online when A and B look like versions (1.3) and are
+                                            not files; `--online` forces it; else the offline diff
+    cacheroute plan rollback VERSION | --release
+    cacheroute replan [--dry-run] [--fresh] [--force]
+    cacheroute mode planned|fallback|auto [--reason TEXT]
+    cacheroute config get | set KEY=VALUE...
+    cacheroute destinations list | add ID [--address A] [--weight W] | drain ID | remove ID
+    cacheroute decisions [--limit N]
+    cacheroute watch [--count N]            one line per install and decision, until Ctrl-C
+
+Connection: `--planner HOST:PORT` (env `CACHEROUTE_PLANNER`, default 127.0.0.1:50051), `--token`
+(env `CACHEROUTE_TOKEN`, sent as `authorization: Bearer`), `--tls-ca PEM` (env
+`CACHEROUTE_TLS_CA`; TLS is off without it). Every command takes `--json`.
+
+Exit status: 0 ok; 1 the planner refused or failed (not found, wrong state, internal);
+2 an invalid value (ours or the planner's verdict); 3 the planner is unreachable or not ready;
+4 unauthenticated or not allowed. Errors are one line on stderr.
+Mutations carry a request id (a fresh uuid, or `--request-id`) and are retried on
+UNAVAILABLE with the same id, so a retry acts once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+
+from cacheroute.v1 import plan_pb2, planner_pb2, planner_pb2_grpc
+from planner_svc.cli import ops_view as view
+from router_client.plan import RoutingPlan, Version, decode_plan
+
+DEFAULT_PLANNER = "127.0.0.1:50051"
+MODES = {"planned": planner_pb2.PLANNED, "fallback": planner_pb2.FALLBACK,
+         "auto": planner_pb2.MODE_UNSPECIFIED}
+SETTABLE = {  # `config set` keys and how their values parse
+    "q_cap": float,
+    "warm_slots_per_destination": int,
+    "interval_s": float,
+    "hysteresis": float,
+    "min_dwell_s": float,
+    "imbalance_tolerance": float,
+}
+_VERSION = re.compile(r"^\d+(\.\d+)?$")
+_EXIT = {
+    grpc.StatusCode.INVALID_ARGUMENT: 2,
+    grpc.StatusCode.OUT_OF_RANGE: 2,
+    grpc.StatusCode.UNAVAILABLE: 3,
+    grpc.StatusCode.DEADLINE_EXCEEDED: 3,
+    grpc.StatusCode.UNAUTHENTICATED: 4,
+    grpc.StatusCode.PERMISSION_DENIED: 4,
+}
+
+
+class OpsError(Exception):
+    """A failure to report in one line, with the exit status to end on."""
+
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+# --- the connection -------------------------------------------------------------------
+
+
+class PlannerConnection:
+    """A channel and stub to one planner; translates gRPC errors into `OpsError` once."""
+
+    def __init__(self, target: str, token: str = "", tls_ca: str = "", timeout_s: float = 10.0):
+        self.target = target
+        self.timeout_s = timeout_s
+        self._metadata = [("authorization", f"Bearer {token}")] if token else []
+        if tls_ca:
+            creds = grpc.ssl_channel_credentials(root_certificates=_read(tls_ca))
+            self._channel = grpc.secure_channel(target, creds)
+        else:
+            self._channel = grpc.insecure_channel(target)
+        self.stub = planner_pb2_grpc.PlannerStub(self._channel)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def call(self, method: str, request: Any, *, retries: int = 0) -> Any:
+        """A unary call; mutations pass `retries` (their request id makes a retry act once)."""
+        for attempt in range(retries + 1):
+            try:
+                return getattr(self.stub, method)(
+                    request, metadata=self._metadata, timeout=self.timeout_s
+                )
+            except grpc.RpcError as exc:
+                if exc.code() is grpc.StatusCode.UNAVAILABLE and attempt < retries:
+                    time.sleep(0.5 * (attempt + 1))
+                    continue
+                raise self.error(exc) from None
+        raise AssertionError("unreachable")
+
+    def stream(
+        self, method: str, request: Any, timeout_s: float | None = None, *, until: bool = False
+    ) -> Iterator[Any]:
+        """A server stream; with `until`, reaching `timeout_s` ends it quietly (watch)."""
+        try:
+            yield from getattr(self.stub, method)(
+                request, metadata=self._metadata, timeout=timeout_s
+            )
+        except grpc.RpcError as exc:
+            ended = until and exc.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+            if ended or exc.code() is grpc.StatusCode.CANCELLED:
+                return
+            raise self.error(exc) from None
+
+    def error(self, exc: grpc.RpcError) -> OpsError:
+        code, details = exc.code(), exc.details() or ""
+        if code is grpc.StatusCode.UNAVAILABLE and _is_transport(details):
+            why = _first_line(details)
+            return OpsError(f"cannot reach the planner at {self.target}: {why}", 3)
+        if code is grpc.StatusCode.DEADLINE_EXCEEDED:
+            wait = f"{self.timeout_s:g}s"
+            return OpsError(f"the planner at {self.target} did not answer in {wait}", 3)
+        if code is grpc.StatusCode.UNAUTHENTICATED:
+            hint = "(pass --token or set CACHEROUTE_TOKEN)"
+            return OpsError(f"unauthenticated: {details} {hint}", 4)
+        if code is grpc.StatusCode.PERMISSION_DENIED:
+            return OpsError(f"permission denied: {details} (use the operator token)", 4)
+        if code is grpc.StatusCode.INVALID_ARGUMENT:
+            return OpsError(f"invalid value: {details}", 2)
+        label = code.name.lower().replace("_", " ")
+        return OpsError(f"{label}: {_first_line(details)}", _EXIT.get(code, 1))
+
+
+def _is_transport(details: str) -> bool:
+    words = ("connect", "DNS", "Socket", "socket", "unreachable", "refused", "handshake")
+    return any(w in details for w in words)
+
+
+def _first_line(text: str) -> str:
+    return text.strip().splitlines()[0] if text.strip() else "(no details)"
+
+
+def _read(path: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise OpsError(f"cannot read {path}: {exc.strerror}", 2) from None
+
+
+def connect(args: argparse.Namespace) -> PlannerConnection:
+    return PlannerConnection(args.planner, args.token, args.tls_ca, args.timeout)
+
+
+# --- output ---------------------------------------------------------------------------
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def emit(args: argparse.Namespace, data: Any, text: Callable[[], str]) -> None:
+    """Print `data` as JSON with --json, else the human rendering."""
+    if args.json:
+        print(json.dumps(data, sort_keys=False), flush=True)
+    else:
+        print(text(), flush=True)
+
+
+def parse_version(text: str) -> plan_pb2.PlanVersion:
+    try:
+        v = Version.parse(text)
+    except ValueError:
+        message = f"invalid value: version must look like EPOCH.SEQ, got {text!r}"
+        raise OpsError(message, 2) from None
+    return plan_pb2.PlanVersion(epoch=v.epoch, seq=v.seq)
+
+
+def request_id(args: argparse.Namespace) -> str:
+    return str(getattr(args, "request_id", None) or uuid.uuid4())
+
+
+# --- reads ----------------------------------------------------------------------------
+
+
+def cmd_status(args: argparse.Namespace, conn: PlannerConnection) -> None:
+    status = conn.call("GetStatus", planner_pb2.GetStatusRequest())
+    data = view.status_dict(status, conn.target)
+    emit(args, data, lambda: view.render_status(data, now_ms()))
+
+
+def fetch_plan(conn: PlannerConnection, version: str | None) -> RoutingPlan:
+    """GetPlan, chunks joined; the SignedBlob is unwrapped but not verified (routers verify)."""
+    request = planner_pb2.GetPlanRequest(version=parse_version(version) if version else None)
+    blob = b"".join(chunk.payload for chunk in conn.stream("GetPlan", request, conn.timeout_s))
+    signed = plan_pb2.SignedBlob()
+    signed.ParseFromString(blob)
+    return decode_plan(signed.payload)
+
+
+def expected_loads(plan: RoutingPlan) -> np.ndarray:
+    """Requests/s per destination under the rates the plan was built on."""
+    from planner_svc.control.traffic import planned_loads
+
+    return planned_loads(plan)
+
+
+def cmd_plan_show(args: argparse.Namespace, conn: PlannerConnection) -> None:
+    plan = fetch_plan(conn, args.version)
+    data = view.plan_dict(plan, expected_loads(plan), args.top)
+    emit(args, data, lambda: view.render_plan(data))
+
+
+def cmd_plan_versions(args: argparse.Namespace, conn: PlannerConnection) -> None:
+    reply = conn.call("ListPlanVersions", planner_pb2.ListPlanVersionsRequest(limit=args.limit))
+    data = [view.version_info_dict(v) for v in reply.versions]
+    emit(args, {"versions": data}, lambda: view.render_versions(data, now_ms()))
+
+
+def cmd_plan_diff_online(args: argparse.Namespace, conn: PlannerConnection) -> None:
+    a, b = str(args.a), str(args.b)
+    request = planner_pb2.DiffPlansRequest(a=parse_version(a), b=parse_version(b))
+    data = {"a": a, "b": b, **view.diff_dict(conn.call("DiffPlans", request))}
+    emit(args, data, lambda: view.render_diff(data, a, b))
+
+
+def cmd_decisions(args: argparse.Namespace, conn: PlannerConnection) -> None:
+    reply = conn.call("ListDecisions", planner_pb2.ListDecisionsRequest(limit=args.limit))
+    data = [view.decision_dict(d) for d in reply.decisions]
+    now = now_ms()
+    emit(args, {"decisions": data},
+         lambda: "\n".join(view.render_decision(d, now) for d in data) or "no decisions yet")
+
+
+def cmd_config_get(args: argparse.Namespace, conn: PlannerConnection) -> None:
+    data = view.config_dict(conn.call("GetStatus", planner_pb2.GetStatusRequest()).config)
+    emit(args, data, lambda: view.render_config(data))
+
+
+def cmd_destinations_list(args: argparse.Namespace, conn: PlannerConnection) -> None:
+    config = view.config_dict(conn.call("GetStatus", planner_pb2.GetStatusRequest()).config)
+    data = config["destinations"]
+    emit(args, {"destinations": data}, lambda: view.render_destinations(data))
+
+
+def cmd_watch(args: argparse.Namespace, conn: PlannerConnection) -> None:
+    """Print the status once, then one line per planner event (install or decision)."""
+    if not args.json:
+        cmd_status(args, conn)
+        print("-- watching; Ctrl-C to stop", flush=True)
+    events = conn.stream(
+        "WatchPlans", planner_pb2.WatchPlansRequest(), args.duration, until=True
+    )
+    for seen, event in enumerate(events, start=1):
+        data = _event_dict(event)
+        line = f"{time.strftime('%H:%M:%S')} " + view.render_event(data)
+        emit(args, data, lambda line=line: line)  # type: ignore[misc]
+        if args.count and seen >= args.count:
+            return
+
+
+def _event_dict(event: Any) -> dict[str, Any]:
+    if event.WhichOneof("event") == "installed":
+        return {"event": "installed", "installed": view.version_info_dict(event.installed)}
+    return {"event": "decision", "decision": view.decision_dict(event.decision)}
+
+
+# --- mutations ------------------------------------------------------------------------
+
+
+def cmd_plan_rollback(args: argparse.Namespace, conn: PlannerConnection) -> None:
+    if args.release == bool(args.version):
+        raise OpsError("invalid value: give a VERSION to roll back to, or --release", 2)
+    request = planner_pb2.RollbackRequest(
+        version=parse_version(args.version) if args.version else None,
+        request_id=request_id(args),
+        release=args.release,
+    )
+    reply = conn.call("Rollback", request, retries=args.retries)
+    if args.release:
+        data: dict[str, Any] = {"released": True, "pinned": reply.pinned}
+        emit(args, data, lambda: "rollback pin released: the control loop decides again")
+        return
+    data = {"installed": view.version_info_dict(reply.installed), "pinned": reply.pinned}
+    emit(args, data, lambda: (
+        f"rolled back to {args.version}: installed as {data['installed']['version']}, "
+        "pinned (the loop will not replace it; `plan rollback --release` to unpin)"))
+
+
+def cmd_replan(args: argparse.Namespace, conn: PlannerConnection) -> None:
+    request = planner_pb2.ReplanRequest(
+        dry_run=args.dry_run, fresh=args.fresh, force=args.force, request_id=request_id(args)
+    )
+    reply = conn.call("Replan", request, retries=args.retries)
+    data = {
+        "dry_run": args.dry_run,
+        "installed": reply.installed,
+        "candidate": view.version_info_dict(reply.candidate),
+        "diff": view.diff_dict(reply.diff) if reply.HasField("diff") else None,
+        "penalties": view.penalties_dict(reply.penalties),
+        "decision": view.decision_dict(reply.decision) if reply.HasField("decision") else None,
+    }
+    emit(args, data, lambda: view.render_replan(data))
+
+
+def cmd_mode(args: argparse.Namespace, conn: PlannerConnection) -> None:
+    request = planner_pb2.SetModeRequest(mode=MODES[args.mode], reason=args.reason)
+    reply = conn.call("SetMode", request, retries=args.retries)  # setting a mode is idempotent
+    data = {"requested": args.mode, "mode": view.MODE_NAMES.get(reply.mode, str(reply.mode))}
+    emit(args, data, lambda: f"mode is now {data['mode']}" + (
+        " (override released: the guard decides)" if args.mode == "auto" else ""))
+
+
+def parse_assignments(pairs: list[str]) -> dict[str, Any]:
+    """`["q_cap=40", "interval-s=5"]` -> {"q_cap": 40.0, "interval_s": 5.0}; OpsError if bad."""
+    changes: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or key not in SETTABLE:
+            raise OpsError(
+                f"invalid value: {pair!r}: expected KEY=VALUE with KEY one of "
+                + ", ".join(SETTABLE), 2)
+        try:
+            changes[key] = SETTABLE[key](raw.strip())
+        except ValueError:
+            raise OpsError(f"invalid value: {key} must be a number, got {raw!r}", 2) from None
+    return changes
+
+
+def _update_config(args: argparse.Namespace, conn: PlannerConnection, **fields: Any) -> Any:
+    request = planner_pb2.UpdateConfigRequest(request_id=request_id(args), **fields)
+    return conn.call("UpdateConfig", request, retries=args.retries).config
+
+
+def cmd_config_set(args: argparse.Namespace, conn: PlannerConnection) -> None:
+    changes = parse_assignments(args.assignments)
+    data = view.config_dict(_update_config(args, conn, **changes))
+    emit(args, data, lambda: "updated " + ", ".join(changes) + "\n" + view.render_config(data))
+
+
+def cmd_destinations_edit(args: argparse.Namespace, conn: PlannerConnection) -> None:
+    action = args.destinations_command
+    if action == "add":
+        spec = plan_pb2.Destination(id=args.id, address=args.address, capacity_weight=args.weight)
+        config = _update_config(args, conn, add_destinations=[spec])
+    else:
+        config = _update_config(args, conn, **{f"{action}_destinations": [args.id]})
+    data = view.config_dict(config)["destinations"]
+    past = {"add": "added", "drain": "draining", "remove": "removed"}[action]
+    emit(args, {"destinations": data},
+         lambda: f"{args.id} {past}\n" + view.render_destinations(data))
+
+
+# --- the parser -------------------------------------------------------------------------
+
+
+def _connection_options() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    env = os.environ.get
+    common.add_argument("--planner", default=env("CACHEROUTE_PLANNER", DEFAULT_PLANNER),
+                        metavar="HOST:PORT", help="planner gRPC address (env CACHEROUTE_PLANNER)")
+    common.add_argument("--token", default=env("CACHEROUTE_TOKEN", ""),
+                        help="bearer token (env CACHEROUTE_TOKEN)")
+    common.add_argument("--tls-ca", default=env("CACHEROUTE_TLS_CA", ""), metavar="PEM",
+                        help="CA bundle: connect with TLS (env CACHEROUTE_TLS_CA)")
+    common.add_argument("--timeout", type=float, default=10.0, help="seconds per call")
+    common.add_argument("--json", action="store_true", help="print JSON for scripts")
+    return common
+
+
+def _mutation_options() -> argparse.ArgumentParser:
+    m = argparse.ArgumentParser(add_help=False)
+    m.add_argument("--request-id", help="idempotency key (default: a fresh uuid)")
+    m.add_argument("--retries", type=int, default=2, help="retries on UNAVAILABLE (same id)")
+    return m
+
+
+def _online(parser: argparse.ArgumentParser, fn: Callable[..., None]) -> None:
+    parser.set_defaults(func=lambda args: run(fn, args))
+
+
+Command = Callable[[argparse.Namespace, PlannerConnection], None]
+
+
+def run(fn: Command, args: argparse.Namespace) -> int:
+    """Run one command: connect, call, print; errors become one line and an exit status."""
+    conn = connect(args)
+    try:
+        fn(args, conn)
+        return 0
+    except OpsError as exc:
+        print(f"cacheroute: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        conn.close()
+
+
+def add_commands(sub: Any, plan_sub: Any) -> None:
+    """Register the online commands on the top-level and `plan` sub-parsers."""
+    common, mutation = _connection_options(), _mutation_options()
+    both = [common, mutation]
+    _online(sub.add_parser("status", parents=[common], help="what plan is live, and why"),
+            cmd_status)
+    _add_plan_commands(plan_sub, common, both)
+    replan = sub.add_parser("replan", parents=both, help="build a candidate now")
+    replan.add_argument("--dry-run", action="store_true", help="price it, install nothing")
+    replan.add_argument("--fresh", action="store_true", help="from-scratch LPT, not repack")
+    replan.add_argument("--force", action="store_true", help="install regardless of penalties")
+    _online(replan, cmd_replan)
+    mode = sub.add_parser("mode", parents=both, help="force planned or fallback, or auto")
+    mode.add_argument("mode", choices=sorted(MODES))
+    mode.add_argument("--reason", default="", help="recorded with the decision")
+    _online(mode, cmd_mode)
+    _add_config_commands(sub, common, both)
+    decisions = sub.add_parser("decisions", parents=[common], help="the decision log, newest first")
+    decisions.add_argument("--limit", type=int, default=20)
+    _online(decisions, cmd_decisions)
+    watch = sub.add_parser("watch", parents=[common], help="live: installs and decisions")
+    watch.add_argument("--count", type=int, default=0, help="stop after N events (0: never)")
+    watch.add_argument("--duration", type=float, default=None, help="stop after N seconds")
+    _online(watch, cmd_watch)
+
+
+def _add_plan_commands(plan_sub: Any, common: Any, both: list[Any]) -> None:
+    show = plan_sub.add_parser("show", parents=[common], help="a plan: load bars, keys")
+    show.add_argument("version", nargs="?", help="EPOCH.SEQ (default: the current plan)")
+    show.add_argument("--top", type=int, default=10, help="hottest keys to list")
+    _online(show, cmd_plan_show)
+    versions = plan_sub.add_parser("versions", parents=[common], help="retained plan versions")
+    versions.add_argument("--limit", type=int, default=20)
+    _online(versions, cmd_plan_versions)
+    rollback = plan_sub.add_parser("rollback", parents=both, help="reinstall VERSION and pin it")
+    rollback.add_argument("version", nargs="?", help="EPOCH.SEQ")
+    rollback.add_argument("--release", action="store_true", help="release the rollback pin")
+    _online(rollback, cmd_plan_rollback)
+    _extend_offline_diff(plan_sub.choices.get("diff"), common)
+
+
+def _extend_offline_diff(diff: argparse.ArgumentParser | None, common: Any) -> None:
+    """Teach the offline `plan diff A B` (files) to diff retained versions on the planner."""
+    if diff is None:
+        return
+    offline = diff.get_default("func")
+    known = {a.dest for a in diff._actions}
+    diff.add_argument("--online", action="store_true",
+                      help="A and B are plan versions on the planner (implied for EPOCH.SEQ)")
+    for action in common._actions:
+        if action.dest not in known and action.dest != "help":
+            diff._add_action(action)
+
+    def dispatch(args: argparse.Namespace) -> int:
+        if args.online or (_looks_online(args.a) and _looks_online(args.b)):
+            return run(cmd_plan_diff_online, args)
+        return int(offline(args) or 0)
+
+    diff.set_defaults(func=dispatch)
+
+
+def _looks_online(arg: Any) -> bool:
+    text = str(arg)
+    return bool(_VERSION.match(text)) and not Path(text).exists()
+
+
+def _add_config_commands(sub: Any, common: Any, both: list[Any]) -> None:
+    config = sub.add_parser("config", help="the planner's run-time settings")
+    config_sub = config.add_subparsers(dest="config_command", required=True)
+    _online(config_sub.add_parser("get", parents=[common], help="show the settings"),
+            cmd_config_get)
+    setter = config_sub.add_parser("set", parents=both, help="change KEY=VALUE settings")
+    setter.add_argument("assignments", nargs="+", metavar="KEY=VALUE",
+                        help="keys: " + ", ".join(SETTABLE))
+    _online(setter, cmd_config_set)
+    dests = sub.add_parser("destinations", help="list, add, drain or remove destinations")
+    dests_sub = dests.add_subparsers(dest="destinations_command", required=True)
+    _online(dests_sub.add_parser("list", parents=[common], help="the configured destinations"),
+            cmd_destinations_list)
+    for action, text in (("add", "add a destination"), ("drain", "stop placing keys on it"),
+                         ("remove", "remove it from the plan")):
+        p = dests_sub.add_parser(action, parents=both, help=text)
+        p.add_argument("id")
+        if action == "add":
+            p.add_argument("--address", default="", help="engine address routers dial")
+            p.add_argument("--weight", type=float, default=1.0, help="capacity weight")
+        _online(p, cmd_destinations_edit)

@@ -1,0 +1,353 @@
+"""What the operator commands print: planner replies as plain dicts, and dicts as text (pure).
+
+Every command builds one JSON-safe dict from the planner's reply (`--json` prints it as
+is) and renders the same dict for people, so scripts and eyes read the same figures.
+Versions are strings `"EPOCH.SEQ"`; times are seconds; rates are requests/s; penalties
+are lost prefill tokens (rates: tokens/s). No I/O, no gRPC: protobuf messages in, text out.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from router_client.plan import RoutingPlan
+
+MODE_NAMES = {0: "auto", 1: "planned", 2: "fallback"}
+BAR_WIDTH = 40
+_EIGHTHS = " ▏▎▍▌▋▊▉"
+
+
+def version_text(pb: Any) -> str | None:
+    """`PlanVersion` -> "1.3", or None when unset (nothing installed)."""
+    return f"{pb.epoch}.{pb.seq}" if pb.seq or pb.epoch else None
+
+
+# --- replies as dicts ---------------------------------------------------------------
+
+
+def drift_dict(pb: Any) -> dict[str, float]:
+    return {
+        "total_variation": pb.total_variation,
+        "admission_churn_share": pb.admission_churn_share,
+        "imbalance_change": pb.imbalance_change,
+    }
+
+
+def penalties_dict(pb: Any) -> dict[str, Any]:
+    rate = pb.staleness_rate_measured if pb.measured_used else pb.staleness_rate_modelled
+    return {
+        "staleness_rate_modelled_tokens_per_s": pb.staleness_rate_modelled,
+        "staleness_rate_measured_tokens_per_s": pb.staleness_rate_measured
+        if pb.measured_used
+        else None,
+        "staleness_rate_tokens_per_s": rate,
+        "staleness_accumulated_tokens": pb.staleness_accumulated,
+        "rewarm_cost_tokens": pb.rewarm_cost,
+        "staleness_over_rewarm": pb.staleness_accumulated / pb.rewarm_cost
+        if pb.rewarm_cost > 0
+        else None,
+        "measured_used": pb.measured_used,
+    }
+
+
+def decision_dict(pb: Any) -> dict[str, Any]:
+    return {
+        "id": pb.id,
+        "at_ms": pb.at_ms,
+        "action": pb.action,
+        "reason": pb.reason,
+        "moved_traffic_share": pb.moved_traffic_share,
+        "drift": drift_dict(pb.drift),
+        "penalties": penalties_dict(pb.penalties),
+        "installed": version_text(pb.installed),
+    }
+
+
+def version_info_dict(pb: Any) -> dict[str, Any]:
+    return {
+        "version": version_text(pb.version),
+        "created_at_ms": pb.created_at_ms,
+        "admitted_keys": pb.admitted_keys,
+        "imbalance_max_over_mean": pb.imbalance_max_over_mean,
+        "built_by": pb.built_by,
+        "current": pb.current,
+        "digest": pb.digest.hex(),
+    }
+
+
+def diff_dict(pb: Any) -> dict[str, Any]:
+    return {
+        "added_keys": pb.added_keys,
+        "removed_keys": pb.removed_keys,
+        "moved_keys": pb.moved_keys,
+        "moved_key_share": pb.moved_key_share,
+        "moved_traffic_share": pb.moved_traffic_share,
+        "load_change_per_s": dict(zip(pb.destinations, pb.load_change_per_s, strict=False)),
+    }
+
+
+def config_dict(pb: Any) -> dict[str, Any]:
+    return {
+        "q_cap": pb.q_cap,
+        "warm_slots_per_destination": pb.warm_slots_per_destination,
+        "interval_s": pb.interval_s,
+        "hysteresis": pb.hysteresis,
+        "min_dwell_s": pb.min_dwell_s,
+        "imbalance_tolerance": pb.imbalance_tolerance,
+        "max_plan_age_s": pb.max_plan_age_s,
+        "destinations": [
+            {
+                "id": d.id,
+                "address": d.address,
+                "capacity_weight": d.capacity_weight,
+                "draining": d.draining,
+            }
+            for d in pb.destinations
+        ],
+    }
+
+
+def status_dict(pb: Any, planner: str) -> dict[str, Any]:
+    """`PlannerStatus` -> dict; `stream_fresh` means the newest window is within 2 intervals."""
+    rates_age = pb.rates_age_s if pb.rates_age_s >= 0 else None
+    interval = pb.config.interval_s or 0.0
+    return {
+        "planner": planner,
+        "mode": MODE_NAMES.get(pb.mode, str(pb.mode)),
+        "mode_reason": pb.mode_reason,
+        "pinned": pb.pinned,
+        "version": version_text(pb.installed),
+        "version_age_s": pb.installed_age_s if pb.HasField("installed") else None,
+        "drift": drift_dict(pb.drift),
+        "penalties": penalties_dict(pb.penalties),
+        "last_decision": decision_dict(pb.last_decision) if pb.HasField("last_decision") else None,
+        "rates_age_s": rates_age,
+        "rates_recovering": pb.rates_recovering,
+        "stream_fresh": rates_age is not None and rates_age <= 2 * interval,
+        "config": config_dict(pb.config),
+    }
+
+
+def plan_dict(plan: RoutingPlan, loads: np.ndarray, top: int) -> dict[str, Any]:
+    """A decoded plan: per-destination expected load and key counts, and the hottest keys."""
+    ids = plan.destination_ids
+    table = plan.table
+    keys_on = np.bincount(table.members.astype(np.int64), minlength=len(ids))
+    mean = float(loads.mean()) if len(loads) else 0.0
+    order = np.argsort(-np.asarray(table.rates, np.float64), kind="stable")[:top]
+    return {
+        "version": str(plan.version),
+        "built_by": plan.config.built_by,
+        "created_at_ms": plan.created_at_ms,
+        "rates_window_end_ms": plan.rates_window_end_ms,
+        "q_cap": plan.config.q_cap,
+        "warm_slots": plan.config.warm_slots,
+        "admitted_keys": len(table),
+        "admitted_rate_share": plan.stats.admitted_rate_share,
+        "cold_tail_rate_per_s": plan.stats.cold_tail_rate_per_s,
+        "imbalance_max_over_mean": float(loads.max()) / mean if mean > 0 else 1.0,
+        "destinations": [
+            {
+                "id": d.id,
+                "draining": d.draining,
+                "expected_load_per_s": float(loads[i]),
+                "admitted_keys": int(keys_on[i]),
+            }
+            for i, d in enumerate(plan.destinations)
+        ],
+        "top_keys": [
+            {
+                "key": table.keys[i],
+                "rate_per_s": float(table.rates[i]),
+                "destinations": [ids[m] for m in table.set_of(int(i))],
+            }
+            for i in order
+        ],
+    }
+
+
+# --- dicts as text --------------------------------------------------------------------
+
+
+def _num(x: float | None, unit: str = "", digits: int = 3) -> str:
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "n/a"
+    return f"{x:.{digits}g}{unit}"
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * x:.1f}%"
+
+
+def age_text(seconds: float | None) -> str:
+    if seconds is None:
+        return "never"
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.1f}h"
+
+
+def bar(value: float, scale: float, width: int = BAR_WIDTH) -> str:
+    """A horizontal bar of `value / scale` of `width` cells, in eighths of a cell."""
+    if scale <= 0 or value <= 0:
+        return ""
+    eighths = round(min(1.0, value / scale) * width * 8)
+    full, part = divmod(eighths, 8)
+    return "█" * full + (_EIGHTHS[part] if part else "")
+
+
+def render_penalties(p: Mapping[str, Any]) -> str:
+    source = "measured" if p["measured_used"] else "modelled"
+    ratio = p["staleness_over_rewarm"]
+    return (
+        f"staleness {_num(p['staleness_accumulated_tokens'])} tok "
+        f"(rate {_num(p['staleness_rate_tokens_per_s'])} tok/s, {source}) "
+        f"vs rewarm {_num(p['rewarm_cost_tokens'])} tok"
+        + (f" = {_pct(ratio)} of rewarm" if ratio is not None else "")
+    )
+
+
+def render_drift(d: Mapping[str, float]) -> str:
+    return (
+        f"TV {d['total_variation']:.3f}, admission churn {_pct(d['admission_churn_share'])}, "
+        f"imbalance change {d['imbalance_change']:+.3f}"
+    )
+
+
+def render_decision(d: Mapping[str, Any], now_ms: int | None = None) -> str:
+    when = f" {age_text((now_ms - d['at_ms']) / 1000)} ago" if now_ms else ""
+    installed = f" -> {d['installed']}" if d.get("installed") else ""
+    moved = d["moved_traffic_share"]
+    churn = f", moves {_pct(moved)} of traffic" if moved else ""
+    return f"#{d['id']} {d['action']}{installed}{when}{churn}: {d['reason']}"
+
+
+def render_status(s: Mapping[str, Any], now_ms: int) -> str:
+    mode = s["mode"] + (f" ({s['mode_reason']})" if s["mode_reason"] else "")
+    plan = "none installed"
+    if s["version"]:
+        plan = f"{s['version']}, age {age_text(s['version_age_s'])}"
+        plan += ", pinned by rollback" if s["pinned"] else ""
+    last = s["last_decision"]
+    stream = "no complete window yet"
+    if s["rates_age_s"] is not None:
+        stream = f"newest window {age_text(s['rates_age_s'])} old, "
+        stream += "fresh" if s["stream_fresh"] else "STALE"
+        stream += ", recovering" if s["rates_recovering"] else ""
+    rows = [
+        ("planner", s["planner"]),
+        ("mode", mode),
+        ("plan", plan),
+        ("drift", render_drift(s["drift"])),
+        ("penalties", render_penalties(s["penalties"])),
+        ("decision", render_decision(last, now_ms) if last else "none yet"),
+        ("stream", stream),
+    ]
+    return "\n".join(f"{k:<10} {v}" for k, v in rows)
+
+
+def render_plan(p: Mapping[str, Any]) -> str:
+    dests = p["destinations"]
+    scale = max((d["expected_load_per_s"] for d in dests), default=0.0)
+    width = max((len(d["id"]) for d in dests), default=4)
+    lines = [
+        f"plan {p['version']} ({p['built_by']}): {p['admitted_keys']} admitted keys carrying "
+        f"{_pct(p['admitted_rate_share'])} of traffic, cold tail "
+        f"{_num(p['cold_tail_rate_per_s'], '/s')}, q_cap {_num(p['q_cap'])}, "
+        f"{p['warm_slots']} warm slots",
+        f"imbalance (max/mean expected load) {p['imbalance_max_over_mean']:.3f}",
+        "",
+        f"{'destination':<{width}}  {'expected req/s':>14}  {'keys':>6}",
+    ]
+    for d in dests:
+        flag = "  (draining)" if d["draining"] else ""
+        lines.append(
+            f"{d['id']:<{width}}  {d['expected_load_per_s']:>14.2f}  {d['admitted_keys']:>6}  "
+            f"{bar(d['expected_load_per_s'], scale)}{flag}"
+        )
+    if p["top_keys"]:
+        lines += ["", "hottest admitted keys:"]
+        lines += [
+            f"  {k['key']}  {k['rate_per_s']:.2f}/s -> {', '.join(k['destinations'])}"
+            for k in p["top_keys"]
+        ]
+    return "\n".join(lines)
+
+
+def render_versions(versions: Sequence[Mapping[str, Any]], now_ms: int) -> str:
+    lines = [f"  {'version':<9} {'age':>6} {'keys':>7} {'imbalance':>9}  built by"]
+    for v in versions:
+        mark = "*" if v["current"] else " "
+        age = age_text((now_ms - v["created_at_ms"]) / 1000) if v["created_at_ms"] else "?"
+        lines.append(
+            f"{mark} {v['version']:<9} {age:>6} {v['admitted_keys']:>7} "
+            f"{v['imbalance_max_over_mean']:>9.3f}  {v['built_by']}"
+        )
+    return "\n".join(lines)
+
+
+def render_diff(d: Mapping[str, Any], a: str, b: str) -> str:
+    lines = [
+        f"{a} -> {b}: {d['added_keys']} keys added, {d['removed_keys']} removed, "
+        f"{d['moved_keys']} moved ({_pct(d['moved_key_share'])} of keys, "
+        f"{_pct(d['moved_traffic_share'])} of admitted traffic)",
+    ]
+    changes = d["load_change_per_s"]
+    width = max((len(k) for k in changes), default=4)
+    lines += [f"  {k:<{width}}  {v:+.2f} req/s expected load" for k, v in changes.items()]
+    return "\n".join(lines)
+
+
+def render_config(c: Mapping[str, Any]) -> str:
+    lines = [f"{k:<27} {v:g}" for k, v in c.items() if k != "destinations"]
+    lines.append(f"{'destinations':<27} {len(c['destinations'])}")
+    return "\n".join(lines)
+
+
+def render_destinations(dests: Sequence[Mapping[str, Any]]) -> str:
+    width = max((len(d["id"]) for d in dests), default=2)
+    return "\n".join(
+        f"{d['id']:<{width}}  weight {d['capacity_weight']:g}"
+        + (f"  {d['address']}" if d["address"] else "")
+        + ("  draining" if d["draining"] else "")
+        for d in dests
+    )
+
+
+def render_replan(r: Mapping[str, Any]) -> str:
+    cand = r["candidate"]
+    if r["dry_run"]:
+        head = f"dry run: candidate of {cand['admitted_keys']} keys, not installed"
+    elif r["installed"]:
+        head = f"installed plan {cand['version']} ({cand['built_by']}, "
+        head += f"{cand['admitted_keys']} keys)"
+    else:
+        head = "not installed"
+    lines = [head, "penalties: " + render_penalties(r["penalties"])]
+    if r["diff"] is not None:
+        d = r["diff"]
+        lines.append(
+            f"vs serving plan: {d['moved_keys']} keys moved, {_pct(d['moved_traffic_share'])} "
+            f"of traffic, +{d['added_keys']}/-{d['removed_keys']} keys"
+        )
+    if r["decision"] is not None:
+        lines.append("decision: " + render_decision(r["decision"]))
+    return "\n".join(lines)
+
+
+def render_event(e: Mapping[str, Any]) -> str:
+    """One line of `watch`."""
+    if e["event"] == "installed":
+        v = e["installed"]
+        return (
+            f"installed {v['version']} ({v['built_by']}, {v['admitted_keys']} keys, "
+            f"imbalance {v['imbalance_max_over_mean']:.3f})"
+        )
+    d = e["decision"]
+    return f"decision {render_decision(d)} | {render_penalties(d['penalties'])}"

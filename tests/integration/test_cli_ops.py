@@ -1,0 +1,247 @@
+"""The operator CLI against a running planner: real gRPC on a free port, real redis-server.
+
+Each command runs through `planner_svc.cli.main.main` (the console script's entry) and is
+checked twice: the human text and the `--json` document. Windows are fed straight into the
+planner as tests/service does; everything from the CLI to Redis is real.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from planner_svc.cli.main import main
+from planner_svc.replay.rates import paper_like_keys, paper_like_rates
+from planner_svc.server import PlannerService, build_service
+from planner_svc.settings import PlannerSettings
+from tests.service.windows import make_window
+
+pytestmark = pytest.mark.integration
+
+DESTS = tuple(f"d{i}" for i in range(6))
+OPERATOR, READER = "op-secret", "read-secret"
+
+
+@pytest.fixture()
+def service(redis_server, tmp_path: Path) -> Iterator[PlannerService]:
+    settings = PlannerSettings(
+        redis_url=redis_server.url,
+        grpc_port=0,
+        data_dir=str(tmp_path),
+        destinations=DESTS,
+        q_cap=20.0,
+        warm_slots_per_destination=8,
+        interval_s=3600.0,  # ticks are driven by the test
+        operator_token=OPERATOR,
+        reader_token=READER,
+    )
+    svc = build_service(settings, consume=False)
+    svc.server.start()
+    feed(svc)
+    svc.planner.tick()  # installs plan 1.1
+    yield svc
+    svc.stop(0)
+
+
+def feed(svc: PlannerService, seed: int = 1) -> None:
+    keys = paper_like_keys(400)
+    rates = paper_like_rates(400, 300.0, seed=seed)
+    end = int(time.time() * 1000)
+    svc.planner.on_window(make_window(keys, rates, window_end_ms=end, destinations=list(DESTS)))
+
+
+def cli(svc: PlannerService, *argv: str, token: str = OPERATOR) -> tuple[int, str, str]:
+    """Run `cacheroute ARGV --planner ... --token ...` in-process: (exit status, stdout, stderr)."""
+    out, err = io.StringIO(), io.StringIO()
+    conn = ["--planner", f"127.0.0.1:{svc.port}", "--token", token]
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            rc = main([*argv, *conn])
+        except SystemExit as exc:  # argparse refusals
+            rc = int(exc.code or 0)
+    return rc, out.getvalue(), err.getvalue()
+
+
+def cli_json(svc: PlannerService, *argv: str, token: str = OPERATOR) -> Any:
+    rc, out, err = cli(svc, *argv, "--json", token=token)
+    assert rc == 0, err
+    return json.loads(out)
+
+
+def test_status_human_and_json(service):
+    rc, out, _ = cli(service, "status", token=READER)
+    assert rc == 0
+    assert "mode       planned" in out
+    assert "plan       1.1, age" in out
+    assert "decision   #" in out and "install" in out
+    assert "fresh" in out
+    data = cli_json(service, "status", token=READER)
+    assert data["mode"] == "planned" and data["version"] == "1.1"
+    assert data["version_age_s"] >= 0 and data["stream_fresh"] is True
+    assert data["last_decision"]["action"] == "install"
+    assert set(data["penalties"]) >= {"staleness_accumulated_tokens", "rewarm_cost_tokens"}
+    assert data["config"]["q_cap"] == 20.0 and len(data["config"]["destinations"]) == 6
+
+
+def test_plan_show_draws_loads_and_matches_the_installed_plan(service):
+    rc, out, _ = cli(service, "plan", "show", "--top", "3", token=READER)
+    assert rc == 0
+    assert out.startswith("plan 1.1 (build): 48 admitted keys")
+    assert "█" in out and "hottest admitted keys:" in out
+    bars = [line for line in out.splitlines() if line[:3] in {f"{d} " for d in DESTS}]
+    assert len(bars) == 6 and all("█" in line for line in bars)
+    data = cli_json(service, "plan", "show", "1.1", token=READER)
+    plan = service.planner.installed.plan
+    assert data["version"] == "1.1" and data["admitted_keys"] == len(plan.table)
+    loads = [d["expected_load_per_s"] for d in data["destinations"]]
+    assert sum(loads) == pytest.approx(300.0, rel=0.02)  # all traffic lands somewhere
+    assert data["imbalance_max_over_mean"] == pytest.approx(max(loads) / (sum(loads) / 6))
+    assert data["top_keys"][0]["rate_per_s"] == pytest.approx(float(max(plan.table.rates)))
+
+
+def test_replan_versions_diff_and_rollback(service):
+    rc, out, _ = cli(service, "replan", "--dry-run")
+    assert rc == 0 and out.startswith("dry run: candidate of")
+    dry = cli_json(service, "replan", "--dry-run", "--fresh")
+    assert dry["installed"] is False and dry["diff"] is not None
+    assert service.planner.installed.plan.version.seq == 1  # nothing installed
+    feed(service, seed=2)
+    rc, out, _ = cli(service, "replan", "--force", "--request-id", "req-1")
+    assert rc == 0 and out.startswith("installed plan 1.2 (repack")
+    again = cli_json(service, "replan", "--force", "--request-id", "req-1")
+    assert again["candidate"]["version"] == "1.2"  # the retried request acted once
+    forced = cli_json(service, "replan", "--force", "--fresh")
+    assert forced["installed"] and forced["candidate"]["version"] == "1.3"
+
+    rc, out, _ = cli(service, "plan", "versions", token=READER)
+    assert rc == 0 and "* 1.3" in out and "  1.1" in out
+    versions = cli_json(service, "plan", "versions", token=READER)["versions"]
+    assert [v["version"] for v in versions] == ["1.3", "1.2", "1.1"]
+    assert [v["current"] for v in versions] == [True, False, False]
+
+    rc, out, _ = cli(service, "plan", "diff", "1.1", "1.3", token=READER)
+    assert rc == 0 and out.startswith("1.1 -> 1.3:") and "req/s" in out
+    diff = cli_json(service, "plan", "diff", "--online", "1.2", "1.3", token=READER)
+    assert diff["a"] == "1.2" and diff["moved_keys"] > 0
+    assert 0 < diff["moved_traffic_share"] <= 1
+
+    rc, out, _ = cli(service, "plan", "rollback", "1.1")
+    assert rc == 0 and "installed as 1.4" in out and "pinned" in out
+    status = cli_json(service, "status")
+    assert status["version"] == "1.4" and status["pinned"] is True
+    released = cli_json(service, "plan", "rollback", "--release")
+    assert released == {"released": True, "pinned": False}
+    assert service.planner.pinned is False
+    rolled = cli_json(service, "plan", "rollback", "1.2")
+    assert rolled["installed"]["version"] == "1.5" and rolled["pinned"] is True
+    assert rolled["installed"]["built_by"] == "rollback:1.2"
+
+
+def test_mode_decisions_and_watch(service):
+    rc, out, _ = cli(service, "mode", "fallback", "--reason", "drill")
+    assert rc == 0 and out.strip() == "mode is now fallback"
+    assert service.publisher.load(service.publisher.current().version).config.built_by == "fallback"
+    status = cli_json(service, "status")
+    assert status["mode"] == "fallback" and status["mode_reason"] == "drill"
+    back = cli_json(service, "mode", "planned")
+    assert back == {"requested": "planned", "mode": "planned"}
+    assert cli_json(service, "mode", "auto")["mode"] == "planned"
+
+    rc, out, _ = cli(service, "decisions", "--limit", "5", token=READER)
+    assert rc == 0 and "fallback" in out and "resume" in out
+    decisions = cli_json(service, "decisions", "--limit", "2", token=READER)["decisions"]
+    assert len(decisions) == 2 and decisions[0]["id"] > decisions[1]["id"]  # newest first
+
+    lines = watch_while(service, lambda: service.planner.replan(
+        fresh=True, force=True, dry_run=False), "--json", "--count", "2")
+    events = [json.loads(line) for line in lines]
+    assert {e["event"] for e in events} == {"installed", "decision"}
+    installed = next(e for e in events if e["event"] == "installed")["installed"]
+    assert installed["version"] == str(service.planner.installed.plan.version)
+    human = watch_while(service, lambda: service.planner.set_mode(None, "watch"), "--count", "1")
+    assert human[0].startswith("planner ") and any(x.startswith("-- watching") for x in human)
+    assert "decision #" in human[-1]
+
+
+def watch_while(service: PlannerService, act: Any, *flags: str) -> list[str]:
+    """Run `watch` in a thread, `act` once it is subscribed, return its output lines."""
+    result: dict[str, Any] = {}
+    watchers = service.planner._watchers
+    before = len(watchers)
+    thread = threading.Thread(
+        target=lambda: result.update(out=cli(service, "watch", "--duration", "20", *flags)),
+        daemon=True,
+    )
+    thread.start()
+    deadline = time.monotonic() + 10
+    while len(watchers) <= before and time.monotonic() < deadline:
+        time.sleep(0.02)
+    act()
+    thread.join(20)
+    rc, out, err = result["out"]
+    assert rc == 0, err
+    return out.splitlines()
+
+
+def test_config_and_destinations(service):
+    rc, out, _ = cli(service, "config", "get", token=READER)
+    assert rc == 0 and "q_cap" in out and "destinations                6" in out
+    data = cli_json(service, "config", "set", "q_cap=30", "interval-s=1800")
+    assert data["q_cap"] == 30.0 and data["interval_s"] == 1800.0
+    assert service.planner.tunables.q_cap == 30.0
+    rc, out, _ = cli(service, "config", "set", "hysteresis=0.2")
+    assert rc == 0 and out.startswith("updated hysteresis")
+
+    rc, out, _ = cli(service, "destinations", "add", "d6", "--address", "10.0.0.6:8000")
+    assert rc == 0 and out.startswith("d6 added") and "10.0.0.6:8000" in out
+    drained = cli_json(service, "destinations", "drain", "d0")["destinations"]
+    assert next(d for d in drained if d["id"] == "d0")["draining"] is True
+    rc, out, _ = cli(service, "destinations", "remove", "d1")
+    assert rc == 0 and out.startswith("d1 removed")
+    listed = cli_json(service, "destinations", "list", token=READER)["destinations"]
+    assert [d["id"] for d in listed] == ["d0", "d2", "d3", "d4", "d5", "d6"]
+    rc, out, _ = cli(service, "destinations", "list", token=READER)
+    assert "d0  weight 1  draining" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "token", "code", "message"),
+    [
+        (["config", "set", "q_cap=-1"], OPERATOR, 2, "invalid value: q_cap must be"),
+        (["config", "set", "q_cap=abc"], OPERATOR, 2, "invalid value: q_cap must be a number"),
+        (["config", "set", "colour=red"], OPERATOR, 2, "expected KEY=VALUE"),
+        (["destinations", "drain", "nope"], OPERATOR, 2, "unknown destination"),
+        (["plan", "show", "1.99"], READER, 1, "not found: plan version 1.99"),
+        (["plan", "show", "x.y"], READER, 2, "version must look like EPOCH.SEQ"),
+        (["replan", "--dry-run"], READER, 4, "permission denied"),
+        (["status"], "wrong", 4, "unauthenticated"),
+        (["plan", "rollback"], OPERATOR, 2, "give a VERSION"),
+    ],
+)
+def test_errors_are_one_line_and_nonzero(service, argv, token, code, message):
+    rc, out, err = cli(service, *argv, token=token)
+    assert rc == code, err
+    assert out == "" and err.count("\n") == 1 and message in err
+
+
+def test_unreachable_planner_from_the_console_script():
+    env = {**os.environ, "CACHEROUTE_PLANNER": "127.0.0.1:9", "CACHEROUTE_TOKEN": "x"}
+    done = subprocess.run(
+        [sys.executable, "-m", "planner_svc.cli.main", "status", "--timeout", "3"],
+        capture_output=True, text=True, env=env, timeout=60,
+    )
+    assert done.returncode == 3
+    assert done.stdout == ""
+    assert done.stderr.startswith("cacheroute: cannot reach the planner at 127.0.0.1:9")
+    assert done.stderr.count("\n") == 1
