@@ -111,8 +111,8 @@ def read_history(bootstrap: str, topic: str, timeout_s: float = 10.0, **config: 
                 raise KafkaException(f"planner history: timed out at offset {offset} of {high}")
             if msg.error():
                 continue
-            offset = msg.offset()
-            _apply(history, msg.key().decode(), msg.value())
+            offset = msg.offset() or offset
+            _apply(history, (msg.key() or b"").decode(), msg.value())
         return history
     finally:
         consumer.close()

@@ -19,7 +19,7 @@ import queue
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -43,6 +43,7 @@ from router_client.plan import (
 )
 
 log = logging.getLogger("cacheroute.planner")
+_timer = time.perf_counter  # plans record how long they took to build
 
 
 class HistorySink(Protocol):
@@ -220,12 +221,7 @@ class Planner:
 
     def _install_first(self, now: float) -> Decision:
         assert self.traffic is not None
-        plan = build_plan(
-            self.traffic.keys,
-            self.traffic.rates,
-            self.planning_config(),
-            prefix_tokens=self.traffic.prefix_tokens,
-        )
+        plan = self._candidate(fresh=True)
         self._install(plan, now, forced=False)
         return self._record(now, Action.INSTALL, "first plan: nothing was installed", None)
 
@@ -263,8 +259,10 @@ class Planner:
         config = self.planning_config()
         t = self.traffic
         if fresh or self.installed is None:
-            return build_plan(t.keys, t.rates, config, prefix_tokens=t.prefix_tokens)
-        return repack(self._serving_plan(), t.keys, t.rates, config, prefix_tokens=t.prefix_tokens)
+            return build_plan(t.keys, t.rates, config, prefix_tokens=t.prefix_tokens, clock=_timer)
+        return repack(
+            self._serving_plan(), t.keys, t.rates, config, prefix_tokens=t.prefix_tokens, clock=_timer
+        )
 
     # --- installs -------------------------------------------------------------------
 
@@ -520,7 +518,7 @@ class Planner:
         log.info("decision %s: %s", decision.action, decision.reason)
         return decision
 
-    def watch(self) -> Iterator[tuple[str, Any]]:
+    def watch(self) -> Generator[tuple[str, Any], None, None]:
         """Yield ("installed", info) and ("decision", Decision) events until the caller stops."""
         q: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=1000)
         with self._lock:

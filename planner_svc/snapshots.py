@@ -71,7 +71,7 @@ class SnapshotConsumer:
             if msg.error():
                 log.warning("snapshot consumer: %s", msg.error())
                 continue
-            self._handle(msg.value())
+            self._handle(msg.value() or b"")
 
     def _handle(self, raw: bytes) -> None:
         snap = snapshot_pb2.RateSnapshot()
