@@ -24,10 +24,12 @@ How the simulated run measures cost (one unit: recomputed prefill tokens; "hit-w
   (1 for a key entering admission). Charged in full at the install. The dip also unfolds in time
   (full deficit during the warm-up, then decaying as exp(−(λ_b/k_b)·t)), which is what the
   loop's telemetry sees.
-- telemetry for the loop (measured mode): one window per interval, the served token-weighted hit
-  rate h_cold + (U − current dip deficit) / prompt tokens, averaged over the interval's sub-steps;
-  h_cold = 0.6. The loop learns its rewarm factor from those dips (it starts at the conservative
-  2×) and decides on measured staleness once it has a settled baseline.
+- telemetry for the loop (measured mode): one window per interval, averaged over its sub-steps:
+  served token-weighted hit rate h_cold + (warm gain − current dip deficit) / prompt tokens,
+  h_cold = 0.6, warm gain = Σ_admitted λ P Δh (no overload term: overload shows in the reported
+  per-destination loads, the plan's expected loads). The loop learns its rewarm factor from
+  those dips (it starts at the conservative 2×) and decides on measured staleness once it has
+  a settled baseline.
 The loop sees rates only at interval starts, exactly like the service. A fourth row runs the loop
 without telemetry (modelled staleness only, default rewarm factor).
 Last line: one JSON object of figures.
@@ -57,7 +59,12 @@ from planner_svc.control import (
     WarmAdvantage,
 )
 from planner_svc.control.penalties import rewarm_formula, useful_work_rate
-from planner_svc.control.traffic import aligned_rates, aligned_tokens, new_member_share
+from planner_svc.control.traffic import (
+    aligned_rates,
+    aligned_tokens,
+    expected_loads,
+    new_member_share,
+)
 from planner_svc.planning import PlanningConfig, build_plan, repack
 from planner_svc.replay.rates import lognormal_walk, paper_like_keys, paper_like_rates
 from router_client.plan import RoutingPlan
@@ -96,6 +103,9 @@ class World:
 
     def useful(self, plan: RoutingPlan, rates: np.ndarray) -> float:
         return useful_work_rate(plan, self.traffic(rates), TRUE_WARM)
+
+    def warm_gain(self, plan: RoutingPlan, rates: np.ndarray) -> float:
+        return useful_work_rate(plan, self.traffic(rates), TRUE_WARM, overload_weight=0.0)
 
     def build(self, rates: np.ndarray) -> RoutingPlan:
         return build_plan(self.keys, rates, self.config, prefix_tokens=self.tokens)
@@ -166,9 +176,8 @@ class Runner:
         self.world, self.out = world, Outcome(name)
         self.installed = world.build(world.rates[0][0])
         self.dips: list[Dip] = []
-        self.window: list[
-            tuple[float, float, float]
-        ] = []  # (hit work, tokens, deficit) per sub-step
+        self.window: list[tuple[float, float, float]] = []  # (hit work, tokens, req/s)
+        self.loads: list[np.ndarray] = []
 
     def install(self, plan: RoutingPlan, rates: np.ndarray, t: float) -> None:
         tr = self.world.traffic(rates)
@@ -177,14 +186,16 @@ class Runner:
         self.installed, self.out.installs = plan, self.out.installs + 1
 
     def serve_interval(self, i: int) -> None:
-        w, self.window = self.world, []
+        w, self.window, self.loads = self.world, [], []
         for j, rates in enumerate(w.rates[i]):
             t = i * w.interval_s + j * w.dt
             u = w.useful(self.installed, rates)
             self.out.staleness += w.dt * max(0.0, w.fresh_useful[i][j] - u)
             deficit = sum(d.integral(t, t + w.dt) for d in self.dips) / w.dt
             tokens = float(np.dot(rates, w.tokens))
-            self.window.append((H_COLD * tokens + u - deficit, tokens, float(rates.sum())))
+            gain = w.warm_gain(self.installed, rates)
+            self.window.append((H_COLD * tokens + gain - deficit, tokens, float(rates.sum())))
+            self.loads.append(expected_loads(self.installed, w.traffic(rates)))
 
     def telemetry(self, end_s: float) -> Telemetry:
         hit_work = sum(x[0] for x in self.window)
@@ -195,6 +206,9 @@ class Runner:
             hit_rate=hit_work / tokens,
             prompt_tokens_per_s=tokens / len(self.window),
             requests=int(requests),
+            destination_loads_per_s=dict(
+                zip(self.installed.destination_ids, np.mean(self.loads, axis=0), strict=True)
+            ),
             planned_hit_rate=H_COLD + DELTA_H,
             fallback_hit_rate=H_COLD,
             active_keys=len(self.world.keys),
@@ -232,6 +246,7 @@ def run_loop(world: World, *, measured: bool) -> Outcome:
     name = "control loop" + ("" if measured else " (modelled only)")
     runner, loop = Runner(world, name), ControlLoop(loop_settings(world))
     runner.window = _warm_window(world, runner.installed)
+    runner.loads = [expected_loads(runner.installed, world.traffic(world.rates[0][0]))]
     for i in range(INTERVALS):
         t, rates = i * world.interval_s, world.rates[i][0]
         candidate = repack(
@@ -260,7 +275,7 @@ def _warm_window(world: World, plan: RoutingPlan) -> list[tuple[float, float, fl
     """The window before t = 0: the initial plan, warm, under the initial rates."""
     rates = world.rates[0][0]
     tokens = float(np.dot(rates, world.tokens))
-    return [(H_COLD * tokens + world.useful(plan, rates), tokens, float(rates.sum()))]
+    return [(H_COLD * tokens + world.warm_gain(plan, rates), tokens, float(rates.sum()))]
 
 
 def run_seed(n_keys: int, seed: int, interval_s: float, substeps: int) -> list[Outcome]:

@@ -61,10 +61,12 @@ from planner_svc.control.guard import (
 from planner_svc.control.penalties import (
     RewarmFactor,
     WarmAdvantage,
+    measured_decline_rate,
     measured_staleness_rate,
     modelled_staleness_rate,
     rewarm_formula,
     rewarm_time_s,
+    useful_work_rate,
 )
 from planner_svc.control.telemetry import Telemetry
 from planner_svc.control.traffic import Traffic, moved_traffic_share
@@ -107,6 +109,7 @@ class ControlLoop:
         self.guard = GuardState()
         self.installs: list[InstallRecord] = []
         self.baseline: Telemetry | None = None
+        self.baseline_useful: float | None = None  # modelled useful(installed) at the baseline
         self.settling: Settling | None = None
         self.last_decision: Decision | None = None
         self.last_figures: Figures | None = None
@@ -128,16 +131,17 @@ class ControlLoop:
     ) -> Figures:
         """Drift, staleness rates and the candidate's rewarm cost, without deciding."""
         drift = measure_drift(installed, traffic, candidate)
-        measured = self._measured_rate(installed, traffic, telemetry)
+        w, s = self.warm, self.settings
+        modelled = 0.0
+        if candidate is not None:
+            modelled = modelled_staleness_rate(installed, candidate, traffic, w, s.overload_weight)
+        measured = self._measured_rate(installed, traffic, telemetry, modelled)
         if candidate is None:
             return Figures(drift=drift, staleness_rate_measured=measured)
-        w, s = self.warm, self.settings
         formula = rewarm_formula(installed, candidate, traffic, w, s.warmup_s)
         return Figures(
             drift=drift,
-            staleness_rate_modelled=modelled_staleness_rate(
-                installed, candidate, traffic, w, s.overload_weight
-            ),
+            staleness_rate_modelled=modelled,
             staleness_rate_measured=measured,
             rewarm_formula_tokens=formula,
             rewarm_cost=formula * self.rewarm.value,
@@ -146,22 +150,25 @@ class ControlLoop:
         )
 
     def _measured_rate(
-        self, installed: RoutingPlan, traffic: Traffic, telemetry: Telemetry | None
+        self,
+        installed: RoutingPlan,
+        traffic: Traffic,
+        telemetry: Telemetry | None,
+        modelled: float,
     ) -> float | None:
-        if telemetry is None or self.baseline is None or self.settling is not None:
+        base, base_useful = self.baseline, self.baseline_useful
+        if telemetry is None or base is None or base_useful is None or self.settling is not None:
             return None
         if telemetry.requests < self.settings.min_measured_requests:
             return None
-        if telemetry.window_end_s <= self.baseline.window_end_s:
+        if telemetry.window_end_s <= base.window_end_s:
             return None  # the baseline window itself: nothing measured against it yet
-        return measured_staleness_rate(
-            telemetry,
-            self.baseline,
-            installed,
-            traffic.mean_tokens_per_request(),
-            self.warm,
-            self.settings.overload_weight,
+        weight = self.settings.overload_weight
+        measured_decline = measured_decline_rate(
+            telemetry, base, installed, traffic.mean_tokens_per_request(), self.warm, weight
         )
+        modelled_decline = base_useful - useful_work_rate(installed, traffic, self.warm, weight)
+        return measured_staleness_rate(modelled, modelled_decline, measured_decline)
 
     # --- the step --------------------------------------------------------------
 
@@ -178,6 +185,7 @@ class ControlLoop:
         usable, unusable_reason = self._usable(now_s, telemetry)
         if usable is not None:
             self._learn(usable)
+            self._anchor_baseline(installed, traffic)
         verdict = guard_step(
             self.guard, now_s, usable, self.validated, self.settings.resume_dwell_s
         )
@@ -250,6 +258,13 @@ class ControlLoop:
             self.baseline = t
         self._learn_warm_advantage(t)
 
+    def _anchor_baseline(self, installed: RoutingPlan, traffic: Traffic) -> None:
+        # The model's view of the installed plan when the baseline window was taken, so the
+        # measured decline can replace the modelled one (penalties.measured_staleness_rate).
+        if self.baseline is not None and self.baseline_useful is None:
+            weight = self.settings.overload_weight
+            self.baseline_useful = useful_work_rate(installed, traffic, self.warm, weight)
+
     def _learn_warm_advantage(self, t: Telemetry) -> None:
         if t.planned_hit_rate is None or t.fallback_hit_rate is None:
             return
@@ -271,7 +286,7 @@ class ControlLoop:
             if self.installs and self.installs[-1].at_s == settling.since_s:
                 self.installs[-1] = replace(self.installs[-1], measured_dip_tokens=dip)
         self.settling = None
-        self.baseline = t
+        self.baseline, self.baseline_useful = t, None
 
     # --- installs and modes ----------------------------------------------------
 
@@ -317,7 +332,7 @@ class ControlLoop:
             max_settle_s=longest,
             reference_hit=reference_hit,
         )
-        self.baseline = None
+        self.baseline, self.baseline_useful = None, None
 
     def set_validated_range(self, validated: ValidatedRange) -> None:
         """Record the range the installed plan was validated for (shadow replay / canary)."""
@@ -394,6 +409,7 @@ class ControlLoop:
             "validated": self.validated.to_dict(),
             "baseline": None if self.baseline is None else self.baseline.to_dict(),
             "last_window": None if self.last_window is None else self.last_window.to_dict(),
+            "baseline_useful": self.baseline_useful,
             "settling": None if self.settling is None else self.settling.to_dict(),
             "installs": [asdict(r) for r in self.installs],
             "last_decision": None if self.last_decision is None else self.last_decision.to_dict(),
@@ -413,6 +429,7 @@ class ControlLoop:
         loop.guard = GuardState.from_dict(data["guard"])
         baseline, settling = data["baseline"], data["settling"]
         loop.baseline = None if baseline is None else Telemetry.from_dict(baseline)
+        loop.baseline_useful = data["baseline_useful"]
         last = data["last_window"]
         loop.last_window = None if last is None else Telemetry.from_dict(last)
         loop.settling = None if settling is None else Settling.from_dict(settling)

@@ -94,7 +94,10 @@ def test_decides_on_measured_staleness_once_there_is_a_baseline() -> None:
     assert first.penalties.measured_used is False  # this window becomes the baseline
     later = step(lp, 10.0, window(10.0, hit=0.85))
     assert later.penalties.measured_used is True
-    assert later.penalties.staleness_rate_measured == pytest.approx(0.05 * 1e4)
+    # Modelled gap 900 tokens/s; same rates, so the model expects no decline, but the
+    # stream measured a 5 pp drop of 1e4 prompt tokens/s: 900 + 500.
+    assert later.penalties.staleness_rate_modelled == pytest.approx(900.0)
+    assert later.penalties.staleness_rate_measured == pytest.approx(900.0 + 0.05 * 1e4)
     thin = step(lp, 20.0, window(20.0, hit=0.85, requests=10))
     assert thin.penalties.measured_used is False  # too little evidence: modelled
 

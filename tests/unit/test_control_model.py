@@ -9,6 +9,7 @@ from planner_svc.control.drift import measure_drift, total_variation
 from planner_svc.control.penalties import (
     RewarmFactor,
     WarmAdvantage,
+    measured_decline_rate,
     measured_staleness_rate,
     modelled_staleness_rate,
     rewarm_formula,
@@ -133,13 +134,13 @@ def test_rewarm_formula_is_one_miss_per_new_member_plus_warmup() -> None:
     assert rewarm_time_s(installed, candidate, now, 1.0) == pytest.approx(8 / 6)
 
 
-def test_measured_staleness_from_hit_drop_and_overload_growth() -> None:
+def test_measured_decline_from_hit_drop_and_overload_growth() -> None:
     plan = make_plan({"a": (0,)}, {"a": 1}, n=2, q_cap=10.0)
     warm = WarmAdvantage(global_value=0.5)
     base = Telemetry(
         window_end_s=0,
         hit_rate=0.9,
-        prompt_tokens_per_s=1000,
+        prompt_tokens_per_s=2000,
         requests=5000,
         destination_loads_per_s={"d0": 8.0, "d1": 8.0},
     )
@@ -150,9 +151,17 @@ def test_measured_staleness_from_hit_drop_and_overload_growth() -> None:
         requests=5000,
         destination_loads_per_s={"d0": 12.0, "d1": 4.0},
     )
-    # 0.1 × 2000 + 2 req/s over the knee × 100 tokens × 0.5.
-    assert measured_staleness_rate(now, base, plan, 100.0, warm) == pytest.approx(300.0)
-    assert measured_staleness_rate(base, now, plan, 100.0, warm) == 0.0
+    # 0.1 × 2000 + 2 req/s over the knee × 100 tokens × 0.5; signed: an improvement is negative.
+    assert measured_decline_rate(now, base, plan, 100.0, warm) == pytest.approx(300.0)
+    assert measured_decline_rate(base, now, plan, 100.0, warm) == pytest.approx(-300.0)
+
+
+def test_measured_staleness_swaps_the_modelled_decline_for_the_measured_one() -> None:
+    # The model expected the installed plan to lose 100 tokens/s, the stream saw 400.
+    assert measured_staleness_rate(500.0, 100.0, 400.0) == pytest.approx(800.0)
+    # A model that was too pessimistic is corrected down, never below zero.
+    assert measured_staleness_rate(500.0, 400.0, 100.0) == pytest.approx(200.0)
+    assert measured_staleness_rate(100.0, 400.0, 0.0) == 0.0
 
 
 def test_learned_factors_converge_and_start_conservative() -> None:
