@@ -70,7 +70,7 @@ class StreamWorker:
                 self._drop(p)
         for p in sorted(mine - set(self.processors)):
             self.processors[p] = PartitionProcessor(p, self.config, self.counters)
-            self.recovering[p] = asyncio.ensure_future(self._recover(p))
+            self.recovering[p] = asyncio.ensure_future(self._recover_with_retries(p))
 
     def _drop(self, p: int) -> None:
         task = self.recovering.pop(p, None)
@@ -78,6 +78,20 @@ class StreamWorker:
             task.cancel()
         self.processors.pop(p, None)
         self.counters.lag_by_partition.pop(p, None)
+
+    async def _recover_with_retries(self, p: int) -> None:
+        delay = 0.5
+        while p in self.processors:
+            try:
+                await self._recover(p)
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("partition %d: recovery failed; retrying in %.1f s", p, delay)
+                self.processors[p] = PartitionProcessor(p, self.config, self.counters)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 10.0)
 
     async def _recover(self, p: int) -> None:
         """Replay partition p's recent history into its fresh processor."""
@@ -90,7 +104,10 @@ class StreamWorker:
         try:
             await self._learn_partition_count(reader)
             end = (await reader.end_offsets([tp]))[tp]
-            start = await self._replay_start(reader, tp, end)
+            start, complete_since = await self._replay_start(reader, tp, end)
+            proc = self.processors.get(p)
+            if proc is not None:
+                proc.complete_since_ms = complete_since
             reader.assign([tp])
             reader.seek(tp, start)
             position = start
@@ -110,7 +127,10 @@ class StreamWorker:
                  time.monotonic() - started)
         self.recovering.pop(p, None)
 
-    async def _replay_start(self, reader: AIOKafkaConsumer, tp: TopicPartition, end: int) -> int:
+    async def _replay_start(
+        self, reader: AIOKafkaConsumer, tp: TopicPartition, end: int
+    ) -> tuple[int, int | None]:
+        """(first offset to replay, event time from which windows are complete)."""
         cfg = self.config
         history_ms = max(cfg.window_ms, cfg.eviction_ms) + cfg.grace_ms
         since = now_ms() - history_ms - round(self.settings.replay_margin_s * 1000)
@@ -119,12 +139,15 @@ class StreamWorker:
             found = (await reader.offsets_for_times({tp: since}))[tp]
         except Exception as exc:  # a broker without ListOffsets-by-time: replay all
             log.warning("offsets_for_times failed (%r): replaying partition from the start", exc)
-            return int(begin)
-        return int(found.offset) if found is not None else int(end)
+            return int(begin), None if begin == 0 else since
+        start = int(found.offset) if found is not None else int(end)
+        # Replaying from offset 0 means nothing was ever missed.
+        return start, None if start == 0 else since
 
     async def _learn_partition_count(self, reader: AIOKafkaConsumer) -> None:
         if not self.partition_count:
-            parts = await reader.partitions_for_topic(self.settings.events_topic)
+            await reader.topics()  # loads cluster metadata
+            parts = reader.partitions_for_topic(self.settings.events_topic)
             self.partition_count = len(parts or ())
 
     # -- processing ------------------------------------------------------------------
@@ -153,9 +176,10 @@ class StreamWorker:
         """Close idle partitions' windows by the wall clock; refresh lag."""
         now = now_ms()
         for p, proc in list(self.processors.items()):
-            if p not in self.recovering:
-                await self._publish_windows(proc, proc.tick(now))
             self._update_lag(p, proc)
+            if p not in self.recovering:
+                caught_up = self.counters.lag_by_partition.get(p) == 0
+                await self._publish_windows(proc, proc.tick(now, caught_up))
 
     def _update_lag(self, p: int, proc: PartitionProcessor) -> None:
         try:
@@ -173,7 +197,7 @@ class StreamWorker:
                 source_partition=proc.partition,
                 partition_count=self.partition_count or 1,
                 worker_id=self.worker_id,
-                recovering=proc.partition in self.recovering,
+                recovering=not proc.is_complete(window),
                 published_at_ms=now_ms(),
                 dead_letters=proc.dead_letters,
                 duplicates_dropped=proc.dedup.duplicates,

@@ -57,6 +57,9 @@ class PartitionProcessor:
         self.next_offset = 0
         self.last_event_wall_ms: int | None = None
         self.dead_letters = 0
+        # Windows starting before this event time may lack events that the state
+        # never saw (a recovery replayed history only from here); None = complete.
+        self.complete_since_ms: int | None = None
 
     def process(self, messages: Sequence[tuple[int, bytes]], now_ms: int) -> Outcome:
         """Count the (offset, value) messages; returns dead letters and closed windows."""
@@ -80,8 +83,15 @@ class PartitionProcessor:
         self._tally(out.rejected)
         return out
 
-    def tick(self, now_ms: int) -> list[WindowResult]:
-        """Close windows of an idle partition by the wall clock."""
+    def is_complete(self, window: WindowResult) -> bool:
+        """Whether `window` holds every event of its range (False: recovering)."""
+        return self.complete_since_ms is None or window.window_start_ms >= self.complete_since_ms
+
+    def tick(self, now_ms: int, caught_up: bool = True) -> list[WindowResult]:
+        """Close windows of an idle partition by the wall clock. Only a partition
+        that has read its whole log is idle: a backlog is not silence."""
+        if not caught_up:
+            return []
         idle_since = self.last_event_wall_ms
         if idle_since is not None and now_ms - idle_since < self.config.idle_ms:
             return []
