@@ -38,7 +38,8 @@ def workload(t0_ms: int, seed: int = 7) -> list[tuple]:
         for t in times.tolist():
             prompt = int(rng.integers(100, 2000))
             cached = int(rng.integers(0, prompt + 1)) if rng.random() < 0.25 else -1
-            rows.append((t, f"key-{k:02d}-{lam:.3f}", home[int(rng.integers(0, 2))], prompt, cached))
+            dest = home[int(rng.integers(0, 2))]
+            rows.append((t, f"key-{k:02d}-{lam:.3f}", dest, prompt, cached))
     rows.sort()
     return rows
 
