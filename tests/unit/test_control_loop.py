@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
 import json
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from planner_svc.control import (
     Action,
@@ -176,3 +180,36 @@ def test_snapshot_restore_round_trip_continues_identically() -> None:
     assert twin.snapshot() == lp.snapshot()
     with pytest.raises(ValueError, match="schema"):
         ControlLoop.restore({**data, "schema": 99})
+
+
+# A candidate that only moves key a: no modelled gain, a fixed rewarm price.
+MOVE_ONLY = make_plan({"a": (1,)})
+STAY = make_plan({"a": (0,)})
+ONLY_A = Traffic(["a"], np.array([2.0]), np.array([TOKENS]), 0.0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(rents=st.lists(st.floats(0.0, 200.0), min_size=2, max_size=40))
+def test_loop_pays_at_most_about_twice_the_offline_optimum(rents: list[float]) -> None:
+    """Measured staleness follows `rents` (tokens/s, one step per second); price is fixed."""
+    base = loop(min_measured_requests=0, max_rates_age_s=1e9).settings
+    lp = ControlLoop(replace(base, decision=DecisionSettings(hysteresis=0.0)))
+    paid = None
+    for t, rent in enumerate([0.0, *rents]):
+        hit = 0.9 - rent / 1e4  # measured decline = rent (same rates: no modelled decline)
+        d = lp.step(
+            float(t),
+            installed=STAY,
+            traffic=ONLY_A,
+            candidate=MOVE_ONLY,
+            telemetry=window(float(t), hit=hit),
+        )
+        price = d.penalties.rewarm_cost
+        if d.action is Action.INSTALL:
+            paid = d.penalties.staleness_accumulated + price
+            break
+    total = sum(0.5 * (a + b) for a, b in itertools.pairwise([0.0, *rents]))
+    optimum = min(price, total)
+    online = total if paid is None else paid
+    assert price > 0
+    assert online <= 2.0 * optimum + 200.0 + 1e-6  # + at most one step's rent of overshoot
