@@ -9,8 +9,10 @@ first plan is built from the key counts of the simulator's unscored warm-up wind
 installed from the start of the run, as if the planner had watched that window of the same
 traffic before the replay began (without this, the plan-less P2C start builds a backlog
 that says nothing about CacheRoute). With
-`replan="repack"` the policy then repacks every control interval on an EWMA of the rates it
-counted in past intervals only. `rates="known"` plans from the generator's true rates
+`replan="repack"` the policy then repacks (churn-aware, production `repack`) every control
+interval after the warm-up on the cumulative mean rates it counted, so keys first seen later
+get admitted; `"repack-ewma"` uses an EWMA of the interval rates instead (drifting rates).
+Only past arrivals are ever counted. `rates="known"` plans from the generator's true rates
 instead (an oracle, for comparison).
 
 Ablation variants (the paper's table; admission and plan assembly are the production code,
@@ -44,8 +46,9 @@ class CacheRouteSettings:
     variant: str = "full"
     rates: str = "measured"  # or "known"
     plan_at_s: float = 0.0  # without a warm-up window: first plan once this much is counted
-    replan: str = "once"  # or "repack": every control interval
-    ewma_alpha: float = 0.5  # weight of the newest interval in the repack rates
+    replan: str = "repack"  # "once", "repack" (cumulative rates) or "repack-ewma" (drift)
+    ewma_alpha: float = 0.5  # weight of the newest interval in the "repack-ewma" rates
+    balance_effort: float = 1.0  # PlanningConfig.balance_effort for repack (churn vs balance)
 
     def label(self) -> str:
         names = {"full": "CacheRoute", "affinity": "+ affinity", "replication": "+ replication"}
@@ -54,7 +57,9 @@ class CacheRouteSettings:
 
 def planning_config(n_destinations: int, s: CacheRouteSettings) -> PlanningConfig:
     q_cap = s.q_cap if s.variant != "affinity" else _NO_REPLICATION_Q_CAP
-    return PlanningConfig.uniform(n_destinations, q_cap, s.warm_slots_per_destination)
+    return PlanningConfig.uniform(
+        n_destinations, q_cap, s.warm_slots_per_destination, balance_effort=s.balance_effort
+    )
 
 
 def hashed_plan(keys: list[str], rates: np.ndarray, config: PlanningConfig) -> RoutingPlan:
@@ -96,6 +101,7 @@ class CacheRoutePolicy:
         self._known = ctx.extra.get("known_rates")
         self._warmup = ctx.extra.get("warmup_keys")
         warmup_s = ctx.extra.get("warmup_s", 0.0)
+        self.warmup_s = warmup_s if isinstance(warmup_s, float) else 0.0
         self.counts = np.zeros(len(self.keys))
         self.counted_s = 0.0
         self.ewma: np.ndarray | None = None
@@ -119,25 +125,32 @@ class CacheRoutePolicy:
     def control(self, now: float, window_keys: np.ndarray, window_s: float) -> None:
         if window_s <= 0:
             return
-        window = np.bincount(window_keys, minlength=len(self.keys)) / window_s
+        counts = np.bincount(window_keys, minlength=len(self.keys)).astype(np.float64)
         s = self.settings
         if s.rates == "known":
             if s.replan != "once" and isinstance(self._known, np.ndarray):
                 row = self._known[min(len(self._known) - 1, int(now // max(window_s, 1e-9)))]
                 self._install(now, row)
             return
-        self.ewma = (
-            window
-            if self.ewma is None
-            else (s.ewma_alpha * window + (1 - s.ewma_alpha) * self.ewma)
-        )
+        self._count(counts, window_s)
         if self.plan is None:  # no warm-up window given: plan once enough has been counted
-            self.counts += window * window_s
-            self.counted_s += window_s
             if now >= s.plan_at_s:
                 self._install(now, self.counts / self.counted_s)
-        elif s.replan == "repack":
-            self._install(now, self.ewma)
+        elif s.replan != "once" and now > self.warmup_s:
+            self._install(now, self._rates())
+
+    def _count(self, counts: np.ndarray, window_s: float) -> None:
+        a = self.settings.ewma_alpha
+        rate = counts / window_s
+        self.ewma = rate if self.ewma is None else a * rate + (1 - a) * self.ewma
+        self.counts += counts
+        self.counted_s += window_s
+
+    def _rates(self) -> np.ndarray:
+        """Cumulative mean rates (`replan="repack"`) or the EWMA (`replan="repack-ewma"`)."""
+        if self.settings.replan == "repack-ewma" and self.ewma is not None:
+            return self.ewma
+        return self.counts / max(self.counted_s, 1e-9)
 
     def _install(self, now: float, rates: np.ndarray) -> None:
         key = (round(now, 6), self.settings)
@@ -153,7 +166,7 @@ class CacheRoutePolicy:
     def _plan(self, rates: np.ndarray) -> RoutingPlan:
         s, cfg = self.settings, self.config
         if s.variant == "full":
-            if self.plan is not None and s.replan == "repack":
+            if self.plan is not None and s.replan != "once":
                 return repack(self.plan, self.keys, rates, cfg)
             return build_plan(self.keys, rates, cfg)
         return hashed_plan(self.keys, rates, cfg)

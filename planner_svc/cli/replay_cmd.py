@@ -1,0 +1,206 @@
+"""`cacheroute replay` and `cacheroute diagnose`: shadow replay and the win/tie/lose diagnostic.
+
+The lead wires these into the console script with `add_commands(subparsers)`; each sets
+`func=callable(args) -> int`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from planner_svc.replay.arrivals import ArrivalSpec
+from planner_svc.replay.diagnose import diagnose
+from planner_svc.replay.experiment import (
+    PAPER_POLICIES,
+    POLICY_NAMES,
+    SIM_KEYS,
+    SIM_MODEL,
+    ReplayConfig,
+    make_workload,
+    run_experiment,
+)
+from planner_svc.replay.report import write_report
+from planner_svc.replay.trace import TraceError, load_trace
+from planner_svc.replay.workload import SCENARIOS
+
+
+def add_commands(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add `replay` and `diagnose` to a console script's subparsers."""
+    rp = subparsers.add_parser("replay", help="shadow-replay policies on a scenario or a trace")
+    _workload_args(rp)
+    rp.add_argument(
+        "--policies",
+        default=",".join(PAPER_POLICIES),
+        help=f"comma list from: {', '.join(POLICY_NAMES)}",
+    )
+    rp.add_argument(
+        "--loads",
+        default="100,150,200,250,300",
+        help="offered loads in req/s, comma list (a trace is time-scaled to each)",
+    )
+    rp.add_argument("--seeds", default="1,2,3", help="comma list of seeds")
+    rp.add_argument("--routers", type=int, default=1, help="edge routers (outer balancer: random)")
+    rp.add_argument(
+        "--router-sweep",
+        default="",
+        help="comma list of router counts: one run per count at the first load",
+    )
+    rp.add_argument(
+        "--rates",
+        choices=("measured", "known"),
+        default="measured",
+        help="CacheRoute plans from counted warm-up arrivals or the true rates",
+    )
+    rp.add_argument("--replan", choices=("once", "repack", "repack-ewma"), default="repack")
+    rp.add_argument("--q-cap", type=float, default=None, help="override the calibrated q_cap")
+    rp.add_argument("--warm-slots", type=int, default=None, help="override W per destination")
+    rp.add_argument("--workers", type=int, default=2)
+    rp.add_argument("--ref-load", type=float, default=None, help="load of the main table")
+    rp.add_argument("--out", type=Path, default=Path("replay-results"))
+    rp.add_argument("--name", default="", help="file stem of the outputs (default: scenario)")
+    rp.add_argument("--no-plots", action="store_true")
+    rp.set_defaults(func=cmd_replay)
+
+    dg = subparsers.add_parser("diagnose", help="predict whether affinity wins on a trace")
+    _workload_args(dg)
+    dg.add_argument("--load", type=float, default=0.0, help="req/s (0: the trace as recorded)")
+    dg.add_argument("--json", action="store_true", help="print the figures as JSON")
+    dg.set_defaults(func=cmd_diagnose)
+
+
+def _workload_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--scenario", choices=sorted(SCENARIOS), default="paper-like")
+    p.add_argument("--trace", type=Path, default=None, help="recorded trace (.csv / .jsonl)")
+    p.add_argument("--requests", type=int, default=200_000, help="requests per load point")
+    p.add_argument("--keys", type=int, default=SIM_KEYS, help="routing keys (synthetic)")
+    p.add_argument("--destinations", type=int, default=30)
+    p.add_argument("--cache-tokens", type=int, default=SIM_MODEL.cache_capacity_tokens)
+    p.add_argument("--arrivals", choices=("poisson", "gamma", "bootstrap"), default="poisson")
+    p.add_argument("--cv", type=float, default=1.9, help="gamma arrivals: coefficient of variation")
+    p.add_argument(
+        "--gaps-from",
+        type=Path,
+        default=None,
+        help="bootstrap arrivals: a trace whose inter-arrival times are resampled",
+    )
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    return tuple(float(x) for x in text.split(",") if x.strip())
+
+
+def _arrivals(args: argparse.Namespace) -> ArrivalSpec:
+    if args.arrivals == "bootstrap":
+        if args.gaps_from is None:
+            raise TraceError("--arrivals bootstrap needs --gaps-from TRACE")
+        gaps = np.diff(load_trace(args.gaps_from).t)
+        return ArrivalSpec("bootstrap", recorded_gaps_s=tuple(gaps.tolist()))
+    return ArrivalSpec(args.arrivals, cv=args.cv if args.arrivals == "gamma" else 1.0)
+
+
+def config_from_args(args: argparse.Namespace) -> ReplayConfig:
+    model = replace(SIM_MODEL, cache_capacity_tokens=args.cache_tokens)
+    cfg = ReplayConfig(
+        scenario=args.scenario,
+        n_requests=args.requests,
+        n_keys=args.keys,
+        n_destinations=args.destinations,
+        model=model,
+        arrivals=_arrivals(args),
+        trace=load_trace(args.trace) if args.trace else None,
+    )
+    if hasattr(args, "policies"):
+        cfg = replace(
+            cfg,
+            policies=tuple(p.strip() for p in args.policies.split(",") if p.strip()),
+            loads=_floats(args.loads),
+            seeds=tuple(int(s) for s in _floats(args.seeds)),
+            n_routers=args.routers,
+            cacheroute_rates=args.rates,
+            replan=args.replan,
+            q_cap=args.q_cap,
+            warm_slots_per_destination=args.warm_slots,
+            workers=args.workers,
+        )
+    return cfg
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    try:
+        cfg = config_from_args(args)
+    except (TraceError, OSError) as exc:
+        print(f"replay: {exc}", file=sys.stderr)
+        return 2
+    unknown = [p for p in cfg.policies if p not in POLICY_NAMES]
+    if unknown:
+        print(f"replay: unknown policies {unknown}; choose from {POLICY_NAMES}", file=sys.stderr)
+        return 2
+    stem = args.name or (args.trace.stem if args.trace else cfg.scenario)
+    if args.router_sweep:
+        return _router_sweep(args, cfg, stem)
+    results = run_experiment(cfg)
+    text = write_report(
+        results,
+        args.out,
+        stem,
+        title=_title(cfg),
+        notes=_notes(cfg),
+        ref_load=args.ref_load,
+        plots=not args.no_plots,
+    )
+    print(text)
+    return 0
+
+
+def _router_sweep(args: argparse.Namespace, cfg: ReplayConfig, stem: str) -> int:
+    from planner_svc.replay.routers import router_sweep, write_router_report
+
+    counts = tuple(int(n) for n in _floats(args.router_sweep))
+    rows = router_sweep(cfg, counts)
+    print(write_router_report(rows, args.out, f"{stem}-routers", cfg, plots=not args.no_plots))
+    return 0
+
+
+def _title(cfg: ReplayConfig) -> str:
+    source = "recorded trace" if cfg.trace is not None else cfg.scenario
+    return f"Shadow replay: {source}, R = {cfg.n_destinations}, {cfg.arrivals.label()} arrivals"
+
+
+def _notes(cfg: ReplayConfig) -> list[str]:
+    m = cfg.model
+    return [
+        f"{cfg.n_requests} requests per load point, first {cfg.warmup_fraction:.0%} unscored "
+        f"(warm-up); {cfg.n_keys} keys; seeds {', '.join(map(str, cfg.seeds))}; "
+        f"{cfg.n_routers} router(s)",
+        f"engine: cache {m.cache_capacity_tokens} tokens, prefill {m.prefill_overhead_s} s + "
+        f"{m.prefill_s_per_token * 1e3:g} ms/token uncached, decode {m.decode_s_per_token} "
+        f"s/token (+{m.decode_slowdown_per_running:.0%} per running request), batch "
+        f"{m.batch_limit}",
+        f"CacheRoute: rates {cfg.cacheroute_rates}, replan {cfg.replan}",
+    ]
+
+
+def cmd_diagnose(args: argparse.Namespace) -> int:
+    try:
+        cfg = config_from_args(args)
+    except (TraceError, OSError) as exc:
+        print(f"diagnose: {exc}", file=sys.stderr)
+        return 2
+    if cfg.trace is None and args.load <= 0:
+        print("diagnose: a synthetic scenario needs --load", file=sys.stderr)
+        return 2
+    w = make_workload(cfg, args.load, 1)
+    d = diagnose(w, args.destinations, args.cache_tokens)
+    if args.json:
+        print(json.dumps({**d.__dict__, "gain": d.gain}, default=float))
+    else:
+        print(f"affinity is predicted to {d.verdict.upper()} against Flat-LB")
+        for line in d.evidence(args.destinations):
+            print(f"  - {line}")
+    return 0
