@@ -7,6 +7,8 @@ and parsed with prometheus_client's own parser.
 
 from __future__ import annotations
 
+import dataclasses
+import re
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -72,6 +74,9 @@ def run_briefly(svc: PlannerService, seconds: float) -> None:
         end = int(time.time() * 1000)
         window = make_window(keys, rates, window_end_ms=end, destinations=list(DESTS),
                              hit_rate=0.6)
+        latencies = {d: dataclasses.replace(s, p99_e2e_ms=800.0)
+                     for d, s in window.destinations.items()}
+        window = dataclasses.replace(window, destinations=latencies)
         svc.planner.on_window(window)
         rates = lognormal_walk(rates, 0.05, rng)
         time.sleep(0.25)
@@ -133,6 +138,20 @@ def test_scrape_after_a_short_run_has_sane_values(running):
     assert abs(window_end - time.time()) < 10
     assert one(second, "cacheroute_planner_interval_seconds") == 1.0
     assert one(second, "cacheroute_planner_q_cap_requests_per_second") == 20.0
+    assert one(second, "cacheroute_planner_p99_e2e_seconds") == pytest.approx(0.8)
+
+    # Every planner metric the dashboard and the alerts query is exported.
+    for name in planner_names_queried():
+        assert name in second or f"{name}_total" in second, name
+
+
+def planner_names_queried() -> set[str]:
+    deploy = Path(__file__).resolve().parents[2] / "deploy"
+    text = (deploy / "grafana" / "dashboards" / "cacheroute.json").read_text()
+    text += (deploy / "prometheus" / "alerts.yml").read_text()
+    names = set(re.findall(r"\bcacheroute_planner_\w+", text))
+    assert len(names) > 20
+    return names
 
 
 def test_metric_names_follow_conventions(running):
