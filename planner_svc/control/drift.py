@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner_svc.control.traffic import (
+    Fleet,
     Traffic,
     aligned_rates,
     expected_loads,
@@ -64,15 +65,20 @@ def admission_churn_share(
 
 
 def measure_drift(
-    installed: RoutingPlan, traffic: Traffic, candidate: RoutingPlan | None = None
+    installed: RoutingPlan,
+    traffic: Traffic,
+    candidate: RoutingPlan | None = None,
+    fleet: Fleet | None = None,
 ) -> Drift:
-    """Drift of `installed` under `traffic`; admission churn needs the candidate (else 0)."""
+    """Drift of `installed` under `traffic` on `fleet` (None: the plan's destinations).
+
+    Admission churn needs the candidate (else 0)."""
     planned_rates = np.asarray(installed.table.rates, np.float64)
     current = aligned_rates(installed, traffic)
     if len(planned_rates) != len(current):
         planned_rates = np.zeros_like(current)
     then = imbalance(installed, planned_loads(installed))
-    now = imbalance(installed, expected_loads(installed, traffic))
+    now = imbalance(installed, expected_loads(installed, traffic, fleet), fleet)
     churn = 0.0 if candidate is None else admission_churn_share(installed, candidate, traffic)
     return Drift(
         total_variation=total_variation(planned_rates, current),

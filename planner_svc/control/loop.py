@@ -17,7 +17,10 @@ Inputs of `step` (all plain data):
 - `traffic`: current per-key rates (`Traffic`, see `control.traffic`);
 - `candidate`: the plan `repack` proposes under those rates, or None;
 - `telemetry`: the stream's newest complete window (`Telemetry`), or None when
-  the stream reports no hit statistics (then only the modelled staleness exists).
+  the stream reports no hit statistics (then only the modelled staleness exists);
+- `fleet`: the destinations as configured now (`DestinationSpec`s), or None to
+  evaluate the installed plan on its own list. Pass it: a plan whose keys sit on
+  a drained or removed destination is then priced as serving them cold.
 
 What a step does, in order:
 1. learn from fresh telemetry: follow the rewarm dip of the last install until
@@ -69,7 +72,7 @@ from planner_svc.control.penalties import (
     useful_work_rate,
 )
 from planner_svc.control.telemetry import Telemetry
-from planner_svc.control.traffic import Traffic, moved_traffic_share
+from planner_svc.control.traffic import Fleet, Traffic, moved_traffic_share
 from router_client.plan import RoutingPlan
 
 SNAPSHOT_SCHEMA = 1
@@ -128,14 +131,20 @@ class ControlLoop:
         traffic: Traffic,
         candidate: RoutingPlan | None = None,
         telemetry: Telemetry | None = None,
+        fleet: Fleet | None = None,
     ) -> Figures:
-        """Drift, staleness rates and the candidate's rewarm cost, without deciding."""
-        drift = measure_drift(installed, traffic, candidate)
+        """Drift, staleness rates and the candidate's rewarm cost, without deciding.
+
+        `fleet` is the current destination list (None: the installed plan's own); keys the
+        installed plan pins only to destinations that left it are priced as cold."""
+        drift = measure_drift(installed, traffic, candidate, fleet)
         w, s = self.warm, self.settings
         modelled = 0.0
         if candidate is not None:
-            modelled = modelled_staleness_rate(installed, candidate, traffic, w, s.overload_weight)
-        measured = self._measured_rate(installed, traffic, telemetry, modelled)
+            modelled = modelled_staleness_rate(
+                installed, candidate, traffic, w, s.overload_weight, fleet
+            )
+        measured = self._measured_rate(installed, traffic, telemetry, modelled, fleet)
         if candidate is None:
             return Figures(drift=drift, staleness_rate_measured=measured)
         formula = rewarm_formula(installed, candidate, traffic, w, s.warmup_s)
@@ -155,6 +164,7 @@ class ControlLoop:
         traffic: Traffic,
         telemetry: Telemetry | None,
         modelled: float,
+        fleet: Fleet | None,
     ) -> float | None:
         base, base_useful = self.baseline, self.baseline_useful
         if telemetry is None or base is None or base_useful is None or self.settling is not None:
@@ -164,10 +174,12 @@ class ControlLoop:
         if telemetry.window_end_s <= base.window_end_s:
             return None  # the baseline window itself: nothing measured against it yet
         weight = self.settings.overload_weight
+        tokens = traffic.mean_tokens_per_request()
         measured_decline = measured_decline_rate(
-            telemetry, base, installed, traffic.mean_tokens_per_request(), self.warm, weight
+            telemetry, base, installed, tokens, self.warm, weight, fleet
         )
-        modelled_decline = base_useful - useful_work_rate(installed, traffic, self.warm, weight)
+        now_useful = useful_work_rate(installed, traffic, self.warm, weight, fleet)
+        modelled_decline = base_useful - now_useful
         return measured_staleness_rate(modelled, modelled_decline, measured_decline)
 
     # --- the step --------------------------------------------------------------
@@ -180,17 +192,18 @@ class ControlLoop:
         traffic: Traffic,
         candidate: RoutingPlan | None = None,
         telemetry: Telemetry | None = None,
+        fleet: Fleet | None = None,
     ) -> Decision:
         """Run one control step at `now_s` and return its decision (see module docstring)."""
         usable, unusable_reason = self._usable(now_s, telemetry)
         if usable is not None:
             self._learn(usable)
-            self._anchor_baseline(installed, traffic)
+            self._anchor_baseline(installed, traffic, fleet)
         verdict = guard_step(
             self.guard, now_s, usable, self.validated, self.settings.resume_dwell_s
         )
         self.guard = verdict.state
-        figures = self.price(installed, traffic, candidate, usable)
+        figures = self.price(installed, traffic, candidate, usable, fleet)
         self.last_figures = figures
         dt = 0.0 if self._last_step_s is None else now_s - self._last_step_s
         self._last_step_s = now_s
@@ -258,12 +271,14 @@ class ControlLoop:
             self.baseline = t
         self._learn_warm_advantage(t)
 
-    def _anchor_baseline(self, installed: RoutingPlan, traffic: Traffic) -> None:
+    def _anchor_baseline(
+        self, installed: RoutingPlan, traffic: Traffic, fleet: Fleet | None
+    ) -> None:
         # The model's view of the installed plan when the baseline window was taken, so the
         # measured decline can replace the modelled one (penalties.measured_staleness_rate).
         if self.baseline is not None and self.baseline_useful is None:
             weight = self.settings.overload_weight
-            self.baseline_useful = useful_work_rate(installed, traffic, self.warm, weight)
+            self.baseline_useful = useful_work_rate(installed, traffic, self.warm, weight, fleet)
 
     def _learn_warm_advantage(self, t: Telemetry) -> None:
         if t.planned_hit_rate is None or t.fallback_hit_rate is None:

@@ -45,12 +45,15 @@ import numpy as np
 
 from planner_svc.control.telemetry import Telemetry
 from planner_svc.control.traffic import (
+    Fleet,
     Traffic,
     aligned_rates,
     aligned_tokens,
     capacities,
     expected_loads,
+    fleet_of,
     new_member_share,
+    served_mask,
 )
 from router_client.plan import RoutingPlan
 
@@ -149,14 +152,21 @@ def overload_loss_rate(
 
 
 def useful_work_rate(
-    plan: RoutingPlan, traffic: Traffic, warm: WarmAdvantage, overload_weight: float = 1.0
+    plan: RoutingPlan,
+    traffic: Traffic,
+    warm: WarmAdvantage,
+    overload_weight: float = 1.0,
+    fleet: Fleet | None = None,
 ) -> float:
-    """Warm hit work the plan earns under current traffic, minus its overload loss."""
-    rates = aligned_rates(plan, traffic)
+    """Warm hit work the plan earns under current traffic, minus its overload loss.
+
+    Keys whose members all left `fleet` (drained, removed) earn nothing: the fallback
+    serves them cold."""
+    rates = aligned_rates(plan, traffic) * served_mask(plan, fleet)
     gain = float(np.dot(rates, aligned_tokens(plan, traffic) * warm.for_keys(plan.table.keys)))
     loss = overload_loss_rate(
-        expected_loads(plan, traffic),
-        capacities(plan),
+        expected_loads(plan, traffic, fleet),
+        capacities(plan, fleet),
         traffic.mean_tokens_per_request(),
         warm.global_value,
         overload_weight,
@@ -170,17 +180,24 @@ def modelled_staleness_rate(
     traffic: Traffic,
     warm: WarmAdvantage,
     overload_weight: float = 1.0,
+    fleet: Fleet | None = None,
 ) -> float:
     """Tokens/s the candidate would earn over the installed plan, now (never negative)."""
-    better = useful_work_rate(candidate, traffic, warm, overload_weight)
-    return max(0.0, better - useful_work_rate(installed, traffic, warm, overload_weight))
+    better = useful_work_rate(candidate, traffic, warm, overload_weight, fleet)
+    return max(0.0, better - useful_work_rate(installed, traffic, warm, overload_weight, fleet))
 
 
 def _measured_overload(
-    sample: Telemetry, plan: RoutingPlan, tokens_per_request: float, dh: float, weight: float
+    sample: Telemetry,
+    plan: RoutingPlan,
+    tokens_per_request: float,
+    dh: float,
+    weight: float,
+    fleet: Fleet | None,
 ) -> float:
-    loads = np.array([sample.destination_loads_per_s.get(d, 0.0) for d in plan.destination_ids])
-    return overload_loss_rate(loads, capacities(plan), tokens_per_request, dh, weight)
+    ids = [d.id for d in fleet_of(plan, fleet)]
+    loads = np.array([sample.destination_loads_per_s.get(d, 0.0) for d in ids])
+    return overload_loss_rate(loads, capacities(plan, fleet), tokens_per_request, dh, weight)
 
 
 def measured_decline_rate(
@@ -190,10 +207,11 @@ def measured_decline_rate(
     tokens_per_request: float,
     warm: WarmAdvantage,
     overload_weight: float = 1.0,
+    fleet: Fleet | None = None,
 ) -> float:
     """Tokens/s the installed plan lost since its baseline window, as measured (signed)."""
     hit_drop = (baseline.hit_rate - now.hit_rate) * now.prompt_tokens_per_s
-    args = (plan, tokens_per_request, warm.global_value, overload_weight)
+    args = (plan, tokens_per_request, warm.global_value, overload_weight, fleet)
     return hit_drop + _measured_overload(now, *args) - _measured_overload(baseline, *args)
 
 

@@ -6,11 +6,14 @@ The functions below project a `RoutingPlan` onto that traffic:
 
 - `aligned_rates(plan, traffic)`: each admitted key's *current* rate (0 if the
   key went quiet);
-- `expected_loads(plan, traffic)`: requests/s each destination can expect when
-  routers follow the plan under current rates. An admitted key's rate is split
-  evenly over its k_b members (dispatch picks the least-loaded member, which
-  equalises them in expectation); the cold tail is spread by power-of-two
-  choices, i.e. in proportion to capacity over destinations that are not draining;
+- `expected_loads(plan, traffic, fleet)`: requests/s each destination of the
+  fleet can expect when routers follow the plan under current rates. An admitted
+  key's rate is split evenly over its members that are still live (dispatch
+  picks the least-loaded member, which equalises them in expectation); a key
+  with no live member left, and every unadmitted key, is cold tail, spread by
+  power-of-two choices, i.e. in proportion to capacity over live destinations.
+  `fleet` is the current destination list (None = the plan's own), so a plan
+  pinned to a drained or removed destination is priced as what it now is;
 - `new_member_share(installed, candidate)`: per candidate key, the share of its
   destination set that the installed plan did not already give it, matching
   destinations by id (plans may differ in their destination lists). A key the
@@ -27,7 +30,10 @@ from functools import cached_property
 
 import numpy as np
 
-from router_client.plan import RoutingPlan
+from router_client.plan import DestinationSpec, RoutingPlan
+
+# The destinations as they are now (ids, draining flags, capacity weights).
+Fleet = Sequence[DestinationSpec]
 
 # Used when the stream does not know a key's reusable prefix length yet.
 DEFAULT_PREFIX_TOKENS = 1024.0
@@ -96,25 +102,43 @@ def aligned_tokens(plan: RoutingPlan, traffic: Traffic) -> np.ndarray:
     return _gather(traffic.tokens, positions, traffic.default_prefix_tokens)
 
 
-def capacities(plan: RoutingPlan) -> np.ndarray:
-    """Per-destination capacity knee in requests/s: q_cap × capacity weight."""
-    weights = np.array([d.capacity_weight for d in plan.destinations], np.float64)
+def fleet_of(plan: RoutingPlan, fleet: Fleet | None = None) -> tuple[DestinationSpec, ...]:
+    """The destinations to evaluate on: the current `fleet` if given, else the plan's own."""
+    return plan.destinations if fleet is None else tuple(fleet)
+
+
+def capacities(plan: RoutingPlan, fleet: Fleet | None = None) -> np.ndarray:
+    """Per-destination capacity knee in requests/s (fleet order): q_cap × capacity weight."""
+    weights = np.array([d.capacity_weight for d in fleet_of(plan, fleet)], np.float64)
     return plan.config.q_cap * weights
 
 
-def _fallback_shares(plan: RoutingPlan) -> np.ndarray:
-    weights = np.array(
-        [0.0 if d.draining else d.capacity_weight for d in plan.destinations], np.float64
-    )
+def _fallback_shares(dests: Sequence[DestinationSpec]) -> np.ndarray:
+    weights = np.array([0.0 if d.draining else d.capacity_weight for d in dests], np.float64)
     total = weights.sum()
     return weights / total if total > 0 else np.full(len(weights), 1.0 / len(weights))
 
 
-def expected_loads(plan: RoutingPlan, traffic: Traffic) -> np.ndarray:
-    """Requests/s per destination (plan order) if routers follow `plan` under `traffic`."""
-    rates = aligned_rates(plan, traffic)
-    cold_tail = max(0.0, traffic.total_rate - float(rates.sum()))
-    return _loads(plan, rates, cold_tail)
+def _placement(
+    plan: RoutingPlan, dests: Sequence[DestinationSpec]
+) -> tuple[np.ndarray, np.ndarray]:
+    """(fleet position of each member entry, -1 if gone or draining; owning key of each entry)."""
+    live = {d.id: i for i, d in enumerate(dests) if not d.draining}
+    remap = np.array([live.get(d.id, -1) for d in plan.destinations], np.int64)
+    member = remap[plan.table.members.astype(np.int64)]
+    owner = np.repeat(np.arange(len(plan.table), dtype=np.int64), plan.table.replicas())
+    return member, owner
+
+
+def served_mask(plan: RoutingPlan, fleet: Fleet | None = None) -> np.ndarray:
+    """Per plan key: whether any of its members is still live (else the fallback serves it)."""
+    member, owner = _placement(plan, fleet_of(plan, fleet))
+    return np.bincount(owner[member >= 0], minlength=len(plan.table)) > 0
+
+
+def expected_loads(plan: RoutingPlan, traffic: Traffic, fleet: Fleet | None = None) -> np.ndarray:
+    """Requests/s per destination (fleet order) if routers follow `plan` under `traffic`."""
+    return _loads(plan, aligned_rates(plan, traffic), traffic.total_rate, fleet_of(plan, fleet))
 
 
 def planned_loads(plan: RoutingPlan) -> np.ndarray:
@@ -125,25 +149,32 @@ def planned_loads(plan: RoutingPlan) -> np.ndarray:
     rates = np.asarray(plan.table.rates, np.float64)
     if len(rates) != len(plan.table):
         rates = np.zeros(len(plan.table))
-    return _loads(plan, rates, plan.stats.cold_tail_rate_per_s)
+    total = float(rates.sum()) + plan.stats.cold_tail_rate_per_s
+    return _loads(plan, rates, total, plan.destinations)
 
 
-def _loads(plan: RoutingPlan, rates: np.ndarray, cold_tail: float) -> np.ndarray:
-    table = plan.table
-    k = table.replicas()
-    per_member = np.repeat(rates / np.maximum(k, 1), k)
-    members = table.members.astype(np.int64)
-    n = len(plan.destinations)
-    loads = np.bincount(members, weights=per_member, minlength=n).astype(np.float64)
-    return loads + cold_tail * _fallback_shares(plan)
+def _loads(
+    plan: RoutingPlan, rates: np.ndarray, total: float, dests: Sequence[DestinationSpec]
+) -> np.ndarray:
+    # A key's rate splits evenly over its live members; a key with none joins the cold tail.
+    member, owner = _placement(plan, dests)
+    alive = member >= 0
+    live_k = np.bincount(owner[alive], minlength=len(rates))
+    served = live_k > 0
+    share = np.where(served, rates / np.maximum(live_k, 1), 0.0)
+    loads = np.bincount(member[alive], weights=share[owner[alive]], minlength=len(dests))
+    cold_tail = max(0.0, total - float(rates[served].sum()))
+    return loads.astype(np.float64) + cold_tail * _fallback_shares(dests)
 
 
-def imbalance(plan: RoutingPlan, loads: np.ndarray) -> float:
-    """max/mean load over destinations that are not draining (1.0 when idle)."""
-    active = np.array([not d.draining for d in plan.destinations])
-    live = loads[active] if active.any() else loads
-    mean = float(live.mean()) if len(live) else 0.0
-    return float(live.max()) / mean if mean > 0 else 1.0
+def imbalance(plan: RoutingPlan, loads: np.ndarray, fleet: Fleet | None = None) -> float:
+    """max/mean of load relative to capacity weight over live destinations (1.0 when idle)."""
+    dests = fleet_of(plan, fleet)
+    live = np.array([not d.draining for d in dests])
+    weights = np.array([d.capacity_weight for d in dests], np.float64)
+    relative = (loads / weights)[live] if live.any() else loads / weights
+    mean = float(relative.mean()) if len(relative) else 0.0
+    return float(relative.max()) / mean if mean > 0 else 1.0
 
 
 def _pair_codes(

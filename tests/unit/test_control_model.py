@@ -23,6 +23,7 @@ from planner_svc.control.traffic import (
     imbalance,
     moved_traffic_share,
     new_member_share,
+    served_mask,
 )
 from router_client.plan import DestinationSpec, KeyTable, PlanConfig, PlanStats, RoutingPlan
 
@@ -177,3 +178,18 @@ def test_learned_factors_converge_and_start_conservative() -> None:
     assert warm.global_value == pytest.approx(0.3, abs=0.02)
     warm = warm.observe_keys(["a", "b"], np.array([0.95, 0.7]), cold_hit=0.6)
     assert warm.for_keys(["a", "b", "zz"]).tolist() == pytest.approx([0.35, 0.1, warm.global_value])
+
+
+def test_a_drained_destination_turns_its_keys_cold_and_moves_their_load() -> None:
+    warm = WarmAdvantage(global_value=0.5)
+    installed = make_plan({"a": (0,), "b": (1,), "c": (0, 1)}, {"a": 4, "b": 4, "c": 2}, n=2)
+    now = traffic({"a": 4.0, "b": 4.0, "c": 2.0}, tokens=100.0)
+    fleet = (DestinationSpec("d0"), DestinationSpec("d1", draining=True))
+    assert served_mask(installed, fleet).tolist() == [True, False, True]
+    # b is cold tail now, spread over the only live destination; c keeps its live member.
+    assert expected_loads(installed, now, fleet).tolist() == pytest.approx([10.0, 0.0])
+    assert useful_work_rate(installed, now, warm, fleet=fleet) == pytest.approx(6 * 100 * 0.5)
+    repacked = make_plan({"a": (0,), "b": (0,), "c": (0,)}, {"a": 4, "b": 4, "c": 2}, n=2)
+    gap = modelled_staleness_rate(installed, repacked, now, warm, fleet=fleet)
+    assert gap == pytest.approx(4 * 100 * 0.5)
+    assert modelled_staleness_rate(installed, repacked, now, warm) == 0.0  # blind without it
