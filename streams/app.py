@@ -178,7 +178,8 @@ class StreamWorker:
         for p, proc in list(self.processors.items()):
             self._update_lag(p, proc)
             if p not in self.recovering:
-                caught_up = self.counters.lag_by_partition.get(p) == 0
+                # Unknown lag (nothing fetched since the assignment) counts as caught up.
+                caught_up = self.counters.lag_by_partition.get(p, 0) == 0
                 await self._publish_windows(proc, proc.tick(now, caught_up))
 
     def _update_lag(self, p: int, proc: PartitionProcessor) -> None:
