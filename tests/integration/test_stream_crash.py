@@ -45,7 +45,8 @@ def produce(bootstrap: str, topic: str, seed: int, done: threading.Event) -> Non
                 key = rng.choice(KEYS)
                 dest = f"dest-{rng.randrange(6)}"
                 if sent % 5 == 4:
-                    em.emit_cache_hit(key, dest, prompt_tokens=100, cached_tokens=rng.randrange(101))
+                    cached = rng.randrange(101)
+                    em.emit_cache_hit(key, dest, prompt_tokens=100, cached_tokens=cached)
                 else:
                     em.emit_request(key, dest, prompt_tokens=100)
                 sent += 1
