@@ -43,6 +43,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+import numpy as np
+
 from planner_svc.control.decision import (
     Action,
     Decision,
@@ -281,10 +283,15 @@ class ControlLoop:
             self.baseline_useful = useful_work_rate(installed, traffic, self.warm, weight, fleet)
 
     def _learn_warm_advantage(self, t: Telemetry) -> None:
-        if t.planned_hit_rate is None or t.fallback_hit_rate is None:
+        cold = t.fallback_hit_rate
+        if cold is None or t.requests < self.settings.min_measured_requests:
             return
-        if t.requests >= self.settings.min_measured_requests:
-            self.warm = self.warm.observe(t.planned_hit_rate, t.fallback_hit_rate)
+        if t.planned_hit_rate is not None:
+            self.warm = self.warm.observe(t.planned_hit_rate, cold)
+        if t.key_hit_rates:
+            keys = list(t.key_hit_rates)
+            hits = np.fromiter(t.key_hit_rates.values(), np.float64, count=len(keys))
+            self.warm = self.warm.observe_keys(keys, hits, cold)
 
     def _follow_dip(self, settling: Settling, t: Telemetry) -> None:
         if t.window_end_s <= settling.since_s:

@@ -14,6 +14,9 @@ The planner service fills a `Telemetry` from the newest complete
 - `destination_loads_per_s`: destination id -> arrival rate;
 - `p99_ms`: the worst destination's p99 end-to-end latency, None if unknown;
 - `active_keys`: the snapshot's `active_keys`;
+- `key_hit_rates`: optional, admitted key -> its hit rate on its planned set
+  (only keys with enough requests to mean something); feeds the per-key Δh.
+  Not kept in snapshots (the loop only learns from it);
 - `requests`: requests in the window (how much evidence the ratios rest on).
 
 Pure data; no I/O.
@@ -40,6 +43,7 @@ class Telemetry:
     p99_ms: float | None = None
     active_keys: int = 0
     recovering: bool = False
+    key_hit_rates: Mapping[str, float] = field(default_factory=dict)
 
     def age_s(self, now_s: float) -> float:
         return now_s - self.window_end_s

@@ -213,3 +213,28 @@ def test_loop_pays_at_most_about_twice_the_offline_optimum(rents: list[float]) -
     online = total if paid is None else paid
     assert price > 0
     assert online <= 2.0 * optimum + 200.0 + 1e-6  # + at most one step's rent of overshoot
+
+
+def test_clamp_through_the_loop_asks_for_a_smaller_step() -> None:
+    lp = ControlLoop(
+        LoopSettings(decision=DecisionSettings(hysteresis=0.0, max_moved_traffic_share=0.2))
+    )
+    step(lp, 0.0)
+    d = step(lp, 1e6)  # staleness long since paid for the candidate, which moves 50 %
+    assert d.action is Action.SKIP and d.needs_smaller_step
+    assert d.moved_traffic_share == pytest.approx(0.5)  # b leaves (1), c enters (4) of 10
+    assert "smaller step" in d.reason
+
+
+def test_warm_advantage_is_learned_globally_and_per_key_from_windows() -> None:
+    lp = loop(min_measured_requests=1000)
+    for t in range(20):
+        w = window(
+            float(t),
+            planned_hit_rate=0.85,
+            fallback_hit_rate=0.6,
+            key_hit_rates={"a": 0.95, "c": 0.7},
+        )
+        step(lp, float(t), w)
+    assert lp.warm.global_value == pytest.approx(0.25, abs=1e-3)
+    assert lp.warm.for_keys(["a", "c", "b"]).tolist() == pytest.approx([0.35, 0.1, 0.25], abs=1e-3)
