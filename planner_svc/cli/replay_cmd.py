@@ -204,3 +204,15 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
         for line in d.evidence(args.destinations):
             print(f"  - {line}")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m planner_svc.cli.replay_cmd replay|diagnose ...` (until the console script)."""
+    parser = argparse.ArgumentParser(prog="cacheroute")
+    add_commands(parser.add_subparsers(required=True))
+    args = parser.parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -3,7 +3,9 @@
 The model (design-notes §4) is a serving replica with
 - a prefix KV cache of `cache_capacity_tokens`, LRU over routing keys and counted in
   tokens (`PrefixCache`): a key's cached prefix is what its last request left behind,
-  so multi-turn conversations grow it turn by turn;
+  so multi-turn conversations grow it turn by turn. Unfinished requests pin their KV
+  (prompt + output tokens) in the same memory, so the cache evicts to make room for them
+  (only the at most `batch_limit` requests holding batch slots pin memory);
 - continuous batching with at most `batch_limit` requests running; a request that finds
   the batch full waits for the earliest running request to finish (FIFO);
 - prefill that costs `prefill_overhead_s + prefill_s_per_token * uncached_tokens` and is
@@ -53,6 +55,9 @@ class EngineModel:
     decode_s_per_token: float = 0.03
     decode_slowdown_per_running: float = 0.01
     batch_limit: int = 64
+    # Requests in the batch pin their KV (prompt + output tokens) in the block pool the prefix
+    # cache shares, as in vLLM: a busy replica has less room for cached prefixes.
+    running_requests_pin_kv: bool = True
 
     def service_seconds(self, uncached_tokens: int, output_tokens: int, running: int = 1) -> float:
         """Unloaded latency of one request (prefill + decode) with `running` in the batch."""
@@ -119,15 +124,23 @@ class PrefixCache:
         self.used_tokens = 0
         self._held: OrderedDict[Hashable, int] = OrderedDict()
 
-    def lookup_and_insert(self, key: Hashable, prefix_tokens: int, prompt_tokens: int) -> int:
-        """Return the cached tokens this request reuses, then cache its prompt (LRU refresh)."""
+    def lookup_and_insert(
+        self, key: Hashable, prefix_tokens: int, prompt_tokens: int, reserved_tokens: int = 0
+    ) -> int:
+        """Return the cached tokens this request reuses, then cache its prompt (LRU refresh).
+
+        `reserved_tokens` is KV memory other requests hold right now (running requests pin
+        their blocks, as in vLLM's shared block pool): the cache evicts until it fits beside it.
+        """
         held = self._held.pop(key, None)
         cached = 0 if held is None else min(held, prefix_tokens)
-        keep = min(prompt_tokens, self.capacity_tokens)
+        limit = self.capacity_tokens - reserved_tokens
+        limit = limit if limit > 0 else 0
+        keep = prompt_tokens if prompt_tokens < limit else limit
         self.used_tokens += keep - (held or 0)
         self._held[key] = keep
         held_map = self._held
-        while self.used_tokens > self.capacity_tokens:
+        while self.used_tokens > limit:
             _, tokens = held_map.popitem(last=False)
             self.used_tokens -= tokens
         return cached
@@ -159,13 +172,16 @@ class Served(NamedTuple):
 class Engine:
     """One replica: prefix cache + continuous batching + prefill/decode cost (see module doc)."""
 
-    __slots__ = ("_finishes", "_last_now", "_prefill_free", "_slots", "cache", "model")
+    __slots__ = ("_finishes", "_last_now", "_pinned", "_prefill_free", "_slots", "cache", "model")
 
     def __init__(self, model: EngineModel, cache: PrefixCache | None = None) -> None:
         self.model = model
         self.cache = cache if cache is not None else PrefixCache(model.cache_capacity_tokens)
         self._prefill_free = 0.0
-        self._slots: list[float] = []  # finish times of the requests holding batch slots
+        # (finish time, KV tokens) of the requests holding batch slots, and their token sum:
+        # at most `batch_limit` requests pin KV at once; queued ones hold none yet.
+        self._slots: list[tuple[float, int]] = []
+        self._pinned = 0
         self._finishes: list[float] = []  # finish times of every admitted, unfinished request
         self._last_now = float("-inf")
 
@@ -183,20 +199,27 @@ class Engine:
         m = self.model
         now = now if now > self._last_now else self._last_now
         self._last_now = now
-        cached = self.cache.lookup_and_insert(key, prefix_tokens, prompt_tokens)
-        running = self._slots
-        while running and running[0] <= now:
-            heapq.heappop(running)
+        slots = self._slots
+        while slots and slots[0][0] <= now:
+            self._pinned -= heapq.heappop(slots)[1]
+        reserved = self._pinned if m.running_requests_pin_kv else 0
+        cached = self.cache.lookup_and_insert(key, prefix_tokens, prompt_tokens, reserved)
         # A full batch makes the request wait for the earliest slot to free (FIFO k-server).
-        start = heapq.heappop(running) if len(running) >= m.batch_limit else now
+        if len(slots) >= m.batch_limit:
+            start, freed = heapq.heappop(slots)
+            self._pinned -= freed
+        else:
+            start = now
         prefill_start = start if start > self._prefill_free else self._prefill_free
         prefill_end = (
             prefill_start + m.prefill_overhead_s + m.prefill_s_per_token * (prompt_tokens - cached)
         )
         self._prefill_free = prefill_end
-        tpot = m.decode_s_per_token * (1.0 + m.decode_slowdown_per_running * len(running))
+        tpot = m.decode_s_per_token * (1.0 + m.decode_slowdown_per_running * len(slots))
         finish = prefill_end + output_tokens * tpot
-        heapq.heappush(running, finish)
+        kv = prompt_tokens + output_tokens
+        heapq.heappush(slots, (finish, kv))
+        self._pinned += kv
         finishes = self._finishes
         while finishes and finishes[0] <= now:
             heapq.heappop(finishes)

@@ -55,9 +55,9 @@ class PrebleLike:
         self._expire(now)
         m = min(self.matched.get(key, 0), prefix)
         owners = self.alloc.get(key)
-        exploit = owners and prompt - m < m
-        candidates = owners if exploit else range(self.n)
-        g = min(candidates, key=lambda c: self._cost(c, key, prompt))  # type: ignore[union-attr]
+        exploit = bool(owners) and prompt - m < m
+        candidates: list[int] | range = owners if exploit and owners else range(self.n)
+        g = min(candidates, key=lambda c: self._cost(c, key, prompt))
         self._assign(g, key, prompt, prefix, now)
         self.assigned += 1
         if self.assigned >= 50 * self.n and self.assigned % self.n == 0:

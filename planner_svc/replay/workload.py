@@ -146,7 +146,7 @@ def paper_like(spec: ScenarioSpec) -> Workload:
     return _stream("paper-like", spec, _shares(spec)[None, :], rng)
 
 
-def whales(spec: ScenarioSpec, *, n_whales: int = 4, whale_share: float = 0.06) -> Workload:
+def whales(spec: ScenarioSpec, *, n_whales: int = 4, whale_share: float = 0.08) -> Workload:
     """The paper-like tail plus `n_whales` keys that each carry `whale_share` of all requests."""
     rng = np.random.default_rng(spec.seed)
     shares = _shares(spec) * (1.0 - n_whales * whale_share)

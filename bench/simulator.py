@@ -1,0 +1,91 @@
+"""Simulator speed: simulated requests per second per core, paper-like workload.
+
+Runs 1 M requests (200 k with --quick) of the paper-like workload through the simulator
+under Flat-LB and CacheRoute (production planner + RouterCore), and, as the same-run
+baseline, under a no-op policy that always picks destination 0's neighbour in turn (the
+loop, the engines and the completion heap without any routing logic). Single process.
+Prints a table, then one JSON line of figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import sys
+import time
+
+import numpy as np
+
+from planner_svc.replay.experiment import ReplayConfig, make_workload, policy_factory
+from planner_svc.replay.metrics import run_metrics
+from planner_svc.replay.policies import Policy, PolicyContext
+from planner_svc.replay.simulator import ClusterSpec, simulate
+
+
+class RoundRobin:
+    """Baseline: no routing logic at all."""
+
+    name = "round-robin (baseline)"
+
+    def __init__(self, ctx: PolicyContext) -> None:
+        self.n, self.i = ctx.n_destinations, 0
+
+    def route(self, i: int, key: int, prompt: int, prefix: int, output: int, now: float) -> int:
+        self.i = (self.i + 1) % self.n
+        return self.i
+
+    def finished(self, i: int, dest: int, now: float) -> None:
+        return None
+
+    def control(self, now: float, window_keys: np.ndarray, window_s: float) -> None:
+        return None
+
+
+def round_robin(ctx: PolicyContext) -> Policy:
+    return RoundRobin(ctx)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--quick", action="store_true", help="200 k requests instead of 1 M")
+    ap.add_argument("--load", type=float, default=200.0)
+    args = ap.parse_args()
+    n = 200_000 if args.quick else 1_000_000
+    cfg = ReplayConfig(n_requests=n)
+    t0 = time.perf_counter()
+    w = make_workload(cfg, args.load, 1)
+    gen_s = time.perf_counter() - t0
+    cluster = ClusterSpec(cfg.n_destinations, cfg.model)
+    rows = []
+    for name, factory in (
+        ("baseline", round_robin),
+        ("flat", policy_factory("flat", cfg, w)),
+        ("cacheroute", policy_factory("cacheroute", cfg, w)),
+    ):
+        t0 = time.perf_counter()
+        result = simulate(w, factory, cluster, seed=1)
+        elapsed = time.perf_counter() - t0
+        m = run_metrics(result, args.load, 1)
+        rows.append((name, result.policy, elapsed, n / elapsed, m.hit_rate))
+    print(
+        f"paper-like, {n} requests, {cfg.n_keys} keys, R = {cfg.n_destinations}, "
+        f"{args.load:g} QPS; workload generation {gen_s:.2f} s"
+    )
+    print(f"{'policy':28s} {'seconds':>8s} {'requests/s':>12s} {'hit rate':>9s}")
+    for _, label, elapsed, rate, hit in rows:
+        print(f"{label:28s} {elapsed:8.2f} {rate:12,.0f} {hit:9.3f}")
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    figures = {
+        "requests": n,
+        "workload_gen_s": round(gen_s, 3),
+        **{f"{name}_s": round(el, 3) for name, _, el, _, _ in rows},
+        **{f"{name}_requests_per_s": round(rate) for name, _, _, rate, _ in rows},
+        "peak_rss_mb": round(rss, 1),
+    }
+    print(json.dumps(figures))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

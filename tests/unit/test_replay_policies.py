@@ -1,0 +1,111 @@
+"""Baselines follow their sources' decision rules (shared/reference/baselines.md)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+
+from planner_svc.replay.engine import Engine, EngineModel
+from planner_svc.replay.hashring import HashRing, stable_hash
+from planner_svc.replay.policies import CHWBL, FlatP2C, PolicyContext, Sticky
+from planner_svc.replay.preble import PrebleLike
+from planner_svc.replay.reactive import DualMapLike, SGLangCacheAware
+
+KEYS = [f"tenant-{i:05d}" for i in range(200)]
+
+
+def ctx(n: int = 4, seed: int = 1, model: EngineModel | None = None) -> PolicyContext:
+    m = model or EngineModel()
+    return PolicyContext(n, KEYS, m, [Engine(m) for _ in range(n)], seed=seed)
+
+
+def test_p2c_samples_two_distinct_replicas_and_takes_the_less_loaded() -> None:
+    p = FlatP2C(ctx(n=2))
+    p.inflight[:] = [5, 0]
+    picks = set()
+    for i in range(50):
+        d = p.route(i, 0, 10, 0, 1, 0.0)
+        picks.add(d)
+        p.finished(i, d, 0.0)
+    assert picks == {1}  # two distinct replicas out of two: always both, the idle one wins
+
+
+def test_p2c_breaks_ties_at_random_and_counts_at_dispatch() -> None:
+    p = FlatP2C(ctx(n=2, seed=3))
+    picks = Counter()
+    for i in range(400):
+        d = p.route(i, 0, 10, 0, 1, 0.0)
+        picks[d] += 1
+        assert p.inflight[d] == 1
+        p.finished(i, d, 0.0)
+    assert min(picks.values()) > 150
+
+
+def test_sticky_is_a_stable_160_vnode_ring() -> None:
+    a, b = Sticky(ctx(seed=1)), Sticky(ctx(seed=2))
+    first = [a.route(i, k, 10, 0, 1, 0.0) for i, k in enumerate(range(200))]
+    assert first == [b.route(i, k, 10, 0, 1, 0.0) for i, k in enumerate(range(200))]
+    assert len(HashRing(4)) == 4 * 160
+    assert stable_hash("x") == stable_hash("x") != stable_hash("y")
+    assert set(first) == {0, 1, 2, 3}
+
+
+def test_chwbl_takes_the_hashed_endpoint_until_it_is_over_the_bound() -> None:
+    p = CHWBL(ctx())
+    key = 7
+    hashed = p.route(0, key, 10, 0, 1, 0.0)  # total 0: always OK
+    assert hashed == Sticky(ctx()).route(0, key, 10, 0, 1, 0.0) or p.c == 1.25
+    p.inflight[:] = [0, 0, 0, 0]
+    p.inflight[hashed] = 10
+    p.total = 10
+    moved = p.route(1, key, 10, 0, 1, 0.0)
+    assert moved != hashed  # 10 > 1.25 * 11 / 4
+    p.inflight[:] = [3, 3, 3, 3]
+    p.total = 12
+    assert p.route(2, key, 10, 0, 1, 0.0) == hashed  # 3 <= 1.25 * 13 / 4
+
+
+def test_dualmap_prefers_the_candidate_holding_the_prefix_unless_its_ttft_breaks_the_slo() -> None:
+    m = EngineModel(prefill_s_per_token=1e-3)
+    c = ctx(model=m)
+    p = DualMapLike(c, ttft_slo_s=2.0)
+    key = 11
+    c1, c2 = p._candidates(key)
+    assert c1 != c2
+    c.engines[c2].admit(key, 1_000, 0, 1, 0.0)  # c2 now holds the key's prefix
+    assert p.route(0, key, 1_100, 1_000, 1, 10.0) == c2
+    for j in range(5):  # give c2 a prefill backlog far beyond the SLO
+        c.engines[c2].admit(1_000 + j, 2_000, 0, 1, 10.0)
+    assert p.route(1, key, 1_100, 1_000, 1, 10.0) == c1
+
+
+def test_sglang_uses_the_learned_tenant_above_the_threshold_and_least_load_when_imbalanced() -> (
+    None
+):
+    p = SGLangCacheAware(ctx())
+    d = p.route(0, 5, 1_000, 0, 1, 0.0)  # nothing learned: smallest tenant
+    assert p.route(1, 5, 1_100, 1_000, 1, 0.0) == d  # 1000/1100 > 0.3
+    p.inflight[:] = [100, 100, 100, 0]
+    p.inflight[d] = 100
+    assert p.route(2, 5, 1_100, 1_000, 1, 0.0) == 3  # 100 - 0 > 64 and 100 > 1.5 * 0
+
+
+def test_preble_exploits_when_the_match_exceeds_half_the_prompt() -> None:
+    p = PrebleLike(ctx())
+    g = p.route(0, 9, 1_000, 0, 1, 0.0)
+    p.inflight = [0, 0, 0, 0]
+    p.window_cost[g] += 100.0  # g looks expensive, but the key's prefix lives there
+    assert p.route(1, 9, 1_100, 1_000, 1, 1.0) == g
+    other = p.route(2, 10, 1_000, 0, 1, 2.0)  # explore: argmin cost, not g
+    assert other != g
+
+
+def test_policies_route_every_request_to_a_valid_destination() -> None:
+    rng = np.random.default_rng(0)
+    c = ctx()
+    for p in (FlatP2C(c), Sticky(c), CHWBL(c), DualMapLike(c), SGLangCacheAware(c), PrebleLike(c)):
+        for i in range(300):
+            d = p.route(i, int(rng.integers(200)), 500, 400, 10, float(i))
+            assert 0 <= d < 4
+            p.finished(i, d, float(i) + 0.5)

@@ -1,0 +1,224 @@
+"""The simulator: workloads, determinism, CacheRoute through the production modules, metrics."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from planner_svc.cli.replay_cmd import main as replay_main
+from planner_svc.replay import arrivals
+from planner_svc.replay.cacheroute_policy import CacheRoutePolicy, CacheRouteSettings, cacheroute
+from planner_svc.replay.diagnose import diagnose
+from planner_svc.replay.engine import EngineModel
+from planner_svc.replay.experiment import ReplayConfig, make_workload, run_experiment
+from planner_svc.replay.metrics import run_metrics, slo_capacity
+from planner_svc.replay.policies import PolicyContext, flat_lb
+from planner_svc.replay.simulator import ClusterSpec, simulate
+from planner_svc.replay.trace import (
+    load_trace,
+    rows_from_event_batches,
+    workload_from_rows,
+    write_trace,
+)
+from planner_svc.replay.workload import ScenarioSpec, paper_like, turn_index, whales
+from router_client.plan import RoutingPlan
+from router_client.routing import RouterCore
+
+MODEL = EngineModel(cache_capacity_tokens=600_000, prefill_s_per_token=1.5e-4)
+CLUSTER = ClusterSpec(n_destinations=4, model=MODEL)
+
+
+def small(load: float = 20.0, seed: int = 1, n: int = 4_000) -> ScenarioSpec:
+    return ScenarioSpec(load, n, seed, n_keys=300, interval_s=20.0)
+
+
+def test_multi_turn_prefix_is_the_previous_prompt_of_the_key() -> None:
+    w = paper_like(small())
+    assert (w.prefix < w.prompt).all()
+    j = turn_index(w.key)
+    k = int(np.bincount(w.key).argmax())
+    idx = np.nonzero(w.key == k)[0]
+    assert j[idx].tolist() == list(range(len(idx)))
+    grows = w.prefix[idx[1:]] == w.prompt[idx[:-1]]
+    restarts = w.prefix[idx[1:]] < w.prompt[idx[:-1]]
+    assert (grows | restarts).all() and grows.mean() > 0.6
+
+
+def test_paper_like_rates_are_skewed_and_capped() -> None:
+    w = paper_like(ScenarioSpec(50.0, 50_000, 1, n_keys=5_000))
+    shares = np.sort(np.bincount(w.key, minlength=5_000))[::-1] / len(w)
+    assert shares[0] < 0.006  # 0.3 % cap plus sampling noise
+    assert 0.35 < shares[:200].sum() < 0.6  # top 4 % of keys carry ~47 %
+
+
+def test_arrival_processes_hit_their_rate_and_cv() -> None:
+    rng = np.random.default_rng(0)
+    t = arrivals.gamma(100.0, 1.9, 200_000, rng)
+    assert arrivals.gaps_cv(t) == pytest.approx(1.9, rel=0.05)
+    assert len(t) / t[-1] == pytest.approx(100.0, rel=0.02)
+    p = arrivals.poisson(50.0, 100_000, rng)
+    assert arrivals.gaps_cv(p) == pytest.approx(1.0, rel=0.03)
+    b = arrivals.block_bootstrap(np.diff(t), 10.0, 50_000, rng, block=32)
+    assert len(b) / b[-1] == pytest.approx(10.0, rel=0.01)
+    assert arrivals.gaps_cv(b) > 1.5
+
+
+def test_simulation_is_deterministic_per_seed() -> None:
+    w = paper_like(small())
+    a = simulate(w, flat_lb, CLUSTER, seed=5)
+    b = simulate(w, flat_lb, CLUSTER, seed=5)
+    c = simulate(w, flat_lb, CLUSTER, seed=6)
+    assert (a.dest == b.dest).all() and (a.finish == b.finish).all()
+    assert not (a.dest == c.dest).all()
+    assert (paper_like(small()).key == w.key).all()
+
+
+def test_cacheroute_routes_with_the_production_planner_and_router_core() -> None:
+    w = paper_like(small())
+    seen: list[CacheRoutePolicy] = []
+    settings = CacheRouteSettings(q_cap=5.0, warm_slots_per_destination=40)
+
+    def factory(c: PolicyContext) -> CacheRoutePolicy:
+        p = cacheroute(settings)(c)
+        assert isinstance(p, CacheRoutePolicy)
+        seen.append(p)
+        return p
+
+    result = simulate(w, factory, CLUSTER, seed=1)
+    policy = seen[0]
+    assert isinstance(policy.core, RouterCore) and isinstance(policy.plan, RoutingPlan)
+    assert policy.plan.config.built_by in {"build", "repack"}
+    assert policy.installs > 1  # first plan from the warm-up window, then repacks
+    assert policy.core.planned > 0
+    table = policy.plan.table.as_dict()
+    late = np.nonzero(result.measured)[0][-200:]
+    single = [i for i in late if len(table.get(w.keys[w.key[i]], ())) == 1]
+    assert single and all(result.dest[i] == table[w.keys[w.key[i]]][0] for i in single)
+
+
+def test_cacheroute_beats_flat_lb_on_hit_rate_in_a_small_cluster() -> None:
+    w = paper_like(small(load=8.0, n=6_000))
+    cr = cacheroute(CacheRouteSettings(q_cap=10.0, warm_slots_per_destination=60))
+    flat = run_metrics(simulate(w, flat_lb, CLUSTER, seed=1), 8.0, 1)
+    ours = run_metrics(simulate(w, cr, CLUSTER, seed=1), 8.0, 1)
+    assert ours.hit_rate > flat.hit_rate + 0.1
+    assert ours.imbalance < 1.3
+
+
+def test_whales_get_replicated_by_the_plan() -> None:
+    w = whales(small(load=40.0))
+    seen: list[CacheRoutePolicy] = []
+
+    def factory(c: PolicyContext) -> CacheRoutePolicy:
+        p = CacheRoutePolicy(c, CacheRouteSettings(q_cap=1.5, warm_slots_per_destination=60))
+        seen.append(p)
+        return p
+
+    simulate(w, factory, CLUSTER, seed=1)
+    assert seen[0].plan is not None and seen[0].plan.table.replicas().max() >= 2
+
+
+def test_n_routers_each_keep_their_own_state_and_share_the_plan() -> None:
+    w = paper_like(small())
+    seen: list[CacheRoutePolicy] = []
+
+    def factory(c: PolicyContext) -> CacheRoutePolicy:
+        p = CacheRoutePolicy(c, CacheRouteSettings(q_cap=5.0, warm_slots_per_destination=40))
+        seen.append(p)
+        return p
+
+    simulate(w, factory, replace(CLUSTER, n_routers=3), seed=1)
+    assert len(seen) == 3 and len({id(p.core) for p in seen}) == 3
+    assert seen[0].plan is seen[1].plan is seen[2].plan
+    assert all(p.core.planned > 0 for p in seen)
+
+
+def test_slo_capacity_marks_censoring_at_both_ends() -> None:
+    assert slo_capacity([10, 20, 30], [1, 2, 9], 3.5).label() == "20"
+    assert slo_capacity([10, 20, 30], [1, 2, 3], 3.5).label() == ">=30"
+    assert slo_capacity([10, 20, 30], [4, 2, 3], 3.5).label() == "<0"
+    assert slo_capacity([30, 10, 20], [9, 1, 2], 3.5).qps == 20  # order-independent
+
+
+def test_trace_round_trip_and_kafka_event_export(tmp_path: Path) -> None:
+    from cacheroute.v1 import events_pb2
+
+    w = paper_like(small(n=500))
+    path = tmp_path / "t.csv"
+    write_trace(w, path)
+    back = load_trace(path)
+    assert (back.prompt == w.prompt).all() and (back.prefix == w.prefix).all()
+    assert np.allclose(back.t, w.t - w.t[0], atol=1e-5)
+    batch = events_pb2.EventBatch()
+    for i, key in enumerate(["a", "b", "a"]):
+        ev = batch.events.add(producer_id="p", sequence=i, timestamp_ms=1_000 * i)
+        ev.request.routing_key = key
+        ev.request.prompt_tokens = 100 + i
+    rows = rows_from_event_batches([batch.SerializeToString()])
+    tw = workload_from_rows(rows)
+    assert tw.keys == ["a", "b"] and tw.key.tolist() == [0, 1, 0]
+
+
+def test_diagnose_predicts_win_for_whales_and_no_win_for_low_reuse() -> None:
+    cfg = ReplayConfig(n_requests=20_000, n_keys=2_000)
+    win = diagnose(make_workload(replace(cfg, scenario="whales"), 100.0, 1), 30, 300_000)
+    low = diagnose(make_workload(replace(cfg, scenario="low-reuse"), 100.0, 1), 30, 300_000)
+    assert win.verdict == "win" and win.gain > 0.15
+    assert low.verdict in {"tie", "lose"} and low.recoverable_share < 0.15
+
+
+def test_experiment_and_cli_write_tables(tmp_path: Path) -> None:
+    cfg = ReplayConfig(
+        policies=("flat", "cacheroute"),
+        loads=(20.0, 40.0),
+        seeds=(1,),
+        n_requests=3_000,
+        n_keys=300,
+        n_destinations=4,
+        model=MODEL,
+        workers=1,
+    )
+    results = run_experiment(cfg, progress=False)
+    assert {r.policy for r in results} == {"Flat-LB", "CacheRoute"} and len(results) == 4
+    code = replay_main(
+        [
+            "replay",
+            "--policies",
+            "flat,sticky",
+            "--loads",
+            "20,40",
+            "--seeds",
+            "1",
+            "--requests",
+            "2000",
+            "--keys",
+            "200",
+            "--destinations",
+            "4",
+            "--workers",
+            "1",
+            "--out",
+            str(tmp_path),
+            "--no-plots",
+        ]
+    )
+    assert code == 0 and "| Sticky |" in (tmp_path / "paper-like.md").read_text()
+    assert (
+        replay_main(
+            [
+                "diagnose",
+                "--scenario",
+                "low-reuse",
+                "--load",
+                "50",
+                "--requests",
+                "5000",
+                "--keys",
+                "500",
+            ]
+        )
+        == 0
+    )
