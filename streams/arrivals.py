@@ -5,7 +5,9 @@ per-event values; the state they carry between batches is passed in and
 updated in place.
 
 - Inter-arrival gaps: gap = t - previous arrival of the same key; negative gaps
-  (out-of-order events) are not gaps and are skipped.
+  (out-of-order events) and gaps longer than `max_gap_ms` (the window: the
+  previous arrival is outside any window's history, and the key may have been
+  forgotten meanwhile) are not counted.
 - Reuse: a request reuses when its (key, destination) pair was seen before at
   most `eviction_ms` away in event time - "would the prefix still be warm there".
 """
@@ -35,7 +37,7 @@ def _previous_in_group(
 
 
 def interarrival_gaps(
-    slots: np.ndarray, ts: np.ndarray, last_arrival: np.ndarray
+    slots: np.ndarray, ts: np.ndarray, last_arrival: np.ndarray, max_gap_ms: int
 ) -> tuple[np.ndarray, np.ndarray]:
     """Gaps (ms, float) and a validity mask, aligned with the input events.
 
@@ -49,7 +51,7 @@ def interarrival_gaps(
     sorted_ts = ts[order]
     prev[heads] = last_arrival[sorted_slots[heads]]
     gaps_sorted = (sorted_ts - prev).astype(np.float64)
-    valid_sorted = (prev > 0) & (gaps_sorted >= 0)
+    valid_sorted = (prev > 0) & (gaps_sorted >= 0) & (gaps_sorted <= max_gap_ms)
     np.maximum.at(last_arrival, sorted_slots, sorted_ts)
     gaps = np.empty_like(gaps_sorted)
     valid = np.empty_like(valid_sorted)

@@ -150,7 +150,8 @@ class PartitionWindows:
         req = (kind == KIND_REQUEST) & tracked
         hit = (kind == KIND_CACHE_HIT) & tracked
         r_slot, r_key, r_ts = slot[req], kslot[req], ts[req]
-        gaps, gap_ok = interarrival_gaps(r_key, r_ts, self.key_ring.last_arrival)
+        gaps, gap_ok = interarrival_gaps(r_key, r_ts, self.key_ring.last_arrival,
+                                         self.config.window_ms)
         pairable = dslot[req] >= 0
         reused = np.zeros(r_key.size, dtype=bool)
         pair_ids = r_key[pairable] * self.config.max_destinations + dslot[req][pairable]

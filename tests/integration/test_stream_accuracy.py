@@ -59,7 +59,7 @@ def expected(rows: list[tuple], start: int, end: int) -> dict[str, dict]:
         o = out[key]
         o["n"] += 1
         o["reused"] += prev_pair is not None and t - prev_pair <= EVICTION_S * 1000
-        if prev_key is not None:
+        if prev_key is not None and t - prev_key <= WINDOW_S * 1000:
             o["gaps"].append(t - prev_key)
         if cached >= 0:
             o["prompt"] += prompt
