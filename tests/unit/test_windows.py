@@ -86,7 +86,7 @@ def test_event_within_grace_lands_in_its_own_window():
     late, closed = pw.ingest(cols([req(2500, "late-but-in-grace")]))
     assert not late.any()
     _, closed = pw.ingest(cols([req(4100)]))
-    w = [w for w in closed if w.window_end_ms == 3 * S][0]
+    w = next(w for w in closed if w.window_end_ms == 3 * S)
     assert by_key(w)["late-but-in-grace"] == 1
 
 
@@ -116,7 +116,7 @@ def test_jump_far_ahead_publishes_and_does_not_corrupt_the_ring():
     assert ends == sorted(ends) and ends[-1] <= 59 * S
     assert by_key(closed[0]) == {"a": 1}
     _, closed = pw.ingest(cols([req(70_000)]))
-    w = [w for w in closed if w.window_end_ms == 61 * S][0]
+    w = next(w for w in closed if w.window_end_ms == 61 * S)
     assert by_key(w) == {"a": 2}
 
 
@@ -132,7 +132,7 @@ def test_token_weighted_hit_rate_per_key_and_destination():
     pw.ingest(cols([hit(100, "a", 100, 50, "d1"), hit(200, "a", 300, 0, "d2"),
                     hit(300, "b", 10, 10, "d1"), req(400, "a", "d1")]))
     _, closed = pw.ingest(cols([req(5000, "z")]))
-    w = [w for w in closed if w.window_end_ms == 3 * S][0]
+    w = next(w for w in closed if w.window_end_ms == 3 * S)
     assert by_key(w, "prompt_tokens") == {"a": 400, "b": 10}
     assert by_key(w, "cached_tokens") == {"a": 50, "b": 10}
     d = {s.destination: s for s in w.destinations}
@@ -146,7 +146,7 @@ def test_ewma_smooths_across_hops():
     pw = PartitionWindows(cfg)
     rows = [req(t) for t in range(0, 1000, 250)]  # 4/s in hop 0
     rows += [req(1500)]  # 1/s in hop 1
-    _, closed = pw.ingest(cols(rows + [req(2000, "z")]))
+    _, closed = pw.ingest(cols([*rows, req(2000, "z")]))
     assert [by_key(w, "rate_per_s")["a"] for w in closed] == [4.0, 1.0]
     assert [by_key(w, "ewma_rate_per_s")["a"] for w in closed] == [4.0, 2.5]
 
@@ -157,8 +157,8 @@ def test_tracked_key_cap_folds_excess_into_overflow_and_keeps_admitted_keys():
     rows = [req(100, "real-1"), req(200, "real-2")]
     rows += [req(300 + i, f"junk-{i}") for i in range(50)]
     rows += [req(900, "real-1")]
-    _, closed = pw.ingest(cols(rows + [req(3000, "real-2")]))
-    w = [w for w in closed if w.window_end_ms == 3 * S][0]
+    _, closed = pw.ingest(cols([*rows, req(3000, "real-2")]))
+    w = next(w for w in closed if w.window_end_ms == 3 * S)
     assert by_key(w) == {"real-1": 2, "real-2": 1}
     assert w.overflow_keys == 50
     assert w.overflow_rate_per_s == pytest.approx(50 / 3)
@@ -170,7 +170,7 @@ def test_quiet_keys_release_their_slots():
                        max_tracked_keys=1)
     pw = PartitionWindows(cfg)
     pw.ingest(cols([req(100, "old")]))
-    _, closed = pw.ingest(cols([req(9000, "old"), req(9100, "new")]))
+    _, _closed = pw.ingest(cols([req(9000, "old"), req(9100, "new")]))
     # 9 s of silence released "old"'s only slot; it took a slot again on its return
     # (first in the batch), so "new" overflowed.
     assert pw.released_keys >= 1
