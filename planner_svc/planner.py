@@ -54,6 +54,7 @@ class HistorySink(Protocol):
     def record_config(self, config: dict[str, Any]) -> None: ...
     def record_loop(self, snapshot: dict[str, Any]) -> None: ...
     def load(self) -> Any: ...
+    def close(self) -> None: ...
 
 
 class Publisher(Protocol):
@@ -422,6 +423,11 @@ class Planner:
 
     # --- views --------------------------------------------------------------------------
 
+    def current(self) -> Installed | None:
+        """The installed plan, consistent with Redis (waits for an install in progress)."""
+        with self._lock:
+            return self.installed
+
     @property
     def mode(self) -> Mode:
         return self._loop.guard.mode
@@ -429,6 +435,10 @@ class Planner:
     @property
     def destinations(self) -> list[DestinationSpec]:
         return list(self._destinations)
+
+    @property
+    def history(self) -> HistorySink | None:
+        return self._history
 
     @property
     def loop(self) -> ControlLoop:

@@ -114,6 +114,8 @@ class PlannerService:
         if self._timer is not None:
             self._timer.join(5)
         self.publisher.close()
+        if self.planner.history is not None:
+            self.planner.history.close()
 
     def wait(self) -> None:
         self._stop.wait()

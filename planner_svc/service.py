@@ -75,7 +75,7 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
     def GetCurrentVersion(
         self, request: Any, context: grpc.ServicerContext
     ) -> planner_pb2.CurrentVersion:
-        installed = self._planner.installed
+        installed = self._planner.current()
         if installed is None:
             raise NotFound("no plan installed yet")
         return planner_pb2.CurrentVersion(
@@ -100,7 +100,7 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
         self, request: planner_pb2.ListPlanVersionsRequest, context: grpc.ServicerContext
     ) -> planner_pb2.ListPlanVersionsResponse:
         limit = _check_limit(request.limit)
-        current = self._planner.installed
+        current = self._planner.current()
         infos = []
         for plan in self._planner.list_versions(limit):
             is_current = current is not None and current.plan.version == plan.version
@@ -142,7 +142,7 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
     def ListRouters(
         self, request: Any, context: grpc.ServicerContext
     ) -> planner_pb2.ListRoutersResponse:
-        current = self._planner.installed
+        current = self._planner.current()
         routers = []
         for status in self._publisher.router_statuses():
             routers.append(
