@@ -1,0 +1,338 @@
+"""Router clients following a real redis-server: streams of versions, outages, bad plans."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import multiprocessing as mp
+import signal
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+import redis
+
+from planner_svc.cli.processes import restart_redis
+from planner_svc.publish import PlanPublisher
+from router_client import AsyncRouterClient, RouterClient, signing
+from router_client.layout import Layout
+from router_client.plan import DestinationSpec, KeyTable, PlanConfig, RoutingPlan, Version
+from router_client.redis_source import AsyncRedisPlanSource, RedisPlanSource
+from router_client.routing import RoutingTable
+from router_client.testing import perturb, synthetic_plan
+
+pytestmark = pytest.mark.integration
+
+GROUPS = 7  # version s names destinations "g{s % GROUPS}-{j}": ids tell tables apart
+R = 5
+N_KEYS = 40
+
+
+def grouped_plan(seq: int) -> RoutingPlan:
+    """Keys k0..k39; k_b = 2 for every 5th key; sets move with the version."""
+    ids = [f"g{seq % GROUPS}-{j}" for j in range(R)]
+    sets = [
+        ((i + seq) % R,) if i % 5 else ((i + seq) % R, (i + seq + 1) % R) for i in range(N_KEYS)
+    ]
+    return RoutingPlan(
+        config=PlanConfig(10.0, 8, 40),
+        destinations=tuple(DestinationSpec(d) for d in ids),
+        table=KeyTable.from_sets([f"k{i}" for i in range(N_KEYS)], sets, [1.0] * N_KEYS),
+        version=Version(1, seq),
+    )
+
+
+def allowed(seq: int, key: str) -> set[str]:
+    return _allowed(seq % (GROUPS * R), key)  # plans repeat with this period
+
+
+@functools.cache
+def _allowed(seq: int, key: str) -> set[str]:
+    plan = grouped_plan(seq)
+    members = RoutingTable.from_plan(plan).members_of(key)
+    ids = plan.destination_ids
+    return {ids[m] for m in members} if members else set(ids)
+
+
+def key_pem(key) -> bytes:
+    from cryptography.hazmat.primitives import serialization
+
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+
+
+def _publish_stream(url: str, pem: bytes, first: int, end: int) -> None:
+    from cryptography.hazmat.primitives.serialization import load_pem_private_key
+
+    pub = PlanPublisher(url, load_pem_private_key(pem, None), retain=20)  # type: ignore[arg-type]
+    prev = grouped_plan(first - 1)
+    for seq in range(first, end):
+        plan = grouped_plan(seq)
+        pub.install(plan, prev)
+        prev = plan
+        time.sleep(0.001)  # paced, so subscribers apply many versions, not only the last
+
+
+@pytest.fixture()
+def key():
+    return signing.generate_private_key()
+
+
+def _client(url: str, key, rid: str, **kw) -> RouterClient:
+    kw.setdefault("recheck_s", 1.0)
+    return RouterClient(
+        RedisPlanSource(url), router_id=rid, public_keys=signing.pin([key.public_key()]), **kw
+    )
+
+
+def _eventually(cond: Callable[[], bool], timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.02)
+    return cond()
+
+
+class Routers:
+    """Threads that call route() continuously and check each answer."""
+
+    def __init__(self, clients: list[RouterClient]) -> None:
+        self.clients = clients
+        self.stop = threading.Event()
+        self.errors: list[str] = []
+        self.calls = [0] * len(clients)
+        self.longest_gap_s = [0.0] * len(clients)
+        self.threads = [
+            threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(len(clients))
+        ]
+
+    def __enter__(self) -> Routers:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(10)
+
+    def _run(self, i: int) -> None:
+        c, n, last = self.clients[i], 0, time.monotonic()
+        while not self.stop.is_set():
+            k = f"k{n % (N_KEYS + 3)}"  # k40..k42 are unadmitted
+            before = c.core.table
+            dest = c.route(k)
+            after = c.core.table
+            now = time.monotonic()
+            self.longest_gap_s[i] = max(self.longest_gap_s[i], now - last)
+            last = now
+            self._check(k, dest, before, after)
+            n += 1
+            self.calls[i] = n
+            if n % 10 == 0:
+                time.sleep(0.001)  # let the follower and publisher threads in
+
+    def _check(self, k, dest, before, after) -> None:
+        if before is None or after is None:
+            return
+        seqs = range(before.version.seq, after.version.seq + 1)
+        if not any(dest in allowed(s, k) for s in seqs if s % GROUPS == int(dest[1])):
+            self.errors.append(f"{k} -> {dest} outside tables {before.version}..{after.version}")
+
+
+def test_1000_versions_while_20_subscribers_route(redis_server, key):
+    pub = PlanPublisher(redis_server.url, key, retain=20)
+    pub.install(grouped_plan(1), None)
+    clients = [_client(redis_server.url, key, f"r{i}").start() for i in range(20)]
+    try:
+        assert all(c.wait_for_version(Version(1, 1), 10) for c in clients)
+        with Routers(clients) as routers:
+            # The planner is another process, as in production: it publishes at full
+            # speed while this process routes and follows.
+            proc = mp.get_context("fork").Process(
+                target=_publish_stream, args=(redis_server.url, key_pem(key), 2, 1002)
+            )
+            proc.start()
+            proc.join(60)
+            assert proc.exitcode == 0
+            assert all(c.wait_for_version(Version(1, 1001), 20) for c in clients)
+        assert routers.errors == []
+        assert min(routers.calls) > 100
+        assert {c.version for c in clients} == {Version(1, 1001)}
+        applied = [c.follower.applied_delta + c.follower.applied_full for c in clients]
+        print(f"versions applied per subscriber: {applied}, route calls: {routers.calls}")
+        assert sum(c.follower.applied_delta for c in clients) > 0
+        assert min(applied) >= 10  # they followed the stream, not just its end
+        statuses = {s.router_id: s for s in pub.router_statuses()}
+        assert _eventually(lambda: len(pub.router_statuses()) == 20, 5)
+        assert all(s.applied.seq >= 1 for s in statuses.values())
+    finally:
+        for c in clients:
+            c.stop()
+
+
+def test_convergence_without_pubsub_within_the_recheck_period(redis_server, key):
+    pub = PlanPublisher(redis_server.url, key)
+    plan = synthetic_plan(100, 4)
+    pub.install(plan, None)
+    c = _client(redis_server.url, key, "deaf", recheck_s=1.0).start()
+    try:
+        assert c.wait_for_version(Version(1, 1), 5)
+        admin = redis.Redis.from_url(redis_server.url)
+        for seq in range(2, 5):
+            # Drop the subscriber's pub/sub connection, then publish: the hint is lost.
+            admin.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
+            nxt = perturb(plan, 0.1, version=Version(1, seq), seed=seq)
+            t0 = time.monotonic()
+            pub.install(nxt, plan)
+            plan = nxt
+            assert c.wait_for_version(Version(1, seq), 3)
+            assert time.monotonic() - t0 <= 2.0  # the 1 s re-check plus its own round
+    finally:
+        c.stop()
+
+
+def test_redis_killed_and_restarted_mid_stream(redis_server, key):
+    pub = PlanPublisher(redis_server.url, key, socket_timeout=0.5)
+    pub.install(grouped_plan(1), None)
+    clients = [_client(redis_server.url, key, f"r{i}").start() for i in range(4)]
+    published = [1]
+    stop = threading.Event()
+
+    def publisher() -> None:
+        prev, seq = grouped_plan(1), 2
+        while not stop.is_set():
+            plan = grouped_plan(seq)
+            try:
+                pub.install(plan, prev)
+                prev, published[0] = plan, seq
+                seq += 1
+            except (redis.ConnectionError, redis.TimeoutError, OSError):
+                time.sleep(0.05)
+            time.sleep(0.01)
+
+    try:
+        assert all(c.wait_for_version(Version(1, 1), 10) for c in clients)
+        with Routers(clients) as routers:
+            t = threading.Thread(target=publisher, daemon=True)
+            t.start()
+            time.sleep(0.5)
+            redis_server.process.signal(signal.SIGKILL)
+            time.sleep(1.5)
+            held = [c.version for c in clients]
+            restart_redis(redis_server)  # comes back empty (no persistence)
+            time.sleep(1.0)
+            stop.set()
+            t.join(5)
+            last = Version(1, published[0])
+            assert all(c.wait_for_version(last, 10) for c in clients)
+        assert routers.errors == []
+        assert max(routers.longest_gap_s) < 0.5  # routing never stopped
+        assert all(v >= Version(1, 2) for v in held)
+        assert sum(c.source.reconnects for c in clients) >= 4
+    finally:
+        stop.set()
+        for c in clients:
+            c.stop()
+
+
+def test_hung_redis_is_detected_within_3_s_and_the_client_resyncs(redis_server, key):
+    pub = PlanPublisher(redis_server.url, key)
+    plan = synthetic_plan(100, 4)
+    pub.install(plan, None)
+    c = _client(redis_server.url, key, "r").start()
+    try:
+        assert c.wait_for_version(Version(1, 1), 5)
+        redis_server.process.signal(signal.SIGSTOP)  # sockets stay open, nothing answers
+        t0 = time.monotonic()
+        try:
+            assert _eventually(lambda: c.unavailable_rounds > 0, 3.0)
+            detected_s = time.monotonic() - t0
+            assert c.route("k00000001") == "d" + c.route("k00000001")[1:]  # still routing
+        finally:
+            redis_server.process.signal(signal.SIGCONT)
+        assert detected_s <= 3.0
+        nxt = perturb(plan, 0.1, version=Version(1, 2))
+        pub.install(nxt, plan)
+        assert c.wait_for_version(Version(1, 2), 5)
+    finally:
+        c.stop()
+
+
+def test_corrupt_and_forged_plans_are_rejected_and_the_last_good_kept(redis_server, key):
+    pub = PlanPublisher(redis_server.url, key)
+    plan = synthetic_plan(100, 4)
+    pub.install(plan, None)
+    c = _client(redis_server.url, key, "r", recheck_s=0.2).start()
+    try:
+        assert c.wait_for_version(Version(1, 1), 5)
+        good = c.table
+        r = redis.Redis.from_url(redis_server.url)
+        lay = Layout()
+        nxt = perturb(plan, 0.1, version=Version(1, 2))
+        pub.install(nxt, plan)  # then corrupt the stored version 1.2 and hide its delta
+        c.stop()
+        blob = bytearray(r.get(lay.plan(Version(1, 2))))
+        blob[len(blob) // 2] ^= 0xFF
+        r.set(lay.plan(Version(1, 2)), bytes(blob))
+        r.delete(lay.delta(Version(1, 2)))
+        c = _client(redis_server.url, key, "r", recheck_s=0.2)
+        c.follower.table, c.follower.applied_full = good, 1
+        c.core.install(good)
+        c.start()
+        assert _eventually(lambda: c.follower.rejections == 1, 5)
+        assert c.version == Version(1, 1) and c.table is good
+        assert _eventually(lambda: any(s.last_rejected.seq == 2 for s in pub.router_statuses()), 5)
+        # A plan signed by a key the router does not pin is refused as well.
+        forger = PlanPublisher(redis_server.url, signing.generate_private_key())
+        forger.install(perturb(plan, 0.2, version=Version(1, 3)), None)
+        assert _eventually(lambda: c.follower.rejections == 2, 5)
+        assert "unknown_key" in c.follower.last_rejection and c.version == Version(1, 1)
+        time.sleep(0.5)
+        assert c.follower.rejections == 2  # a refused version is not fetched again
+    finally:
+        c.stop()
+
+
+def test_saved_plan_serves_at_once_when_redis_is_down_at_start(redis_server, key, tmp_path):
+    pub = PlanPublisher(redis_server.url, key)
+    plan = synthetic_plan(300, 6)
+    pub.install(plan, None)
+    with _client(redis_server.url, key, "r", cache_path=tmp_path / "plan.bin") as c:
+        assert c.wait_for_version(Version(1, 1), 5)
+        assert _eventually(lambda: (tmp_path / "plan.bin").exists(), 5)
+    redis_server.process.stop()
+    c2 = _client(redis_server.url, key, "r", cache_path=tmp_path / "plan.bin").start()
+    try:
+        assert c2.version == Version(1, 1) and c2.mode == "planned"
+        dest = c2.route("k00000010")
+        assert dest in {
+            plan.destinations[i].id for i in RoutingTable.from_plan(plan).members_of("k00000010")
+        }
+    finally:
+        c2.stop()
+
+
+def test_async_client_follows_redis(redis_server, key):
+    pub = PlanPublisher(redis_server.url, key)
+    plan = synthetic_plan(200, 5)
+    pub.install(plan, None)
+
+    async def scenario() -> None:
+        client = AsyncRouterClient(
+            AsyncRedisPlanSource(redis_server.url),
+            router_id="aio",
+            public_keys=signing.pin([key.public_key()]),
+        )
+        async with client:
+            assert await client.wait_for_version(Version(1, 1), 5)
+            nxt = perturb(plan, 0.05, version=Version(1, 2))
+            await asyncio.to_thread(pub.install, nxt, plan)
+            assert await client.wait_for_version(Version(1, 2), 5)
+            assert client.follower.applied_delta == 1
+            assert client.table.lookup == RoutingTable.from_plan(nxt).lookup
+
+    asyncio.run(scenario())
