@@ -168,13 +168,18 @@ class StreamWorker:
         proc = self.processors.get(p)
         if proc is None:
             return  # revoked meanwhile: the new owner counts these
+        if not self.counters.first_events_at_s:
+            self.counters.first_events_at_s = time.time()
         outcome = proc.process(messages, now_ms())
+        self.counters.last_events_at_s = time.time()
         await self._publish_rejects(p, outcome.rejected)
         await self._publish_windows(proc, outcome.windows)
 
     async def tick(self) -> None:
         """Close idle partitions' windows by the wall clock; refresh lag."""
         now = now_ms()
+        self.counters.assigned_partitions = len(self.processors)
+        self.counters.recovering_partitions = len(self.recovering)
         for p, proc in list(self.processors.items()):
             self._update_lag(p, proc)
             if p not in self.recovering:

@@ -20,7 +20,7 @@ class StreamConfig:
     # Events up to `grace_ms` behind the newest event time still make the window
     # they belong to before it is published. Later events still count in every
     # later window that covers their hop.
-    grace_ms: int = 1_000
+    grace_ms: int = 500
     # A partition without events for this long advances its event clock with the
     # wall clock, so idle partitions still publish each hop.
     idle_ms: int = 1_000

@@ -10,6 +10,8 @@ validation, while the valid events of the same batch are kept.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import attrgetter, methodcaller
+from typing import Any
 
 import numpy as np
 from google.protobuf.message import DecodeError
@@ -45,7 +47,6 @@ class EventColumns:
 
 
 _KIND = {"request": KIND_REQUEST, "cache_hit": KIND_CACHE_HIT, None: KIND_UNKNOWN}
-_NO_BODY = events_pb2.RequestEvent()
 
 
 def decode_batch(raw: bytes) -> list[events_pb2.Event] | None:
@@ -60,44 +61,54 @@ def decode_batch(raw: bytes) -> list[events_pb2.Event] | None:
     return events
 
 
+_BODY_FIELD = {"request": "request", "cache_hit": "cache_hit", None: "request"}
+_which = methodcaller("WhichOneof", "body")
+_get = {name: attrgetter(name) for name in (
+    "producer_id", "sequence", "timestamp_ms", "routing_key", "destination", "prompt_tokens",
+    "reusable_prefix_tokens", "cached_tokens", "ttft_ms", "e2e_ms")}
+
+
+def _column(name: str, items: list, dtype: type | None = None) -> Any:
+    values = list(map(_get[name], items))
+    return values if dtype is None else np.array(values, dtype=dtype)
+
+
 def columns_of(events: list[events_pb2.Event], offsets: list[int]) -> EventColumns:
     """Pull the fields of `events` (from messages at `offsets`, one per event).
 
-    One list comprehension per field: the fastest way through upb messages
-    without allocating a tuple per event.
+    C-level `map`s with attrgetters: the fastest way through upb messages
+    without a Python-level loop or a tuple per event. An event without a known
+    body reads as an empty request (validation rejects it as unknown_type).
     """
     n = len(events)
-    which = [e.WhichOneof("body") for e in events]
+    which = list(map(_which, events))
     kind = np.fromiter(map(_KIND.__getitem__, which), dtype=np.int8, count=n)
-    bodies = [
-        e.request if w == "request" else e.cache_hit if w == "cache_hit" else _NO_BODY
-        for e, w in zip(events, which, strict=True)
-    ]
-    req = np.flatnonzero(kind == KIND_REQUEST).tolist()
-    hit = np.flatnonzero(kind == KIND_CACHE_HIT).tolist()
-    reqs = [bodies[i] for i in req]
-    hits = [bodies[i] for i in hit]
+    bodies = list(map(getattr, events, map(_BODY_FIELD.__getitem__, which)))
     prefix = np.zeros(n, dtype=np.int64)
     cached = np.zeros(n, dtype=np.int64)
     depth = np.full(n, -1, dtype=np.int64)
     ttft = np.zeros(n, dtype=np.float64)
     e2e = np.zeros(n, dtype=np.float64)
-    if req:
-        prefix[req] = [b.reusable_prefix_tokens for b in reqs]
+    req = np.flatnonzero(kind == KIND_REQUEST)
+    if req.size:
+        reqs = [bodies[i] for i in req.tolist()]
+        prefix[req] = _column("reusable_prefix_tokens", reqs)
         depth[req] = [b.inflight if b.HasField("inflight") else -1 for b in reqs]
-    if hit:
-        cached[hit] = [b.cached_tokens for b in hits]
+    hit = np.flatnonzero(kind == KIND_CACHE_HIT)
+    if hit.size:
+        hits = [bodies[i] for i in hit.tolist()]
+        cached[hit] = _column("cached_tokens", hits)
         depth[hit] = [b.queue_depth if b.HasField("queue_depth") else -1 for b in hits]
-        ttft[hit] = [b.ttft_ms for b in hits]
-        e2e[hit] = [b.e2e_ms for b in hits]
+        ttft[hit] = _column("ttft_ms", hits)
+        e2e[hit] = _column("e2e_ms", hits)
     return EventColumns(
         kind=kind,
-        producer=[e.producer_id for e in events],
-        sequence=np.array([e.sequence for e in events], dtype=np.uint64),
-        timestamp_ms=np.array([e.timestamp_ms for e in events], dtype=np.int64),
-        key=[b.routing_key for b in bodies],
-        destination=[b.destination for b in bodies],
-        prompt_tokens=np.array([b.prompt_tokens for b in bodies], dtype=np.int64),
+        producer=_column("producer_id", events),
+        sequence=_column("sequence", events, np.uint64),
+        timestamp_ms=_column("timestamp_ms", events, np.int64),
+        key=_column("routing_key", bodies),
+        destination=_column("destination", bodies),
+        prompt_tokens=_column("prompt_tokens", bodies, np.int64),
         cached_tokens=cached,
         prefix_tokens=prefix,
         depth=depth,

@@ -112,8 +112,8 @@ class EventEmitter:
             self._send_pending()
             self._producer.poll(0)
 
-    def _send_pending(self) -> None:
-        if not self._pending or not self._ensure_partitions():
+    def _send_pending(self, metadata_timeout_s: float = 5.0) -> None:
+        if not self._pending or not self._ensure_partitions(metadata_timeout_s):
             return
         with self._lock:
             rows, self._pending = self._pending, []
@@ -125,11 +125,11 @@ class EventEmitter:
             for i in range(0, len(prow), self.batch_max_events):
                 self._produce(p, prow[i : i + self.batch_max_events])
 
-    def _ensure_partitions(self) -> bool:
+    def _ensure_partitions(self, timeout_s: float) -> bool:
         if self._partitions:
             return True
         try:
-            meta = self._producer.list_topics(self.topic, timeout=5.0)
+            meta = self._producer.list_topics(self.topic, timeout=timeout_s)
             topic = meta.topics.get(self.topic)
             if topic is not None and topic.error is None and topic.partitions:
                 self._partitions = len(topic.partitions)
@@ -193,7 +193,7 @@ class EventEmitter:
             self._closed = True
         self._wake.set()
         self._thread.join(timeout_s)
-        self._send_pending()
+        self._send_pending(metadata_timeout_s=min(timeout_s, 5.0))
         remaining = self._producer.flush(timeout_s)
         if remaining:
             log.warning("emitter: %d messages undelivered at close", remaining)

@@ -18,6 +18,12 @@ class StreamCounters:
     snapshots_published: int = 0
     windows_closed: int = 0
     lag_by_partition: dict[int, int] = field(default_factory=dict)
+    assigned_partitions: int = 0
+    recovering_partitions: int = 0
+    # Wall-clock seconds of the first and the latest message that carried events
+    # (throughput = events / (last - first) without trusting an outside observer).
+    first_events_at_s: float = 0.0
+    last_events_at_s: float = 0.0
 
     @property
     def dead_letters(self) -> int:
@@ -34,7 +40,7 @@ class StreamCounters:
         def metric(name: str, kind: str, help_: str, samples: list[tuple[str, float]]) -> None:
             lines.append(f"# HELP {prefix}_{name} {help_}")
             lines.append(f"# TYPE {prefix}_{name} {kind}")
-            lines.extend(f"{prefix}_{name}{labels} {value:g}" for labels, value in samples)
+            lines.extend(f"{prefix}_{name}{labels} {value:.17g}" for labels, value in samples)
 
         metric("events_total", "counter", "Valid events counted, by type.",
                [(f'{{type="{t}"}}', n) for t, n in sorted(self.events_by_type.items())])
@@ -49,4 +55,12 @@ class StreamCounters:
                [("", self.snapshots_published)])
         metric("consumer_lag_messages", "gauge", "Messages behind the log end, by partition.",
                [(f'{{partition="{p}"}}', n) for p, n in sorted(self.lag_by_partition.items())])
+        metric("assigned_partitions", "gauge", "Source partitions owned.",
+               [("", self.assigned_partitions)])
+        metric("recovering_partitions", "gauge", "Partitions still replaying history.",
+               [("", self.recovering_partitions)])
+        metric("first_events_at_seconds", "gauge", "Wall time of the first counted message.",
+               [("", self.first_events_at_s)])
+        metric("last_events_at_seconds", "gauge", "Wall time of the latest counted message.",
+               [("", self.last_events_at_s)])
         return "\n".join(lines) + "\n"

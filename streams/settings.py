@@ -30,7 +30,7 @@ class Settings:
     worker_id: str = ""
     window_s: float = 60.0
     hop_s: float = 10.0
-    grace_s: float = 1.0
+    grace_s: float = 0.5
     idle_s: float = 1.0
     eviction_s: float = 60.0
     ewma_alpha: float = 0.3

@@ -1,0 +1,343 @@
+"""Telemetry stream throughput and delay, through the real broker on loopback.
+
+    .venv/bin/python bench/streams.py [--quick]
+
+1. ceiling: a bare loop that only decodes the same EventBatch messages and
+   counts keys, and the pure pipeline (`PartitionProcessor`, everything on)
+   without Kafka, both in this process on the same batches;
+2. drain: one worker process (`python -m streams worker`) started against a
+   pre-produced backlog (128k distinct keys, requests + cache hits, dedup,
+   validation, windows, hit rates, reuse statistic): events/s from its first
+   counted event until the backlog is counted;
+3. live: events produced at a fixed rate (default 100,000/s) while the worker
+   runs: lag over time (must not grow) and the delay from the start of a hop
+   to the complete window that contains it appearing on the snapshots topic
+   (target: hop + 2 s).
+
+The machine is shared and noisy: compare figures with the ceiling measured in
+the same run. The last line is one JSON object of figures.
+"""
+
+# ruff: noqa: E402 - bench/ must leave sys.path before `streams` is imported
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# This file is named like the package it measures: keep bench/ off the path.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).parent.resolve()]
+
+import argparse
+import json
+import re
+import resource
+import tempfile
+import time
+import urllib.request
+import uuid
+from collections import Counter
+
+import numpy as np
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from cacheroute.v1 import events_pb2, snapshot_pb2
+from planner_svc.cli.processes import ManagedProcess, free_port, start_broker
+from streams.config import StreamConfig
+from streams.partitioning import partition_for_key
+from streams.processor import PartitionProcessor
+
+PARTITIONS = 4
+KEYS = 128_000
+BATCH = 500
+WINDOW_S, HOP_S = 10, 2
+
+
+def build_batches(n_events: int, rng: np.random.Generator, t0_ms: int,
+                  rate_per_s: float) -> list[tuple[int, events_pb2.EventBatch]]:
+    """(partition, batch) with every key's events in its partition; event times
+    spread as if produced at `rate_per_s` from `t0_ms`."""
+    keys = [f"tenant-{i:06d}/app-{i % 97}" for i in range(KEYS)]
+    part_of = np.array([partition_for_key(k, PARTITIONS) for k in keys])
+    # Zipf-like popularity, every key present
+    draws = np.concatenate([np.arange(KEYS), (rng.pareto(1.2, n_events) * 50).astype(int) % KEYS])
+    draws = draws[:n_events]
+    rng.shuffle(draws)
+    out: list[tuple[int, events_pb2.EventBatch]] = []
+    pending: dict[int, events_pb2.EventBatch] = {p: events_pb2.EventBatch()
+                                                 for p in range(PARTITIONS)}
+    for i, k in enumerate(draws.tolist()):
+        p = int(part_of[k])
+        b = pending[p]
+        e = b.events.add(producer_id="bench", sequence=i + 1,
+                         timestamp_ms=t0_ms + int(i * 1000 / rate_per_s))
+        dest = f"dest-{(k * 7 + i % 3) % 30}"
+        if i % 2:
+            r = e.request
+            r.routing_key, r.destination, r.prompt_tokens = keys[k], dest, 1500
+            r.reusable_prefix_tokens, r.inflight = 1024, i % 9
+        else:
+            c = e.cache_hit
+            c.routing_key, c.destination, c.prompt_tokens = keys[k], dest, 1500
+            c.cached_tokens, c.queue_depth, c.e2e_ms = 1000, i % 7, 900.0
+        if len(b.events) >= BATCH:
+            out.append((p, b))
+            pending[p] = events_pb2.EventBatch()
+    out.extend((p, b) for p, b in pending.items() if len(b.events))
+    return out
+
+
+def bare_decode_count(values: list[bytes]) -> float:
+    """The ceiling: decode and count keys, nothing else."""
+    counts: Counter[str] = Counter()
+    n = 0
+    t = time.perf_counter()
+    for v in values:
+        for e in events_pb2.EventBatch.FromString(v).events:
+            body = e.request if e.HasField("request") else e.cache_hit
+            counts[body.routing_key] += 1
+            n += 1
+    return n / (time.perf_counter() - t)
+
+
+def pipeline_in_process(batches: list[tuple[int, bytes]], now_ms: int) -> float:
+    cfg = StreamConfig(window_ms=WINDOW_S * 1000, hop_ms=HOP_S * 1000)
+    procs = {p: PartitionProcessor(p, cfg) for p in range(PARTITIONS)}
+    n = 0
+    t = time.perf_counter()
+    for start in range(0, len(batches), 32):
+        by_p: dict[int, list[tuple[int, bytes]]] = {}
+        for off, (p, v) in enumerate(batches[start : start + 32], start):
+            by_p.setdefault(p, []).append((off, v))
+        for p, msgs in by_p.items():
+            procs[p].process(msgs, now_ms)
+    for p in procs.values():
+        n += sum(p.counters.events_by_type.values())
+    return n / (time.perf_counter() - t)
+
+
+def create_topics(bootstrap: str, tag: str) -> tuple[str, str]:
+    events, snaps = f"bench-ev-{tag}", f"bench-snap-{tag}"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for f in admin.create_topics([NewTopic(events, PARTITIONS, 1), NewTopic(snaps, 1, 1)]).values():
+        f.result(10)
+    return events, snaps
+
+
+def produce(producer: Producer, topic: str, batches: list[tuple[int, bytes]]) -> None:
+    for p, v in batches:
+        while True:
+            try:
+                producer.produce(topic, value=v, partition=p)
+                break
+            except BufferError:
+                producer.poll(0.05)
+    producer.flush(60)
+
+
+def metrics(port: int) -> dict[str, float]:
+    try:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read()
+    except OSError:
+        return {}
+    out: dict[str, float] = Counter()
+    for line in text.decode().splitlines():
+        m = re.match(r"cacheroute_streams_(\w+?)(\{.*\})? ([0-9.e+-]+)$", line)
+        if m:
+            out[m.group(1)] += float(m.group(3))
+    return out
+
+
+def worker_peak_rss_mb(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("nan")
+
+
+def wait_ready(port: int, timeout_s: float) -> float:
+    """Seconds until the worker owns every partition and has recovered them."""
+    t = time.monotonic()
+    while time.monotonic() - t < timeout_s:
+        m = metrics(port)
+        if m.get("assigned_partitions") == PARTITIONS and m.get("recovering_partitions") == 0:
+            return time.monotonic() - t
+        time.sleep(0.2)
+    raise SystemExit(f"worker not ready in {timeout_s} s")
+
+
+def drain(port: int, total: int, timeout_s: float) -> tuple[float, float]:
+    """(events/s, seconds) by the worker's own clock: from the start of its first
+    counted message to the end of the one that completed `total`."""
+    deadline = time.monotonic() + timeout_s
+    m: dict[str, float] = {}
+    while time.monotonic() < deadline:
+        m = metrics(port)
+        if m.get("events_total", 0.0) >= total:
+            dt = m["last_events_at_seconds"] - m["first_events_at_seconds"]
+            return m["events_total"] / dt, dt
+        time.sleep(0.2)
+    raise SystemExit(f"worker counted {m.get('events_total')} of {total} in {timeout_s} s")
+
+
+class LiveProducer:
+    """Re-stamps pre-built batches with the wall clock and fresh sequences."""
+
+    def __init__(self, producer: Producer, topic: str,
+                 batches: list[tuple[int, events_pb2.EventBatch]], seq0: int) -> None:
+        self.p, self.topic, self.batches, self.seq = producer, topic, batches, seq0
+        self.i = 0
+        self.sent = 0
+
+    def send_one(self) -> None:
+        part, b = self.batches[self.i % len(self.batches)]
+        self.i += 1
+        now = int(time.time() * 1000)
+        for e in b.events:
+            self.seq += 1
+            e.sequence = self.seq
+            e.timestamp_ms = now
+        while True:
+            try:
+                self.p.produce(self.topic, value=b.SerializeToString(), partition=part)
+                break
+            except BufferError:
+                self.p.poll(0.01)
+        self.sent += len(b.events)
+        self.p.poll(0)
+
+
+def live(producer: LiveProducer, port: int, snaps: Consumer, rate: float, seconds: float):
+    """Produce at `rate` for `seconds`; sample lag and window delays."""
+    lag_samples: list[tuple[float, float]] = []
+    delays: list[float] = []
+    parts: dict[int, set[int]] = {}
+    t0 = time.monotonic()
+    next_sample = t0
+    while time.monotonic() - t0 < seconds:
+        due = (time.monotonic() - t0) * rate
+        while producer.sent < due:
+            producer.send_one()
+        now = time.monotonic()
+        if now >= next_sample:
+            lag_samples.append((now - t0, metrics(port).get("consumer_lag_messages", 0.0)))
+            next_sample = now + 0.5
+        _collect_delays(snaps, parts, delays, t0_wall=time.time() - (now - t0))
+        time.sleep(0.002)
+    return lag_samples, delays
+
+
+def _collect_delays(snaps: Consumer, parts: dict[int, set[int]], delays: list[float],
+                    t0_wall: float) -> None:
+    for m in snaps.consume(200, 0):
+        if m.error():
+            continue
+        s = snapshot_pb2.RateSnapshot.FromString(m.value())
+        got = parts.setdefault(s.window_end_ms, set())
+        got.add(s.source_partition * 1000 + s.part_index)
+        total = s.partition_count * s.part_count  # parts per partition are equal here
+        hop_start = (s.window_end_ms - HOP_S * 1000) / 1000
+        if len(got) == total and hop_start > t0_wall + 1:
+            delays.append(time.time() - hop_start)
+            got.add(-1)  # count each window once
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="smaller backlog, shorter live phase")
+    ap.add_argument("--backlog", type=int, default=None)
+    ap.add_argument("--live-rate", type=float, default=100_000)
+    ap.add_argument("--live-s", type=float, default=None)
+    args = ap.parse_args()
+    backlog = args.backlog or (600_000 if args.quick else 3_000_000)
+    live_s = args.live_s or (10.0 if args.quick else 30.0)
+    rng = np.random.default_rng(1)
+    now = int(time.time() * 1000)
+
+    print(f"building {backlog:,} events over {KEYS:,} keys ...", flush=True)
+    built = build_batches(backlog, rng, now - int(backlog / 300.0), 300_000)
+    values = [(p, b.SerializeToString()) for p, b in built]
+    bare = bare_decode_count([v for _, v in values])
+    inproc = pipeline_in_process(values, int(time.time() * 1000))
+    print(f"bare decode+count: {bare:,.0f} ev/s   pipeline in-process: {inproc:,.0f} ev/s",
+          flush=True)
+
+    work = Path(tempfile.mkdtemp(prefix="bench-streams-"))
+    broker = start_broker(work)
+    worker = None
+    try:
+        tag = uuid.uuid4().hex[:6]
+        events_topic, snaps_topic = create_topics(broker.bootstrap, tag)
+        producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 5,
+                             "queue.buffering.max.messages": 200_000,
+                             "queue.buffering.max.kbytes": 1 << 21})
+        port = free_port()
+        argv = [sys.executable, "-m", "streams", "worker", "--bootstrap", broker.bootstrap,
+                "--web-port", str(port), "--events-topic", events_topic,
+                "--snapshots-topic", snaps_topic, "--deadletter-topic", f"bench-dl-{tag}",
+                "--app-id", f"bench-{tag}", "--data-dir", str(work / "faust"),
+                "--window-s", str(WINDOW_S), "--hop-s", str(HOP_S)]
+        worker = ManagedProcess("streams", argv, work / "worker.log")
+        worker.start()
+        ready_s = wait_ready(port, 120)
+        # The backlog lands at once, then the worker drains it (its own clock).
+        t = time.perf_counter()
+        produce(producer, events_topic, values)
+        produce_s = time.perf_counter() - t
+        drain_rate, drain_s = drain(port, backlog, timeout_s=600)
+        print(f"drain: {drain_rate:,.0f} ev/s ({drain_s:.1f} s)", flush=True)
+
+        snaps = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": f"b-{tag}",
+                          "auto.offset.reset": "latest"})
+        snaps.assign([TopicPartition(snaps_topic, 0, -1)])  # from the end
+        lp = LiveProducer(producer, events_topic, built[:400], backlog + 10)
+        lag, delays = live(lp, port, snaps, args.live_rate, live_s)
+        produced_rate = lp.sent / live_s
+        snaps.close()
+        counted = metrics(port)
+        worker_rss = worker_peak_rss_mb(worker.pid)
+    finally:
+        if worker is not None:
+            worker.stop()
+        broker.process.stop()
+
+    tail = [(t, v) for t, v in lag if t >= live_s / 2]
+    slope = (float(np.polyfit([t for t, _ in tail], [v for _, v in tail], 1)[0])
+             if len(tail) > 2 else float("nan"))
+    fig = {
+        "events_per_s": round(drain_rate),
+        "bare_decode_count_events_per_s": round(bare),
+        "pipeline_in_process_events_per_s": round(inproc),
+        "drain_over_bare": round(drain_rate / bare, 3),
+        "backlog_events": backlog,
+        "distinct_keys": KEYS,
+        "produce_backlog_s": round(produce_s, 2),
+        "worker_ready_s": round(ready_s, 1),
+        "drain_s": round(drain_s, 2),
+        "live_produced_events_per_s": round(produced_rate),
+        "live_lag_max_messages": max((v for _, v in lag), default=float("nan")),
+        "live_lag_last_messages": lag[-1][1] if lag else float("nan"),
+        "live_lag_slope_messages_per_s": round(slope, 2),
+        "delay_p50_s": round(float(np.median(delays)), 3) if delays else None,
+        "delay_max_s": round(max(delays), 3) if delays else None,
+        "delay_target_s": HOP_S + 2,
+        "windows_observed": len(delays),
+        "hop_s": HOP_S,
+        "window_s": WINDOW_S,
+        "worker_peak_rss_mb": round(worker_rss, 1),
+        "dead_letters": counted.get("dead_letters_total", 0.0),
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+    }
+    print()
+    print(f"{'figure':40s} value")
+    for k, v in fig.items():
+        print(f"{k:40s} {v}")
+    print(json.dumps(fig))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,103 @@
+"""The per-partition pipeline (streams.processor), dedup and key slots, no servers."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given
+from hypothesis import strategies as st
+
+from cacheroute.v1 import events_pb2
+from streams.config import StreamConfig
+from streams.dedup import Deduplicator
+from streams.keyspace import SlotMap
+from streams.processor import PartitionProcessor
+
+NOW = 1_800_000_000_000
+CFG = StreamConfig(window_ms=10_000, hop_ms=2_000, grace_ms=0)
+
+
+def batch(*events: events_pb2.Event) -> bytes:
+    return events_pb2.EventBatch(events=list(events)).SerializeToString()
+
+
+def req(seq: int, key: str = "k", ts: int = NOW, producer: str = "p") -> events_pb2.Event:
+    return events_pb2.Event(producer_id=producer, sequence=seq, timestamp_ms=ts,
+                            request=events_pb2.RequestEvent(routing_key=key, destination="d",
+                                                            prompt_tokens=5))
+
+
+def total_requests(proc: PartitionProcessor) -> int:
+    return int(proc.counters.events_by_type["request"])
+
+
+def test_redelivered_messages_are_skipped_by_offset():
+    proc = PartitionProcessor(0, CFG)
+    proc.process([(0, batch(req(1))), (1, batch(req(2)))], NOW)
+    proc.process([(0, batch(req(1))), (1, batch(req(2))), (2, batch(req(3)))], NOW)
+    assert total_requests(proc) == 3
+    assert proc.next_offset == 3
+
+
+def test_duplicate_events_are_dropped_and_counted():
+    proc = PartitionProcessor(0, CFG)
+    proc.process([(0, batch(req(1), req(2), req(3)))], NOW)
+    proc.process([(1, batch(req(2), req(3), req(4)))], NOW)  # a producer retry, re-batched
+    assert total_requests(proc) == 4
+    assert proc.counters.duplicates == 2
+    assert proc.dedup.duplicates == 2
+
+
+def test_bad_message_and_bad_event_become_dead_letters_good_ones_count():
+    proc = PartitionProcessor(0, CFG)
+    bad_event = events_pb2.Event(producer_id="p", sequence=9, timestamp_ms=NOW)  # no body
+    out = proc.process([(0, b"\xff\xffgarbage"), (1, batch(req(1), bad_event, req(2)))], NOW)
+    assert [(r.reason, r.offset) for r in out.rejected] == [("undecodable", 0),
+                                                            ("unknown_type", 1)]
+    assert out.rejected[1].raw == bad_event.SerializeToString()
+    assert total_requests(proc) == 2
+    assert proc.dead_letters == 2
+    assert dict(proc.counters.dead_letters_by_reason) == {"undecodable": 1, "unknown_type": 1}
+
+
+def test_idle_tick_closes_windows_only_when_caught_up():
+    proc = PartitionProcessor(0, CFG)
+    proc.process([(0, batch(req(1, ts=NOW)))], NOW)
+    assert proc.tick(NOW + 20_000, caught_up=False) == []
+    closed = proc.tick(NOW + 20_000, caught_up=True)
+    assert closed and sum(int(w.requests.sum()) for w in closed[:1]) == 1
+
+
+def test_windows_before_the_replayed_history_are_marked_incomplete():
+    proc = PartitionProcessor(0, CFG)
+    proc.complete_since_ms = NOW
+    out = proc.process([(0, batch(req(1, ts=NOW + 1), req(2, ts=NOW + 30_000)))], NOW)
+    assert {proc.is_complete(w) for w in out.windows} == {False, True}
+
+
+def test_dedup_tracks_producers_separately_and_is_bounded():
+    d = Deduplicator(max_producers=2)
+    keep = d.keep(["a", "b", "a", "b"], np.array([1, 1, 2, 1], dtype=np.uint64))
+    assert keep.tolist() == [True, True, True, False]
+    d.keep(["c"], np.array([1], dtype=np.uint64))  # evicts the least recent ("a")
+    assert len(d) == 2 and d.forgotten == 1
+
+
+@given(st.lists(st.integers(1, 50), max_size=60))
+def test_dedup_keeps_exactly_the_increasing_prefix_maxima(seqs):
+    d = Deduplicator()
+    keep = d.keep(["p"] * len(seqs), np.array(seqs, dtype=np.uint64))
+    high = 0
+    expected = []
+    for s in seqs:
+        expected.append(s > high)
+        high = max(high, s)
+    assert keep.tolist() == expected
+
+
+def test_slot_map_caps_and_recycles():
+    m = SlotMap(capacity=2)
+    assert m.lookup(["a", "b", "c", "a"]).tolist() == [0, 1, -1, 0]
+    m.release(np.array([0]))
+    assert m.lookup(["c", "a"]).tolist() == [0, -1]
+    assert m.names(np.array([0, 1])) == ["c", "b"]
+    assert m.live().tolist() == [True, True] and len(m) == 2
