@@ -25,6 +25,8 @@ from router_client.layout import Pointer
 from router_client.plan import Version
 from router_client.source import PlanSource, SourceUnavailable
 
+WAIT_SLICE_S = 0.25
+
 
 class RouterClient(BaseRouterClient):
     """Routes with the newest verified plan from `source`; see the module docstring."""
@@ -83,11 +85,23 @@ class RouterClient(BaseRouterClient):
                 self._round()
                 self._housekeeping()
                 self._backoff.reset()
-                self.follower.note_hint(self.source.wait_for_change(self.recheck_s))
+                self._wait_for_change()
             except SourceUnavailable:
                 self.unavailable_rounds += 1
                 self.check_age()
                 self._stop.wait(self._backoff.next_delay())
+
+    def _wait_for_change(self) -> None:
+        # In short slices, so that stop() never waits a whole re-check period.
+        deadline = time.monotonic() + self.recheck_s
+        while not self._stop.is_set():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            hint = self.source.wait_for_change(min(remaining, WAIT_SLICE_S))
+            if hint is not None:
+                self.follower.note_hint(hint)
+                return
 
     def _round(self) -> None:
         rnd = sync_round(self.follower)

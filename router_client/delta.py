@@ -125,6 +125,7 @@ def apply_delta(table: RoutingTable, delta: plan_pb2.PlanDelta) -> RoutingTable:
         digest=bytes(delta.target_digest),
         planner_fallback=delta.config.built_by == FALLBACK,
         draining=frozenset(draining),
+        addresses=tuple(d.address for d in delta.destinations),
     )
 
 

@@ -60,6 +60,8 @@ class RoutingTable:
     # The planner published a plan in fallback mode: route everything by P2C.
     planner_fallback: bool = False
     draining: frozenset[int] = field(default_factory=frozenset)
+    # Destination addresses as the plan gives them ("" where it gives none).
+    addresses: tuple[str, ...] = ()
 
     @classmethod
     def from_plan(cls, plan: RoutingPlan, digest: bytes = b"") -> RoutingTable:
@@ -71,6 +73,7 @@ class RoutingTable:
             digest=digest,
             planner_fallback=plan.config.built_by == FALLBACK,
             draining=frozenset(i for i, d in enumerate(plan.destinations) if d.draining),
+            addresses=tuple(d.address for d in plan.destinations),
         )
 
     @classmethod
@@ -101,10 +104,18 @@ class RoutingTable:
             digest=digest,
             planner_fallback=pb.config.built_by == FALLBACK,
             draining=frozenset(draining),
+            addresses=tuple(d.address for d in pb.destinations),
         )
 
     def __len__(self) -> int:
         return len(self.lookup)
+
+    def address_of(self, destination_id: str) -> str:
+        """The plan's address for a destination id ("" if unknown)."""
+        try:
+            return self.addresses[self.destination_ids.index(destination_id)]
+        except (ValueError, IndexError):
+            return ""
 
     def members_of(self, key: str) -> tuple[int, ...]:
         """T(b) as plan indices; () for an unadmitted key."""

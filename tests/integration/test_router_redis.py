@@ -96,6 +96,13 @@ def _eventually(cond: Callable[[], bool], timeout_s: float) -> bool:
     return cond()
 
 
+def _stop_all(clients: list[RouterClient]) -> None:
+    for c in clients:
+        c._stop.set()
+    for c in clients:
+        c.stop()
+
+
 class Routers:
     """Threads that call route() continuously and check each answer."""
 
@@ -170,8 +177,7 @@ def test_1000_versions_while_20_subscribers_route(redis_server, key):
         assert _eventually(lambda: len(pub.router_statuses()) == 20, 5)
         assert all(s.applied.seq >= 1 for s in statuses.values())
     finally:
-        for c in clients:
-            c.stop()
+        _stop_all(clients)
 
 
 def test_convergence_without_pubsub_within_the_recheck_period(redis_server, key):
@@ -235,8 +241,7 @@ def test_redis_killed_and_restarted_mid_stream(redis_server, key):
         assert sum(c.source.reconnects for c in clients) >= 4
     finally:
         stop.set()
-        for c in clients:
-            c.stop()
+        _stop_all(clients)
 
 
 def test_hung_redis_is_detected_within_3_s_and_the_client_resyncs(redis_server, key):

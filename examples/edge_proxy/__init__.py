@@ -1,0 +1,1 @@
+"""A small OpenAI-compatible edge proxy that routes with router_client (an example)."""
