@@ -248,9 +248,10 @@ def create_app(settings: Settings) -> tuple[faust.App, StreamWorker]:
         async for events in stream.take_events(TAKE_MESSAGES, within=TAKE_WITHIN_S):
             await worker.handle(events)
 
-    @app.on_partitions_assigned.connect
     async def _assigned(sender: Any, assigned: set[Any], **_: Any) -> None:
         await worker.on_assigned(assigned)
+
+    app.on_partitions_assigned.connect(_assigned)  # type: ignore[arg-type]
 
     @app.timer(interval=min(0.25, settings.hop_s / 4))
     async def _tick() -> None:

@@ -14,6 +14,8 @@ updated in place.
 
 from __future__ import annotations
 
+from itertools import repeat
+
 import numpy as np
 
 NEVER = -1
@@ -71,8 +73,8 @@ def reuse_flags(
     sorted_pairs = pairs[order]
     sorted_ts = ts[order]
     head_ids = sorted_pairs[heads].tolist()
-    get = last_seen.get
-    known = np.array([get(p, NEVER) for p in head_ids], dtype=np.int64)
+    known = np.fromiter(map(last_seen.get, head_ids, repeat(NEVER, len(head_ids))),
+                        dtype=np.int64, count=len(head_ids))
     prev[heads] = known
     reused_sorted = (prev != NEVER) & (np.abs(sorted_ts - prev) <= eviction_ms)
     head_idx = np.flatnonzero(heads)

@@ -190,7 +190,7 @@ def merge_parts(parts: list[snapshot_pb2.RateSnapshot]) -> CompleteWindow:
 
 
 def _concat(parts: list[snapshot_pb2.RateSnapshot], name: str, dtype: type) -> np.ndarray:
-    arrays = [np.asarray(getattr(p.keys, name), dtype=dtype) for p in parts]
+    arrays: list[np.ndarray] = [np.asarray(getattr(p.keys, name), dtype=dtype) for p in parts]
     return np.concatenate(arrays) if arrays else np.zeros(0, dtype=dtype)
 
 

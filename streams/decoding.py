@@ -73,6 +73,13 @@ def _column(name: str, items: list, dtype: type | None = None) -> Any:
     return values if dtype is None else np.array(values, dtype=dtype)
 
 
+def _optional(items: list, name: str) -> np.ndarray:
+    """An optional uint field as int64, -1 where unset (unset reads as 0)."""
+    has = np.fromiter(map(methodcaller("HasField", name), items), dtype=bool, count=len(items))
+    values = np.fromiter(map(attrgetter(name), items), dtype=np.int64, count=len(items))
+    return np.where(has, values, -1)
+
+
 def columns_of(events: list[events_pb2.Event], offsets: list[int]) -> EventColumns:
     """Pull the fields of `events` (from messages at `offsets`, one per event).
 
@@ -93,12 +100,12 @@ def columns_of(events: list[events_pb2.Event], offsets: list[int]) -> EventColum
     if req.size:
         reqs = [bodies[i] for i in req.tolist()]
         prefix[req] = _column("reusable_prefix_tokens", reqs)
-        depth[req] = [b.inflight if b.HasField("inflight") else -1 for b in reqs]
+        depth[req] = _optional(reqs, "inflight")
     hit = np.flatnonzero(kind == KIND_CACHE_HIT)
     if hit.size:
         hits = [bodies[i] for i in hit.tolist()]
         cached[hit] = _column("cached_tokens", hits)
-        depth[hit] = [b.queue_depth if b.HasField("queue_depth") else -1 for b in hits]
+        depth[hit] = _optional(hits, "queue_depth")
         ttft[hit] = _column("ttft_ms", hits)
         e2e[hit] = _column("e2e_ms", hits)
     return EventColumns(

@@ -50,7 +50,9 @@ class KeyRing:
     def __init__(self, slots: int, capacity: int = 1024) -> None:
         self.slots = slots
         self.capacity = capacity
-        self.fields = {n: np.zeros((slots, capacity), dtype=t) for n, t in _KEY_FIELDS.items()}
+        self.fields: dict[str, np.ndarray] = {
+            n: np.zeros((slots, capacity), dtype=t) for n, t in _KEY_FIELDS.items()
+        }
         self.ewma = np.full(capacity, math.nan)
         self.last_arrival = np.zeros(capacity, dtype=np.int64)
         self.last_active = np.full(capacity, NO_TIME, dtype=np.int64)
