@@ -224,7 +224,8 @@ def render_decision(d: Mapping[str, Any], now_ms: int | None = None) -> str:
     when = f" {age_text((now_ms - d['at_ms']) / 1000)} ago" if now_ms else ""
     installed = f" -> {d['installed']}" if d.get("installed") else ""
     moved = d["moved_traffic_share"]
-    churn = f", moves {_pct(moved)} of traffic" if moved else ""
+    verb = "moved" if d["action"] == "install" else "candidate would move"
+    churn = f", {verb} {_pct(moved)} of traffic" if moved else ""
     return f"#{d['id']} {d['action']}{installed}{when}{churn}: {d['reason']}"
 
 

@@ -51,14 +51,20 @@ def service(redis_server, tmp_path: Path) -> Iterator[PlannerService]:
     feed(svc)
     svc.planner.tick()  # installs plan 1.1
     yield svc
+    # A WatchPlans handler whose client left waits for the next event before it notices;
+    # give it one so no server thread outlives the test.
+    svc.planner.release_pin()
     svc.stop(0)
 
 
 def feed(svc: PlannerService, seed: int = 1) -> None:
+    """Two windows one window length apart: the planner waits for a full window of rates."""
     keys = paper_like_keys(400)
     rates = paper_like_rates(400, 300.0, seed=seed)
     end = int(time.time() * 1000)
-    svc.planner.on_window(make_window(keys, rates, window_end_ms=end, destinations=list(DESTS)))
+    for window_end in (end - 10_000, end):
+        window = make_window(keys, rates, window_end_ms=window_end, destinations=list(DESTS))
+        svc.planner.on_window(window)
 
 
 def cli(svc: PlannerService, *argv: str, token: str = OPERATOR) -> tuple[int, str, str]:

@@ -64,14 +64,18 @@ def one(samples: dict, name: str, **labels: str) -> float:
     return matches[0]
 
 
-def run_briefly(svc: PlannerService, seconds: float) -> None:
-    """Feed a drifting window every 0.25 s (stream windows, as the consumer would)."""
+def run_briefly(svc: PlannerService, seconds: float, *, first: bool = True) -> None:
+    """Feed a drifting window every 0.25 s (stream windows, as the consumer would).
+
+    `first`: start with a window one window length back (the first plan needs a full one).
+    """
     keys = paper_like_keys(400)
     rates = paper_like_rates(400, 300.0, seed=3)
     rng = np.random.default_rng(5)
     deadline = time.monotonic() + seconds
+    earlier = [10_000] if first else []
     while time.monotonic() < deadline:
-        end = int(time.time() * 1000)
+        end = int(time.time() * 1000) - (earlier.pop() if earlier else 0)
         window = make_window(keys, rates, window_end_ms=end, destinations=list(DESTS),
                              hit_rate=0.6)
         latencies = {d: dataclasses.replace(s, p99_e2e_ms=800.0)
@@ -91,7 +95,7 @@ def test_scrape_after_a_short_run_has_sane_values(running):
         running.planner.set_mode(Mode.FALLBACK, "drill")
         first = scrape(endpoint.port)
         running.planner.set_mode(Mode.PLANNED, "drill over")
-        run_briefly(running, 1.2)
+        run_briefly(running, 1.2, first=False)
         second = scrape(endpoint.port)
     finally:
         endpoint.close()
