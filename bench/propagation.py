@@ -46,9 +46,11 @@ def subscriber(url: str, pem: bytes, rid: str, out: Any, stop: Any) -> None:
     keys = signing.pin([key])  # type: ignore[list-item]
 
     def applied(table: Any, kind: str) -> None:
-        out.put((rid, table.version.seq, kind, time.time()))
+        out.put((rid, table.version.seq, kind, time.time(), client.last_apply_cpu_ms))
 
-    client = RouterClient(RedisPlanSource(url), router_id=rid, public_keys=keys, on_applied=applied)
+    client: RouterClient = RouterClient(
+        RedisPlanSource(url), router_id=rid, public_keys=keys, on_applied=applied
+    )
     client.start()
     stop.wait()
     client.stop()
@@ -65,6 +67,8 @@ class Run:
         self.out = ctx.Queue()
         self.stop = ctx.Event()
         self.n = n_subs
+        self.cpu_ms: dict[str, list[float]] = {}
+        self.commit_ms: list[float] = []
         self.publisher = publisher
         self.procs = [
             ctx.Process(
@@ -79,13 +83,15 @@ class Run:
         prepared = self.publisher.prepare(plan, previous)
         t0 = time.time()
         self.publisher.commit(prepared)
+        self.commit_ms.append((time.time() - t0) * 1000)
         delays, kinds = [], {}
         deadline = time.monotonic() + 30
         while len(delays) < self.n and time.monotonic() < deadline:
-            rid, seq, kind, t = self.out.get(timeout=30)
+            _rid, seq, kind, t, cpu_ms = self.out.get(timeout=30)
             if seq == plan.version.seq:
                 delays.append((t - t0) * 1000)
                 kinds[kind] = kinds.get(kind, 0) + 1
+                self.cpu_ms.setdefault(kind, []).append(cpu_ms)
         return delays, kinds
 
     def close(self) -> None:
@@ -111,7 +117,7 @@ def measure(
         plan = synthetic_plan(len(base.table), len(base.destinations), version=Version(1, seq))
         run.install(plan, None)  # warm-up: every subscriber holds a plan
         res: dict[str, Any] = {"full": [], "delta": [], "kinds": {}}
-        for r in range(rounds):
+        for _ in range(rounds):
             for kind in ("full", "delta"):
                 seq += 1
                 nxt = perturb(plan, 0.02, version=Version(1, seq), seed=seq)
@@ -122,6 +128,8 @@ def measure(
                 plan = nxt
                 time.sleep(0.3)
         res["seq"] = seq
+        res["cpu_ms"] = run.cpu_ms
+        res["commit_ms"] = run.commit_ms
         return res
     finally:
         run.close()
@@ -157,13 +165,15 @@ def main() -> None:
     finally:
         redis.process.stop()
 
+    commit = statistics.median(one["commit_ms"] + many["commit_ms"])
     print(
         f"plan: {args.keys:,} keys over {args.destinations:,} destinations; delta = 2 % of keys;"
-        f" {args.rounds} rounds each; publisher prepare (encode+sign+delta) {prepare_ms:.0f} ms"
+        f" {args.rounds} rounds each; publisher prepare (encode+sign+delta) {prepare_ms:.0f} ms,"
+        f" commit (upload + Lua install, inside the measured delay) p50 {commit:.1f} ms"
     )
     print(
         f"{'subscribers':>11s} {'kind':>6s} {'n':>5s} {'p50 ms':>8s} {'p99 ms':>8s} "
-        f"{'max ms':>8s} {'target':>8s}"
+        f"{'max ms':>8s} {'target':>8s} {'apply CPU p50 ms':>17s}"
     )
     fig: dict[str, Any] = {
         "keys": args.keys,
@@ -171,20 +181,24 @@ def main() -> None:
         "subscribers": args.subscribers,
         "rounds": args.rounds,
         "publisher_prepare_ms": round(prepare_ms, 1),
+        "publisher_commit_p50_ms": round(commit, 1),
     }
     targets = {(1, "full"): 30, (args.subscribers, "full"): 400, (args.subscribers, "delta"): 50}
     for n, res in ((1, one), (args.subscribers, many)):
         for kind in ("full", "delta"):
             xs = res[kind]
             tgt = targets.get((n, kind))
+            cpu = statistics.median(res["cpu_ms"].get(kind, [0.0]))
             print(
                 f"{n:11d} {kind:>6s} {len(xs):5d} {statistics.median(xs):8.1f} "
-                f"{_pct(xs, 0.99):8.1f} {max(xs):8.1f} {tgt if tgt else '-':>8}"
+                f"{_pct(xs, 0.99):8.1f} {max(xs):8.1f} {tgt if tgt else '-':>8} {cpu:17.1f}"
             )
             tag = "1sub" if n == 1 else f"{n}sub"
             fig[f"{kind}_{tag}_p50_ms"] = round(statistics.median(xs), 1)
             fig[f"{kind}_{tag}_p99_ms"] = round(_pct(xs, 0.99), 1)
+            fig[f"{kind}_{tag}_apply_cpu_p50_ms"] = round(cpu, 1)
         print(f"{'':11s} applied as: {res['kinds']}")
+    fig["load_avg_1m"] = round(__import__("os").getloadavg()[0], 2)
     fig["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
     print(json.dumps(fig))
 

@@ -85,6 +85,7 @@ class AsyncRouterClient(BaseRouterClient):
                 await asyncio.sleep(self._backoff.next_delay())
 
     async def _round(self) -> None:
+        self._start_round()
         rnd = sync_round(self.follower)
         try:
             want = next(rnd)

@@ -104,6 +104,7 @@ class RouterClient(BaseRouterClient):
                 return
 
     def _round(self) -> None:
+        self._start_round()
         rnd = sync_round(self.follower)
         try:
             want = next(rnd)

@@ -77,6 +77,10 @@ class BaseRouterClient:
         self._reported_version = Version()
         self._reported_rejections = 0
         self.unavailable_rounds = 0
+        self._round_cpu_start = 0.0
+        # CPU seconds of this thread spent on the round that applied the current plan
+        # (fetch, verify, decode, build, swap): separates cost from scheduling delay.
+        self.last_apply_cpu_ms = 0.0
 
     # --- the hot path -------------------------------------------------------------
 
@@ -169,9 +173,13 @@ class BaseRouterClient:
         self._fetched.clear()
         self.check_age()
 
+    def _start_round(self) -> None:
+        self._round_cpu_start = time.thread_time()
+
     def _install(self, result: Applied) -> None:
         self.follower.accept(result)
         self.core.install(result.table)  # the atomic swap
+        self.last_apply_cpu_ms = (time.thread_time() - self._round_cpu_start) * 1000
         self._confirmed_at = time.monotonic()
         self._applied_at_ms = int(time.time() * 1000)
         if result.kind == FULL:

@@ -341,3 +341,45 @@ def test_async_client_follows_redis(redis_server, key):
             assert client.table.lookup == RoutingTable.from_plan(nxt).lookup
 
     asyncio.run(scenario())
+
+
+def test_password_and_acl_user_are_passed_through(tmp_path, key):
+    from planner_svc.cli.processes import start_redis
+
+    server = start_redis(
+        tmp_path,
+        extra_args=[
+            "--requirepass",
+            "adminpw",
+            "--user",
+            "edge",
+            "on",
+            ">edgepw",
+            "~*",
+            "&*",
+            "+@all",
+        ],
+    )
+    try:
+        url = f"redis://127.0.0.1:{server.port}/0"
+        pub = PlanPublisher(url, key, password="adminpw")
+        pub.install(synthetic_plan(20, 3), None)
+        ok = RouterClient(
+            RedisPlanSource(url, username="edge", password="edgepw"),
+            router_id="acl",
+            public_keys=signing.pin([key.public_key()]),
+        ).start()
+        denied = RouterClient(
+            RedisPlanSource(url, username="edge", password="wrong"),
+            router_id="bad",
+            public_keys=signing.pin([key.public_key()]),
+            destination_ids=["d0000"],
+        ).start()
+        try:
+            assert ok.wait_for_version(Version(1, 1), 5)
+            assert _eventually(lambda: denied.unavailable_rounds > 0, 3)
+            assert denied.version == Version() and denied.route("x") == "d0000"
+        finally:
+            _stop_all([ok, denied])
+    finally:
+        server.process.stop()
