@@ -222,11 +222,49 @@ class PlanPublisher:
                 out.append(status)
         return out
 
+    def fleet_view(self, stale_after_s: float = 5.0) -> list[RouterSync]:
+        """Each recently reporting router with its sync state against the current pointer."""
+        cur = self.current()
+        now_ms = int(time.time() * 1000)
+        current = cur.version if cur is not None else Version()
+        return [sync_state(s, current, now_ms, stale_after_s) for s in self.router_statuses()]
+
     def ping(self) -> bool:
         return bool(self._redis.ping())
 
     def close(self) -> None:
         self._redis.close()
+
+
+IN_SYNC = "in_sync"
+STALE = "stale"
+REJECTED = "rejected"
+
+
+@dataclass(frozen=True, slots=True)
+class RouterSync:
+    router_id: str
+    state: str  # IN_SYNC, STALE or REJECTED
+    applied: Version
+    report_age_s: float
+    last_rejection: str
+    mode: str
+
+
+def sync_state(
+    status: plan_pb2.RouterStatus, current: Version, now_ms: int, stale_after_s: float
+) -> RouterSync:
+    """Classify one router (pure): rejected the current version, behind it, or on it."""
+    applied = Version(status.applied.epoch, status.applied.seq)
+    rejected = Version(status.last_rejected.epoch, status.last_rejected.seq)
+    age_s = max(0.0, (now_ms - status.reported_at_ms) / 1000)
+    if rejected == current and applied < current:
+        state = REJECTED
+    elif applied < current or age_s > stale_after_s:
+        state = STALE
+    else:
+        state = IN_SYNC
+    return RouterSync(status.router_id, state, applied, age_s, status.last_rejection, status.mode)
 
 
 def _digest_of(blob: bytes) -> bytes:

@@ -175,6 +175,7 @@ def test_1000_versions_while_20_subscribers_route(redis_server, key):
         assert min(applied) >= 10  # they followed the stream, not just its end
         statuses = {s.router_id: s for s in pub.router_statuses()}
         assert _eventually(lambda: len(pub.router_statuses()) == 20, 5)
+        assert _eventually(lambda: {v.state for v in pub.fleet_view()} == {"in_sync"}, 5)
         assert all(s.applied.seq >= 1 for s in statuses.values())
     finally:
         _stop_all(clients)
@@ -296,6 +297,7 @@ def test_corrupt_and_forged_plans_are_rejected_and_the_last_good_kept(redis_serv
         forger.install(perturb(plan, 0.2, version=Version(1, 3)), None)
         assert _eventually(lambda: c.follower.rejections == 2, 5)
         assert "unknown_key" in c.follower.last_rejection and c.version == Version(1, 1)
+        assert _eventually(lambda: [v.state for v in forger.fleet_view()] == ["rejected"], 5)
         time.sleep(0.5)
         assert c.follower.rejections == 2  # a refused version is not fetched again
     finally:
