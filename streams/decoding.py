@@ -98,12 +98,12 @@ def columns_of(events: list[events_pb2.Event], offsets: list[int]) -> EventColum
     e2e = np.zeros(n, dtype=np.float64)
     req = np.flatnonzero(kind == KIND_REQUEST)
     if req.size:
-        reqs = [bodies[i] for i in req.tolist()]
+        reqs = list(map(bodies.__getitem__, req.tolist()))
         prefix[req] = _column("reusable_prefix_tokens", reqs)
         depth[req] = _optional(reqs, "inflight")
     hit = np.flatnonzero(kind == KIND_CACHE_HIT)
     if hit.size:
-        hits = [bodies[i] for i in hit.tolist()]
+        hits = list(map(bodies.__getitem__, hit.tolist()))
         cached[hit] = _column("cached_tokens", hits)
         depth[hit] = _optional(hits, "queue_depth")
         ttft[hit] = _column("ttft_ms", hits)

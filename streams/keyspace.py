@@ -25,12 +25,11 @@ class SlotMap:
 
     def lookup(self, names: list[str]) -> np.ndarray:
         """Slot per name (int64), assigning new slots while capacity lasts; -1 = overflow."""
-        slots = list(map(self._slot.get, names, repeat(-1, len(names))))
-        if -1 in slots:
-            for i, s in enumerate(slots):
-                if s == -1:
-                    slots[i] = self._assign(names[i])
-        return np.array(slots, dtype=np.int64)
+        slots = np.fromiter(map(self._slot.get, names, repeat(-1, len(names))), dtype=np.int64,
+                            count=len(names))
+        for i in np.flatnonzero(slots == -1).tolist():
+            slots[i] = self._assign(names[i])
+        return slots
 
     def _assign(self, name: str) -> int:
         slot = self._slot.get(name)

@@ -46,6 +46,9 @@ def validate(cols: EventColumns, now_ms: int, config: StreamConfig) -> np.ndarra
     reason = np.zeros(len(cols), dtype=np.int8)
     if not len(cols):
         return reason
+    n = len(cols)
+    key_len = np.fromiter(map(len, cols.key), dtype=np.int64, count=n)
+    dest_len = np.fromiter(map(len, cols.destination), dtype=np.int64, count=n)
     # Assign from the lowest precedence up, so higher ones overwrite.
     checks = (
         ("timestamp_past", cols.timestamp_ms < now_ms - config.max_past_ms),
@@ -53,8 +56,8 @@ def validate(cols: EventColumns, now_ms: int, config: StreamConfig) -> np.ndarra
         ("invalid_latency", _bad_latency(cols)),
         ("cached_exceeds_prompt", cols.cached_tokens > cols.prompt_tokens),
         ("absurd_tokens", _absurd_tokens(cols, config.max_tokens)),
-        ("invalid_key", _bad_names(cols, config.max_key_bytes)),
-        ("missing_field", _missing(cols)),
+        ("invalid_key", _bad_names(cols, key_len, dest_len, config.max_key_bytes)),
+        ("missing_field", _missing(cols, key_len, dest_len)),
         ("unknown_type", cols.kind == KIND_UNKNOWN),
     )
     for name, mask in checks:
@@ -77,11 +80,11 @@ def _absurd_tokens(cols: EventColumns, max_tokens: int) -> np.ndarray:
     )
 
 
-def _missing(cols: EventColumns) -> np.ndarray:
+def _missing(cols: EventColumns, key_len: np.ndarray, dest_len: np.ndarray) -> np.ndarray:
     n = len(cols)
     no_producer = np.fromiter(map(len, cols.producer), dtype=np.int64, count=n) == 0
-    no_key = np.fromiter(map(len, cols.key), dtype=np.int64, count=n) == 0
-    no_dest = np.fromiter(map(len, cols.destination), dtype=np.int64, count=n) == 0
+    no_key = key_len == 0
+    no_dest = dest_len == 0
     hit_without_prompt = (cols.kind == KIND_CACHE_HIT) & (cols.prompt_tokens == 0)
     known = cols.kind != KIND_UNKNOWN
     return (
@@ -92,14 +95,15 @@ def _missing(cols: EventColumns) -> np.ndarray:
     )
 
 
-def _bad_names(cols: EventColumns, max_bytes: int) -> np.ndarray:
-    return _bad_strings(cols.key, max_bytes) | _bad_strings(cols.destination, max_bytes)
+def _bad_names(cols: EventColumns, key_len: np.ndarray, dest_len: np.ndarray,
+               max_bytes: int) -> np.ndarray:
+    return (_bad_strings(cols.key, key_len, max_bytes)
+            | _bad_strings(cols.destination, dest_len, max_bytes))
 
 
-def _bad_strings(values: list[str], max_bytes: int) -> np.ndarray:
+def _bad_strings(values: list[str], chars: np.ndarray, max_bytes: int) -> np.ndarray:
     n = len(values)
     # A UTF-8 character takes at most 4 bytes: only long strings need encoding.
-    chars = np.fromiter(map(len, values), dtype=np.int64, count=n)
     bad = np.zeros(n, dtype=bool)
     for i in np.flatnonzero(chars * 4 > max_bytes).tolist():
         bad[i] = len(values[i].encode("utf-8")) > max_bytes
