@@ -394,8 +394,9 @@ Command = Callable[[argparse.Namespace, PlannerConnection], None]
 
 def run(fn: Command, args: argparse.Namespace) -> int:
     """Run one command: connect, call, print; errors become one line and an exit status."""
-    conn = connect(args)
+    conn: PlannerConnection | None = None
     try:
+        conn = connect(args)
         fn(args, conn)
         return 0
     except OpsError as exc:
@@ -404,7 +405,8 @@ def run(fn: Command, args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         return 0
     finally:
-        conn.close()
+        if conn is not None:
+            conn.close()
 
 
 def add_commands(sub: Any, plan_sub: Any) -> None:

@@ -251,3 +251,54 @@ def test_unreachable_planner_from_the_console_script():
     assert done.stdout == ""
     assert done.stderr.startswith("cacheroute: cannot reach the planner at 127.0.0.1:9")
     assert done.stderr.count("\n") == 1
+
+
+def self_signed(tmp_path: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 and its key (PEM files), valid for a day."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "cacheroute-test")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder().subject_name(name).issuer_name(name)
+        .public_key(key.public_key()).serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName(
+            [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = tmp_path / "planner.crt", tmp_path / "planner.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption()))
+    return cert_path, key_path
+
+
+def test_tls_with_a_pinned_ca(redis_server, tmp_path: Path):
+    cert, key = self_signed(tmp_path)
+    settings = PlannerSettings(
+        redis_url=redis_server.url, grpc_port=0, data_dir=str(tmp_path), destinations=DESTS,
+        interval_s=3600.0, tls_cert=str(cert), tls_key=str(key),
+    )
+    svc = build_service(settings, consume=False)
+    svc.server.start()
+    try:
+        rc, out, err = cli(svc, "status", "--json", "--tls-ca", str(cert))
+        assert rc == 0, err
+        assert json.loads(out)["version"] is None  # nothing installed yet
+        rc, out, err = cli(svc, "status", "--timeout", "3")  # plaintext against TLS
+        assert rc == 3 and out == "" and err.count("\n") == 1
+        rc, _, err = cli(svc, "status", "--tls-ca", str(tmp_path / "missing.pem"))
+        assert rc == 2 and "cannot read" in err
+    finally:
+        svc.stop(0)
