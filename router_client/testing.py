@@ -66,28 +66,18 @@ def _distinct(rng: np.random.Generator, n: int, k: int) -> tuple[int, ...]:
 def perturb(
     plan: RoutingPlan, share: float, *, version: Version, seed: int = 0, created_at_ms: int = 0
 ) -> RoutingPlan:
-    """`plan` with `share` of its keys moved to another single destination."""
+    """`plan` with about `share` of its keys moved: each chosen key with k_b = 1 moves
+    to another destination (replicated keys keep their sets, so the columns keep
+    their shape and this stays cheap for 100k-key plans)."""
     rng = np.random.default_rng(seed)
     t = plan.table
     n, r = len(t), len(plan.destinations)
-    moved: list[int] = rng.choice(n, size=round(n * share), replace=False).tolist() if n else []
-    sets = [t.set_of(i) for i in range(n)] if n < 5000 else None
-    if sets is None:
-        return _perturb_columns(plan, moved, rng, version, created_at_ms)
-    for i in moved:
-        sets[int(i)] = ((sets[int(i)][0] + 1 + int(rng.integers(r - 1))) % r,)
-    table = KeyTable.from_sets(t.keys, sets, t.rates.tolist())
-    return RoutingPlan(plan.config, plan.destinations, table, plan.stats, version, created_at_ms)
-
-
-def _perturb_columns(plan: RoutingPlan, moved, rng, version, created_at_ms) -> RoutingPlan:  # type: ignore[no-untyped-def]
-    # Large plans: only k_b = 1 keys move, so the columns keep their shape.
-    t = plan.table
-    r = len(plan.destinations)
+    if n == 0 or r < 2:
+        return RoutingPlan(plan.config, plan.destinations, t, plan.stats, version, created_at_ms)
+    chosen = rng.choice(n, size=round(n * share), replace=False)
     sizes = np.diff(t.set_offsets.astype(np.int64))
-    moved = np.asarray([i for i in moved if sizes[i] == 1], np.int64)
+    pos = t.set_offsets[chosen[sizes[chosen] == 1]].astype(np.int64)
     members = t.members.copy()
-    pos = t.set_offsets[moved].astype(np.int64)
     members[pos] = (members[pos] + 1 + rng.integers(0, r - 1, len(pos))) % r
     table = KeyTable(t.keys, t.set_offsets, members, t.rates)
     return RoutingPlan(plan.config, plan.destinations, table, plan.stats, version, created_at_ms)
