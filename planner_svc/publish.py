@@ -184,11 +184,7 @@ class PlanPublisher:
 
     def load(self, version: Version) -> RoutingPlan:
         """The retained plan of `version`, verified; KeyError if it is not retained."""
-        raw = self._redis.get(self.layout.plan(version))
-        if raw is None:
-            raise KeyError(f"plan version {version} is not retained")
-        _kind, payload, _digest = signing.verify_blob(raw, self._keys)
-        return decode_plan(payload)
+        return self.decode_signed(self.signed_plan(version))
 
     def signed_plan(self, version: Version) -> bytes:
         """The stored SignedBlob bytes of `version` (what routers fetch); KeyError if gone."""
