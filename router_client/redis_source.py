@@ -22,6 +22,8 @@ from typing import Any
 
 import redis
 import redis.asyncio as aioredis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from cacheroute.v1 import plan_pb2
 from router_client.layout import (
@@ -37,11 +39,15 @@ _ERRORS = (redis.RedisError, OSError, ValueError)
 PING_EVERY_S = 1.0
 
 
-def _options(extra: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+def _options(extra: dict[str, Any], timeout_s: float, retry: Any) -> dict[str, Any]:
     opts: dict[str, Any] = {
         "socket_timeout": timeout_s,
         "socket_connect_timeout": timeout_s,
         "retry_on_timeout": False,
+        # redis-py retries failed commands itself by default (10 times, backoff up to
+        # 1 s): that would hide an outage for seconds and bypass our own backoff
+        # (jittered, capped at 250 ms), so it is off unless the caller sets one.
+        "retry": retry,
         **extra,
     }
     opts["decode_responses"] = False
@@ -75,7 +81,9 @@ class RedisPlanSource:
         self.layout = Layout(namespace)
         self.status_ttl_s = status_ttl_s
         self.reconnects = 0
-        self._redis: Any = redis.Redis.from_url(url, **_options(redis_options, timeout_s))
+        self._redis: Any = redis.Redis.from_url(
+            url, **_options(redis_options, timeout_s, Retry(NoBackoff(), 0))
+        )
         self._pubsub: Any = None
         self._last_ping = 0.0
 
@@ -164,7 +172,9 @@ class AsyncRedisPlanSource:
         self.layout = Layout(namespace)
         self.status_ttl_s = status_ttl_s
         self.reconnects = 0
-        self._redis: Any = aioredis.Redis.from_url(url, **_options(redis_options, timeout_s))
+        self._redis: Any = aioredis.Redis.from_url(
+            url, **_options(redis_options, timeout_s, Retry(NoBackoff(), 0))
+        )
         self._pubsub: Any = None
         self._last_ping = 0.0
 

@@ -227,9 +227,15 @@ def test_redis_killed_and_restarted_mid_stream(redis_server, key):
             t = threading.Thread(target=publisher, daemon=True)
             t.start()
             time.sleep(0.5)
+            failed_before = [c.unavailable_rounds for c in clients]
             redis_server.process.signal(signal.SIGKILL)
             time.sleep(1.5)
             held = [c.version for c in clients]
+            # Retries keep coming (jittered backoff capped at 250 ms), not one per second.
+            retries = [
+                c.unavailable_rounds - b for c, b in zip(clients, failed_before, strict=True)
+            ]
+            assert min(retries) >= 4, retries
             restart_redis(redis_server)  # comes back empty (no persistence)
             time.sleep(1.0)
             stop.set()
