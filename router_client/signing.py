@@ -89,9 +89,17 @@ def sign_blob(payload: bytes, kind: int, private_key: Ed25519PrivateKey) -> byte
 
 
 def verify_blob(
-    raw: bytes, public_keys: PublicKeys, max_bytes: int = MAX_PLAN_BYTES
+    raw: bytes,
+    public_keys: PublicKeys | Iterable[Ed25519PublicKey],
+    max_bytes: int = MAX_PLAN_BYTES,
 ) -> tuple[int, bytes, bytes]:
-    """Check size, digest and signature; return (kind, payload, digest) or raise PlanRejected."""
+    """Check size, digest and signature; return (kind, payload, digest) or raise PlanRejected.
+
+    `public_keys`: the pinned keys, as `pin(...)` returns them (key id -> key) or
+    as a plain list of public keys.
+    """
+    if not isinstance(public_keys, Mapping):
+        public_keys = pin(public_keys)
     if len(raw) > max_bytes:
         raise PlanRejected("oversize", f"blob of {len(raw)} bytes exceeds {max_bytes}")
     blob = plan_pb2.SignedBlob()

@@ -18,6 +18,7 @@ def test_sign_then_verify_returns_kind_payload_and_digest(key):
     raw = signing.sign_blob(b"payload", signing.PLAN, key)
     kind, payload, digest = signing.verify_blob(raw, signing.pin([key.public_key()]))
     assert (kind, payload) == (signing.PLAN, b"payload")
+    assert signing.verify_blob(raw, [key.public_key()])[1] == b"payload"  # a plain list works
     import hashlib
 
     assert digest == hashlib.sha256(b"payload").digest()
