@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -41,7 +41,7 @@ class BaseRouterClient:
         self,
         *,
         router_id: str,
-        public_keys: Mapping[str, Ed25519PublicKey],
+        public_keys: Mapping[str, Ed25519PublicKey] | Iterable[Ed25519PublicKey],
         max_plan_age_s: float = 300.0,
         cache_path: str | Path | None = None,
         destination_ids: Sequence[str] = (),

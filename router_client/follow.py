@@ -17,7 +17,7 @@ Rules (xDS-like):
 from __future__ import annotations
 
 import random
-from collections.abc import Generator, Mapping
+from collections.abc import Generator, Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 
@@ -64,9 +64,14 @@ class PlanFollower:
     """What the router holds and has refused; builds verified tables from blobs."""
 
     def __init__(
-        self, public_keys: Mapping[str, Ed25519PublicKey], *, max_bytes: int = MAX_PLAN_BYTES
+        self,
+        public_keys: Mapping[str, Ed25519PublicKey] | Iterable[Ed25519PublicKey],
+        *,
+        max_bytes: int = MAX_PLAN_BYTES,
     ) -> None:
-        self.public_keys = dict(public_keys)
+        self.public_keys = (
+            dict(public_keys) if isinstance(public_keys, Mapping) else signing.pin(public_keys)
+        )
         self.max_bytes = max_bytes
         self.table: RoutingTable | None = None
         self.rejected: tuple[Version, bytes] | None = None
