@@ -9,6 +9,7 @@ subclasses only drive `sync_round` against their source and wait.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -65,6 +66,7 @@ class BaseRouterClient:
         self.route: Callable[[str], str] = self.core.route
         self._ids = self.core.destination_ids  # the same list; it only grows
         self._on_applied = on_applied
+        self._inflight_lock = threading.Lock()
         self._on_rejection = on_rejection
         self._confirmed_at = 0.0  # monotonic time the plan was last seen current
         self._applied_at_ms = 0
@@ -84,21 +86,32 @@ class BaseRouterClient:
 
     # --- the hot path -------------------------------------------------------------
 
+    # In-flight counts change from many request threads at once. `x += 1` on a list
+    # item is not guaranteed atomic (free-threaded builds, other interpreters), and a
+    # lost decrement would leave a destination looking busy forever, so updates take
+    # a small lock; the decision itself (route) only reads the counts, lock-free.
+
     def started(self, destination_id: str) -> None:
-        self.core.started(self.core.slot_of(destination_id))
+        slot = self.core.slot_of(destination_id)
+        with self._inflight_lock:
+            self.core.started(slot)
 
     def finished(self, destination_id: str) -> None:
-        self.core.finished(self.core.slot_of(destination_id))
+        slot = self.core.slot_of(destination_id)
+        with self._inflight_lock:
+            self.core.finished(slot)
 
     @contextmanager
     def request(self, key: str) -> Iterator[str]:
         """`with client.request(key) as dest:` routes and counts the request in flight."""
         slot = self._route_index(key)
-        self.core.started(slot)
+        with self._inflight_lock:
+            self.core.started(slot)
         try:
             yield self._ids[slot]
         finally:
-            self.core.finished(slot)
+            with self._inflight_lock:
+                self.core.finished(slot)
 
     def mark_down(self, destination_id: str) -> None:
         self.core.mark_down(destination_id)

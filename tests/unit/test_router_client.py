@@ -187,3 +187,28 @@ def test_public_names():
         "SourceUnavailable",
         "StaticPlanSource",
     }
+
+
+def test_in_flight_counts_balance_across_request_threads_and_errors():
+    import threading
+
+    src = StaticPlanSource()
+    src.publish(synthetic_plan(50, 3))
+    with _client(src) as c:
+        assert c.wait_for_version(Version(1, 1), 5)
+
+        def work() -> None:
+            for i in range(2000):
+                try:
+                    with c.request(f"k{i % 60:08d}"):
+                        if i % 7 == 0:
+                            raise RuntimeError("backend failed")
+                except RuntimeError:
+                    pass
+
+        threads = [threading.Thread(target=work) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert c.core.inflight == [0] * len(c.core.inflight)
