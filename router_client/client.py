@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 from router_client.client_base import BaseRouterClient
-from router_client.follow import Ask, Backoff, Want, sync_round
+from router_client.follow import MAX_DELTA_CHAIN, Ask, Backoff, Want, sync_round
 from router_client.layout import Pointer
 from router_client.plan import Version
 from router_client.source import PlanSource, SourceUnavailable
@@ -113,12 +113,13 @@ class RouterClient(BaseRouterClient):
         except StopIteration as done:
             self._finish_round(done.value)
 
-    def _ask(self, want: Want) -> Pointer | bytes | None:
+    def _ask(self, want: Want) -> Pointer | bytes | list[bytes] | None:
         if want.ask is Ask.CURRENT:
             return self.source.current()
         assert want.version is not None
-        if want.ask is Ask.DELTA:
-            return self.source.fetch_delta(want.version)
+        if want.ask is Ask.DELTAS:
+            assert want.after is not None
+            return self.source.fetch_deltas(want.after, want.version, MAX_DELTA_CHAIN)
         return self.source.fetch_plan(want.version)
 
     def _housekeeping(self) -> None:

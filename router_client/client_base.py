@@ -74,7 +74,7 @@ class BaseRouterClient:
         self.fallback_reason = NO_PLAN
         self._chain: list[bytes] = []
         self._chain_dirty = False
-        self._fetched: dict[Ask, bytes] = {}
+        self._fetched: dict[Ask, list[bytes]] = {}
         self._last_report = 0.0
         self._reported_version = Version()
         self._reported_rejections = 0
@@ -169,8 +169,12 @@ class BaseRouterClient:
 
     # --- shared plan-following steps -------------------------------------------------
 
-    def _answer_kind(self, want: Want, raw: Pointer | bytes | None) -> Pointer | bytes | None:
+    def _answer_kind(
+        self, want: Want, raw: Pointer | bytes | list[bytes] | None
+    ) -> Pointer | bytes | list[bytes] | None:
         if isinstance(raw, bytes):
+            self._fetched[want.ask] = [raw]
+        elif isinstance(raw, list):
             self._fetched[want.ask] = raw
         return raw
 
@@ -196,9 +200,9 @@ class BaseRouterClient:
         self._confirmed_at = time.monotonic()
         self._applied_at_ms = int(time.time() * 1000)
         if result.kind == FULL:
-            self._chain = [self._fetched[Ask.PLAN]]
+            self._chain = list(self._fetched[Ask.PLAN])
         else:
-            self._chain.append(self._fetched[Ask.DELTA])
+            self._chain.extend(self._fetched[Ask.DELTAS])
         self._chain_dirty = True
         if self._on_applied is not None:
             self._on_applied(result.table, result.kind)

@@ -20,6 +20,7 @@ import random
 from collections.abc import Generator, Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
+from typing import TypeAlias
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
@@ -35,10 +36,15 @@ FULL = "full"
 DELTA = "delta"
 
 
+# A router that is a few versions behind applies the chain of deltas; beyond this
+# length the full plan is cheaper to fetch and apply.
+MAX_DELTA_CHAIN = 8
+
+
 class Ask(Enum):
-    CURRENT = "current"
-    DELTA = "delta"
-    PLAN = "plan"
+    CURRENT = "current"  # -> Pointer | None
+    DELTAS = "deltas"  # -> list of delta blobs for (after, version], or None
+    PLAN = "plan"  # -> plan blob or None
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +53,7 @@ class Want:
 
     ask: Ask
     version: Version | None = None
+    after: Version | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +64,8 @@ class Applied:
     kind: str  # FULL or DELTA
 
 
-SyncRound = Generator[Want, "Pointer | bytes | None", "Applied | None"]
+Answer: TypeAlias = "Pointer | bytes | list[bytes] | None"
+SyncRound: TypeAlias = "Generator[Want, Answer, Applied | None]"
 
 
 class PlanFollower:
@@ -115,15 +123,24 @@ class PlanFollower:
         return table
 
     def table_from_delta(self, pointer: Pointer, raw: bytes) -> RoutingTable:
-        if self.table is None:
+        return self.table_from_deltas(pointer, [raw])
+
+    def table_from_deltas(self, pointer: Pointer, raws: list[bytes]) -> RoutingTable:
+        """Apply a chain of deltas onto the held table; the last must reach `pointer`."""
+        table = self.table
+        if table is None or not raws:
             raise PlanRejected("delta_base_mismatch", "no base to apply a delta to")
-        kind, payload, _digest = signing.verify_blob(raw, self.public_keys, self.max_bytes)
-        if kind != signing.DELTA:
-            raise PlanRejected("malformed", "expected a delta blob, got a plan")
-        delta = decode_delta(payload)
-        if delta.target_digest != pointer.digest:
-            raise PlanRejected("digest_mismatch", "delta target differs from the pointer's")
-        return apply_delta(self.table, delta)
+        for i, raw in enumerate(raws):
+            kind, payload, _digest = signing.verify_blob(raw, self.public_keys, self.max_bytes)
+            if kind != signing.DELTA:
+                raise PlanRejected("malformed", "expected a delta blob, got a plan")
+            delta = decode_delta(payload)
+            if i == len(raws) - 1 and delta.target_digest != pointer.digest:
+                raise PlanRejected("digest_mismatch", "delta target differs from the pointer's")
+            table = apply_delta(table, delta)  # checks each base: version and digest
+        if table.version != pointer.version:
+            raise PlanRejected("wrong_version", f"deltas end at {table.version}, not {pointer}")
+        return table
 
     def accept(self, applied: Applied) -> None:
         self.table = applied.table
@@ -174,10 +191,10 @@ def sync_round(f: PlanFollower) -> SyncRound:
     if not f.wants(pointer):
         return None
     if f.table is not None:
-        raw = yield Want(Ask.DELTA, pointer.version)
-        if isinstance(raw, bytes):
+        raws = yield Want(Ask.DELTAS, pointer.version, f.version)
+        if isinstance(raws, list) and raws:
             try:
-                return Applied(f.table_from_delta(pointer, raw), DELTA)
+                return Applied(f.table_from_deltas(pointer, raws), DELTA)
             except PlanRejected:
                 f.delta_fallbacks += 1  # the full plan decides whether the version is bad
     raw = yield Want(Ask.PLAN, pointer.version)

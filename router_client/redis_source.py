@@ -31,11 +31,33 @@ from router_client.layout import (
     ROUTER_STATUS_TTL_S,
     Layout,
     Pointer,
+    version_member,
 )
 from router_client.plan import Version
 from router_client.source import SourceUnavailable
 
 _ERRORS = (redis.RedisError, OSError, ValueError)
+
+# Deltas of every retained version in (ARGV[1], ARGV[2]], read in one atomic step.
+# KEYS: versions zset; ARGV: after member, upto member, version key prefix, limit.
+_DELTAS_LUA = """
+local ms = redis.call('ZRANGEBYLEX', KEYS[1], '(' .. ARGV[1], '[' .. ARGV[2])
+if #ms == 0 or #ms > tonumber(ARGV[4]) then return false end
+local out = {}
+for i, m in ipairs(ms) do
+  local d = redis.call('GET', ARGV[3] .. m .. ':delta')
+  if not d then return false end
+  out[i] = d
+end
+return out
+"""
+
+
+def _deltas_args(layout: Layout, after: Version, upto: Version, limit: int) -> dict[str, Any]:
+    args = [version_member(after), version_member(upto), layout.version_prefix(), limit]
+    return {"keys": [layout.versions], "args": args}
+
+
 PING_EVERY_S = 1.0
 
 
@@ -86,6 +108,7 @@ class RedisPlanSource:
         )
         self._pubsub: Any = None
         self._last_ping = 0.0
+        self._deltas = self._redis.register_script(_DELTAS_LUA)
 
     def _call(self, fn: Any, *args: Any) -> Any:
         try:
@@ -117,8 +140,9 @@ class RedisPlanSource:
         self.subscribe()
         return _pointer(self._call(self._redis.get, self.layout.current))
 
-    def fetch_delta(self, version: Version) -> bytes | None:
-        return self._call(self._redis.get, self.layout.delta(version))  # type: ignore[no-any-return]
+    def fetch_deltas(self, after: Version, upto: Version, limit: int) -> list[bytes] | None:
+        args = _deltas_args(self.layout, after, upto, limit)
+        return self._call(lambda: self._deltas(**args))  # type: ignore[no-any-return]
 
     def fetch_plan(self, version: Version) -> bytes | None:
         return self._call(self._redis.get, self.layout.plan(version))  # type: ignore[no-any-return]
@@ -177,6 +201,7 @@ class AsyncRedisPlanSource:
         )
         self._pubsub: Any = None
         self._last_ping = 0.0
+        self._deltas = self._redis.register_script(_DELTAS_LUA)
 
     async def _call(self, coro: Any) -> Any:
         try:
@@ -204,8 +229,9 @@ class AsyncRedisPlanSource:
             self._last_ping = time.monotonic()
         return _pointer(await self._call(self._redis.get(self.layout.current)))
 
-    async def fetch_delta(self, version: Version) -> bytes | None:
-        return await self._call(self._redis.get(self.layout.delta(version)))  # type: ignore[no-any-return]
+    async def fetch_deltas(self, after: Version, upto: Version, limit: int) -> list[bytes] | None:
+        args = _deltas_args(self.layout, after, upto, limit)
+        return await self._call(self._deltas(**args))  # type: ignore[no-any-return]
 
     async def fetch_plan(self, version: Version) -> bytes | None:
         return await self._call(self._redis.get(self.layout.plan(version)))  # type: ignore[no-any-return]

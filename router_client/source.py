@@ -42,7 +42,11 @@ class PlanSource(Protocol):
     reconnects: int
 
     def current(self) -> Pointer | None: ...
-    def fetch_delta(self, version: Version) -> bytes | None: ...
+    def fetch_deltas(self, after: Version, upto: Version, limit: int) -> list[bytes] | None:
+        """Delta blobs of every retained version in (after, upto], oldest first; None if
+        there are more than `limit` or one is missing."""
+        ...
+
     def fetch_plan(self, version: Version) -> bytes | None: ...
     def wait_for_change(self, timeout_s: float) -> Version | None:
         """Block up to `timeout_s` for a change hint; the hinted version or None."""
@@ -58,7 +62,9 @@ class AsyncPlanSource(Protocol):
     reconnects: int
 
     async def current(self) -> Pointer | None: ...
-    async def fetch_delta(self, version: Version) -> bytes | None: ...
+    async def fetch_deltas(
+        self, after: Version, upto: Version, limit: int
+    ) -> list[bytes] | None: ...
     async def fetch_plan(self, version: Version) -> bytes | None: ...
     async def wait_for_change(self, timeout_s: float) -> Version | None: ...
     async def report(self, status: plan_pb2.RouterStatus) -> None: ...
@@ -109,9 +115,13 @@ class StaticPlanSource:
         self._check()
         return self._pointer
 
-    def fetch_delta(self, version: Version) -> bytes | None:
+    def fetch_deltas(self, after: Version, upto: Version, limit: int) -> list[bytes] | None:
         self._check()
-        return self._deltas.get(version)
+        between = sorted(v for v in self._plans if after < v <= upto)
+        if not between or len(between) > limit:
+            return None
+        chain = [self._deltas.get(v) for v in between]
+        return None if any(d is None for d in chain) else chain  # type: ignore[return-value]
 
     def fetch_plan(self, version: Version) -> bytes | None:
         self._check()
@@ -143,8 +153,8 @@ class AsyncStaticPlanSource:
     async def current(self) -> Pointer | None:
         return self.static.current()
 
-    async def fetch_delta(self, version: Version) -> bytes | None:
-        return self.static.fetch_delta(version)
+    async def fetch_deltas(self, after: Version, upto: Version, limit: int) -> list[bytes] | None:
+        return self.static.fetch_deltas(after, upto, limit)
 
     async def fetch_plan(self, version: Version) -> bytes | None:
         return self.static.fetch_plan(version)

@@ -485,3 +485,45 @@ def test_tls_connection_options_are_passed_through(tmp_path, key):
             c.stop()
     finally:
         server.process.stop()
+
+
+def test_deltas_of_a_lagging_router_come_as_one_chain_from_redis(redis_server, key):
+    pub = PlanPublisher(redis_server.url, key, retain=10)
+    plan = synthetic_plan(300, 6)
+    plans = [plan]
+    pub.install(plan, None)
+    for seq in range(2, 6):
+        plan = perturb(plan, 0.05, version=Version(1, seq), seed=seq)
+        pub.install(plan, plans[-1])
+        plans.append(plan)
+    src = RedisPlanSource(redis_server.url)
+    try:
+        chain = src.fetch_deltas(Version(1, 2), Version(1, 5), 8)
+        assert chain is not None and len(chain) == 3
+        assert src.fetch_deltas(Version(1, 1), Version(1, 5), 3) is None  # longer than limit
+        assert src.fetch_deltas(Version(1, 5), Version(1, 5), 8) is None
+        redis.Redis.from_url(redis_server.url).delete(Layout().delta(Version(1, 4)))
+        assert src.fetch_deltas(Version(1, 2), Version(1, 5), 8) is None  # a hole
+        c = _client(redis_server.url, key, "lag")
+        c.follower.table = RoutingTable.from_plan(plans[0], pub._stored_digest(Version(1, 1)))
+        c.core.install(c.follower.table)
+        c.start()
+        # 1.1 -> 1.5 needs the deleted delta 1.4: the client falls back to the full plan
+        assert c.wait_for_version(Version(1, 5), 5)
+        assert c.follower.applied_full == 1 and c.follower.applied_delta == 0
+        plan6 = perturb(plan, 0.05, version=Version(1, 6), seed=6)
+        plan7 = perturb(plan6, 0.05, version=Version(1, 7), seed=7)
+        c._stop.set()
+        c.stop()
+        pub.install(plan6, plan)
+        pub.install(plan7, plan6)
+        c2 = _client(redis_server.url, key, "lag2")
+        c2.follower.table = c.follower.table
+        c2.core.install(c2.follower.table)
+        c2.start()
+        assert c2.wait_for_version(Version(1, 7), 5)
+        assert c2.follower.applied_delta == 1 and c2.follower.applied_full == 0  # 2-step chain
+        assert c2.table.lookup == RoutingTable.from_plan(plan7).lookup
+        c2.stop()
+    finally:
+        src.close()

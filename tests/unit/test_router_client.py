@@ -212,3 +212,47 @@ def test_in_flight_counts_balance_across_request_threads_and_errors():
         for t in threads:
             t.join()
         assert c.core.inflight == [0] * len(c.core.inflight)
+
+
+def _run_round(f: PlanFollower, src) -> object:
+    """Drive one sync round against a blocking source, as RouterClient does."""
+    rnd = sync_round(f)
+    want = next(rnd)
+    try:
+        while True:
+            if want.ask is Ask.CURRENT:
+                answer = src.current()
+            elif want.ask is Ask.DELTAS:
+                answer = src.fetch_deltas(want.after, want.version, 8)
+            else:
+                answer = src.fetch_plan(want.version)
+            want = rnd.send(answer)
+    except StopIteration as done:
+        if done.value is not None:
+            f.accept(done.value)
+        return done.value
+
+
+def test_a_router_several_versions_behind_applies_the_chain_of_deltas():
+    src = StaticPlanSource()
+    plan = synthetic_plan(300, 6)
+    src.publish(plan)
+    f = PlanFollower(src.public_keys)
+    assert _run_round(f, src).kind == "full"
+    for seq in range(2, 6):
+        plan = perturb(plan, 0.05, version=Version(1, seq), seed=seq)
+        src.publish(plan)
+    applied = _run_round(f, src)
+    assert applied.kind == "delta" and f.version == Version(1, 5)
+    assert f.table.lookup == type(f.table).from_plan(plan).lookup
+    # a hole in the chain, or a chain longer than the limit: the full plan instead
+    for seq in range(6, 8):
+        plan = perturb(plan, 0.05, version=Version(1, seq), seed=seq)
+        src.publish(plan)
+    del src._deltas[Version(1, 6)]
+    assert _run_round(f, src).kind == "full" and f.version == Version(1, 7)
+    for seq in range(8, 18):
+        plan = perturb(plan, 0.05, version=Version(1, seq), seed=seq)
+        src.publish(plan)
+    assert _run_round(f, src).kind == "full" and f.version == Version(1, 17)
+    assert f.delta_fallbacks == 0  # those were never attempted, not failed
