@@ -24,6 +24,10 @@ key                                        type     value
 ``{ns}:{plan}:notify``                     channel  ``PlanNotification`` (version + digest): a hint
 =========================================  =======  ===========================================
 
+Routers read the pointer with GET, a plan with GET, and a chain of deltas
+(every retained version after the one they hold) with one read-only Lua script:
+ZRANGEBYLEX over the versions index, then a GET per delta, all in this slot.
+
 Write order inside the install script: blobs, digest, version index, then the
 pointer, then PUBLISH; so no reader ever sees a pointer to a missing plan.
 Trimming never removes the version the pointer names.
