@@ -127,11 +127,17 @@ class Planner:
         self.pinned = False
         self.mode_reason = ""
         self.decisions: deque[Decision] = deque(maxlen=1000)
+        # decision id -> (version it installed, operator request id), for the API's records.
+        self.decision_meta: dict[int, tuple[Version | None, str]] = {}
         self._last_tick_s = -math.inf
         self._idempotent: OrderedDict[str, Any] = OrderedDict()
         self._watchers: list[queue.Queue[tuple[str, Any]]] = []
         self._plans: OrderedDict[Version, RoutingPlan] = OrderedDict()
         self._history = history
+        # The stream's first windows may cover only part of a window of traffic (it just
+        # started): the first plan waits until one full window length has passed since.
+        self._first_window_end_ms: int | None = None
+        self._window_ms = 0
 
     # --- start-up ---------------------------------------------------------------
 
@@ -198,6 +204,9 @@ class Planner:
             )
             self.traffic = traffic
             self.rates_window_end_ms = int(window.window_end_ms)
+            if self._first_window_end_ms is None:
+                self._first_window_end_ms = int(window.window_end_ms)
+            self._window_ms = int(window.window_end_ms - window.window_start_ms)
             self.telemetry = telemetry_from_window(window, self._admitted_keys())
 
     def _admitted_keys(self) -> set[str]:
@@ -211,19 +220,26 @@ class Planner:
         """Run a control step if an interval has passed; the timer thread calls this."""
         now = self._clock() if now_s is None else now_s
         with self._lock:
+            if self.installed is None:  # no interval to wait for: plan as soon as rates allow
+                ready = self.traffic is not None and self._rates_cover_a_window()
+                return self._install_first(now) if ready else None
             if now - self._last_tick_s < self.tunables.interval_s or self.traffic is None:
                 return None
             self._last_tick_s = now
-            if self.installed is None:
-                return self._install_first(now)
             if self.pinned:
                 return None
             return self._control_step(now)
+
+    def _rates_cover_a_window(self) -> bool:
+        if self._first_window_end_ms is None:
+            return True  # rates were given directly, not by the stream
+        return self.rates_window_end_ms - self._first_window_end_ms >= self._window_ms
 
     def _install_first(self, now: float) -> Decision:
         assert self.traffic is not None
         plan = self._candidate(fresh=True)
         self._install(plan, now, forced=False)
+        self._last_tick_s = now
         return self._record(now, Action.INSTALL, "first plan: nothing was installed", None)
 
     def _control_step(self, now: float) -> Decision:
@@ -236,6 +252,7 @@ class Planner:
             traffic=self.traffic,
             candidate=candidate,
             telemetry=self.telemetry,
+            fleet=self._destinations,
         )
         if decision.action is Action.INSTALL and candidate is not None:
             self._install(candidate, now, forced=False)
@@ -328,15 +345,19 @@ class Planner:
             plan_diff = diff(self._serving_plan(), candidate) if base is not None else None
             result = ReplanResult(candidate, plan_diff, figures, None, None)
             if not dry_run:
-                result = self._operator_install(result, force=force)
+                result = self._operator_install(result, force=force, request_id=request_id)
             return self._remember_request(request_id, result)
 
     def _price(self, candidate: RoutingPlan) -> Figures | None:
         if self.installed is None or self.traffic is None:
             return None
-        return self._loop.price(self._serving_plan(), self.traffic, candidate, self.telemetry)
+        return self._loop.price(
+            self._serving_plan(), self.traffic, candidate, self.telemetry, fleet=self._destinations
+        )
 
-    def _operator_install(self, result: ReplanResult, *, force: bool) -> ReplanResult:
+    def _operator_install(
+        self, result: ReplanResult, *, force: bool, request_id: str
+    ) -> ReplanResult:
         now = self._clock()
         figures = result.figures
         worth_it = figures is None or (
@@ -345,12 +366,12 @@ class Planner:
         if not (force or worth_it):
             reason = "operator replan not installed: staleness below rewarm (use force)"
             return dataclasses.replace(
-                result, decision=self._record(now, Action.KEEP, reason, figures)
+                result, decision=self._record(now, Action.KEEP, reason, figures, request_id=request_id)
             )
         installed = self._install(result.candidate, now, forced=force)
         self.pinned = False
         reason = "operator replan" + (" (forced)" if force else "")
-        decision = self._record(now, Action.INSTALL, reason, figures)
+        decision = self._record(now, Action.INSTALL, reason, figures, request_id=request_id)
         return dataclasses.replace(result, installed=installed, decision=decision)
 
     def rollback(self, version: Version, request_id: str = "") -> Installed:
@@ -370,7 +391,13 @@ class Planner:
                 forced=True,
             )
             self.pinned = True
-            self._record(now, Action.INSTALL, f"operator rollback to {version}; plan pinned", None)
+            self._record(
+                now,
+                Action.INSTALL,
+                f"operator rollback to {version}; plan pinned",
+                None,
+                request_id=request_id,
+            )
             return self._remember_request(request_id, installed)  # type: ignore[no-any-return]
 
     def release_pin(self) -> None:
@@ -385,11 +412,11 @@ class Planner:
                 raise Unavailable("no plan installed yet")
             now = self._clock()
             decision = self._loop.force_mode(now, mode, reason or "operator")
-            self._log(decision)
             if decision.action is Action.FALLBACK:
                 self._install(self._fallback_plan(self.installed.plan), now, forced=True)
             elif decision.action is Action.RESUME:
                 self._install(self._serving_plan(), now, forced=True)
+            self._log(decision)
             self.mode_reason = reason
             return self.mode
 
@@ -400,19 +427,25 @@ class Planner:
         add: list[DestinationSpec],
         drain: list[str],
         remove: list[str],
+        request_id: str = "",
     ) -> Tunables:
+        """Change tunables and destinations together, or not at all (validated first)."""
         with self._lock:
-            self.tunables = dataclasses.replace(self.tunables, **tunables)
+            cached = self._cached(request_id)
+            if cached is not None:
+                return cached  # type: ignore[no-any-return]
+            new_tunables = dataclasses.replace(self.tunables, **tunables)
+            new_destinations = _edit_destinations(self._destinations, add, drain, remove)
+            self._planning_config(new_tunables, new_destinations)  # refuse a bad edit now
+            self.tunables, self._destinations = new_tunables, new_destinations
             self._apply_decision_settings()
-            self._destinations = _edit_destinations(self._destinations, add, drain, remove)
-            self.planning_config()  # validate now, so a bad edit is refused at once
             if self._history is not None:
                 self._history.record_config({
                     "tunables": dataclasses.asdict(self.tunables),
                     "destinations": [dataclasses.asdict(d) for d in self._destinations],
                 })
             self._last_tick_s = -math.inf  # act on the change at the next tick
-            return self.tunables
+            return self._remember_request(request_id, self.tunables)  # type: ignore[no-any-return]
 
     def _apply_decision_settings(self) -> None:
         s = self._loop.settings
@@ -445,9 +478,12 @@ class Planner:
         return self._loop
 
     def planning_config(self) -> PlanningConfig:
-        t = self.tunables
+        return self._planning_config(self.tunables, self._destinations)
+
+    @staticmethod
+    def _planning_config(t: Tunables, destinations: list[DestinationSpec]) -> PlanningConfig:
         return PlanningConfig(
-            destinations=tuple(self._destinations),
+            destinations=tuple(destinations),
             q_cap=t.q_cap,
             warm_slots_per_destination=t.warm_slots_per_destination,
             imbalance_tolerance=t.imbalance_tolerance,
@@ -499,10 +535,18 @@ class Planner:
 
     # --- decisions and watchers ------------------------------------------------------------
 
-    def _record(self, now: float, action: Action, reason: str, figures: Figures | None) -> Decision:
+    def _record(
+        self,
+        now: float,
+        action: Action,
+        reason: str,
+        figures: Figures | None,
+        *,
+        request_id: str = "",
+    ) -> Decision:
         f = figures or Figures()
         decision = Decision(
-            id=(self.decisions[-1].id + 1) if self.decisions else 1_000_000,
+            id=0,  # assigned by _log
             at_s=now,
             action=action,
             reason=reason,
@@ -517,9 +561,23 @@ class Planner:
             moved_traffic_share=f.moved_traffic_share,
             mode=str(self.mode),
         )
-        return self._log(decision)
+        return self._log(decision, request_id=request_id)
 
-    def _log(self, decision: Decision) -> Decision:
+    def _log(self, decision: Decision, *, request_id: str = "") -> Decision:
+        """Number, keep, persist and broadcast a decision (the loop's and the operator's alike).
+
+        Call it after any install the decision caused, so the record names that version.
+        """
+        last = self.decisions[-1].id if self.decisions else 0
+        decision = dataclasses.replace(decision, id=last + 1)
+        installed_now = self.installed is not None and self.installed.installed_at_s == decision.at_s
+        if decision.action in (Action.INSTALL, Action.FALLBACK, Action.RESUME) and installed_now:
+            assert self.installed is not None
+            self.decision_meta[decision.id] = (self.installed.plan.version, request_id)
+        elif request_id:
+            self.decision_meta[decision.id] = (None, request_id)
+        while len(self.decision_meta) > (self.decisions.maxlen or 1000):
+            self.decision_meta.pop(next(iter(self.decision_meta)))
         self.decisions.append(decision)
         if self._history is not None:
             self._history.record_decision(decision.to_dict())
@@ -528,14 +586,22 @@ class Planner:
         log.info("decision %s: %s", decision.action, decision.reason)
         return decision
 
-    def watch(self) -> Generator[tuple[str, Any], None, None]:
-        """Yield ("installed", info) and ("decision", Decision) events until the caller stops."""
+    def watch(
+        self, active: Callable[[], bool] = lambda: True, poll_s: float = 0.5
+    ) -> Generator[tuple[str, Any], None, None]:
+        """Yield ("installed", info) and ("decision", Decision) events while `active()`.
+
+        Polls `active` every `poll_s` so a departed watcher frees its thread promptly.
+        """
         q: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=1000)
         with self._lock:
             self._watchers.append(q)
         try:
-            while True:
-                yield q.get()
+            while active():
+                try:
+                    yield q.get(timeout=poll_s)
+                except queue.Empty:
+                    continue
         finally:
             with self._lock:
                 self._watchers.remove(q)

@@ -21,6 +21,7 @@ from grpc_reflection.v1alpha import reflection
 from cacheroute.v1 import planner_pb2, planner_pb2_grpc
 from planner_svc.history import KafkaHistory
 from planner_svc.interceptors import PlannerInterceptor
+from planner_svc.metrics import MetricsServer, planner_registry, start_metrics_server
 from planner_svc.planner import Planner, Tunables
 from planner_svc.publish import PlanPublisher
 from planner_svc.service import PlannerServicer
@@ -69,6 +70,7 @@ class PlannerService:
     port: int
     _stop: threading.Event
     _timer: threading.Thread | None = None
+    metrics: MetricsServer | None = None
 
     def start(self) -> None:
         self.server.start()
@@ -77,6 +79,10 @@ class PlannerService:
         self._timer = threading.Thread(target=self._run_timer, name="planner-timer", daemon=True)
         self._timer.start()
         self._set_health(True)
+        if self.settings.metrics_port:
+            self.metrics = start_metrics_server(
+                self.settings.metrics_port, planner_registry(self.planner),
+                host=self.settings.grpc_host)
         log.info("planner serving gRPC on %s:%d", self.settings.grpc_host, self.port)
 
     def _run_timer(self) -> None:
@@ -109,6 +115,8 @@ class PlannerService:
         self._stop.set()
         self.health.enter_graceful_shutdown()
         self.server.stop(grace_s).wait()
+        if self.metrics is not None:
+            self.metrics.close()
         if self.consumer is not None:
             self.consumer.stop()
         if self._timer is not None:

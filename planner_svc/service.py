@@ -51,6 +51,9 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
         self._planner = planner
         self._publisher = publisher
 
+    def _decision(self, d: Any) -> planner_pb2.Decision:
+        return convert.decision_pb(d, self._planner.decision_meta.get(d.id))
+
     # --- reads ---------------------------------------------------------------
 
     def GetStatus(self, request: Any, context: grpc.ServicerContext) -> planner_pb2.PlannerStatus:
@@ -64,7 +67,7 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
             installed_age_s=s["installed_age_s"],
             drift=convert.drift_pb(drift) if drift is not None else None,
             penalties=convert.penalties_pb(s["figures"], s["accumulated"]),
-            last_decision=convert.decision_pb(last) if last is not None else None,
+            last_decision=self._decision(last) if last is not None else None,
             rates_age_s=s["rates_age_s"] if math.isfinite(s["rates_age_s"]) else -1.0,
             rates_recovering=s["rates_recovering"],
             config=convert.config_pb(s["tunables"], s["destinations"]),
@@ -118,13 +121,9 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
     def WatchPlans(
         self, request: Any, context: grpc.ServicerContext
     ) -> Iterator[planner_pb2.PlannerEvent]:
-        events = self._planner.watch()
-        context.add_callback(events.close)
-        for kind, payload in events:
-            if not context.is_active():
-                return
+        for kind, payload in self._planner.watch(active=context.is_active):
             if kind == "decision":
-                yield planner_pb2.PlannerEvent(decision=convert.decision_pb(payload))
+                yield planner_pb2.PlannerEvent(decision=self._decision(payload))
             else:
                 plan: RoutingPlan = payload["plan"]
                 info = convert.version_info_pb(plan, payload["digest"], payload["current"])
@@ -136,7 +135,7 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
         limit = _check_limit(request.limit)
         decisions = list(self._planner.decisions)[-limit:]
         return planner_pb2.ListDecisionsResponse(
-            decisions=[convert.decision_pb(d) for d in reversed(decisions)]
+            decisions=[self._decision(d) for d in reversed(decisions)]
         )
 
     def ListRouters(
@@ -171,7 +170,7 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
             diff=convert.diff_pb(result.diff) if result.diff is not None else None,
             penalties=convert.penalties_pb(result.figures, self._planner.loop.accumulated),
             installed=current is not None,
-            decision=convert.decision_pb(result.decision) if result.decision else None,
+            decision=self._decision(result.decision) if result.decision else None,
         )
 
     def Rollback(
@@ -212,6 +211,7 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
             add=add,
             drain=list(request.drain_destinations),
             remove=list(request.remove_destinations),
+            request_id=request.request_id,
         )
         return planner_pb2.UpdateConfigResponse(
             config=convert.config_pb(tun, self._planner.destinations)

@@ -59,7 +59,8 @@ def describe(stack: LocalStack) -> str:
         [
             f"  Kafka (Tansu)  {stack.bootstrap}",
             f"  Redis          {stack.redis_url}",
-            f"  planner gRPC   {stack.grpc_target}",
+            f"  planner gRPC   {stack.grpc_target}   (CACHEROUTE_PLANNER={stack.grpc_target})",
+            f"  metrics        http://127.0.0.1:{stack.metrics_port}/metrics",
             f"  routers pin    {stack.public_key_path}",
             f"  logs           {stack.workdir}",
         ]

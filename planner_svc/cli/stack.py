@@ -60,6 +60,7 @@ class LocalStack:
     workers: list[ManagedProcess] = field(default_factory=list)
     planner: ManagedProcess | None = None
     grpc_port: int = 0
+    metrics_port: int = 0
     _owns_workdir: bool = False
 
     @property
@@ -160,6 +161,7 @@ def start_worker(stack: LocalStack, index: int) -> ManagedProcess:
 def start_planner(stack: LocalStack) -> ManagedProcess:
     o = stack.options
     stack.grpc_port = free_port()
+    stack.metrics_port = free_port()
     argv = [
         sys.executable,
         "-m",
@@ -172,6 +174,8 @@ def start_planner(stack: LocalStack) -> ManagedProcess:
         stack.redis_url,
         "--grpc-port",
         str(stack.grpc_port),
+        "--metrics-port",
+        str(stack.metrics_port),
         "--data-dir",
         str(stack.workdir / "planner"),
         "--destinations",

@@ -6,6 +6,7 @@ The stack is started exactly as `cacheroute up` starts it (planner_svc.cli.stack
 from __future__ import annotations
 
 import threading
+import urllib.request
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -118,6 +119,10 @@ def test_events_become_a_plan_that_routers_follow(stack: LocalStack, traffic: Tr
             assert seen <= planned
         cold_dests = Counter(router.route(f"never-seen-{n}") for n in range(600))
         assert set(cold_dests) == set(stack.options.destination_ids)
+        url = f"http://127.0.0.1:{stack.metrics_port}/metrics"
+        scraped = urllib.request.urlopen(url, timeout=5).read().decode()
+        seq_lines = [ln for ln in scraped.splitlines() if ln.startswith("cacheroute_planner_plan_seq ")]
+        assert seq_lines and float(seq_lines[0].split()[1]) >= current.version.seq
     finally:
         router.stop()
 

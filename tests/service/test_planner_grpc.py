@@ -68,7 +68,11 @@ def feed(svc: PlannerService, seed: int = 1, end_ms: int | None = None) -> None:
     keys = paper_like_keys(400)
     rates = paper_like_rates(400, 300.0, seed=seed)
     end = end_ms or int(time.time() * 1000)
-    svc.planner.on_window(make_window(keys, rates, window_end_ms=end, destinations=list(DESTS)))
+    # Two windows one window length apart: the planner waits for a full window of rates.
+    for window_end in (end - 10_000, end):
+        svc.planner.on_window(
+            make_window(keys, rates, window_end_ms=window_end, destinations=list(DESTS))
+        )
 
 
 def test_first_window_installs_a_plan_visible_over_grpc_and_in_redis(service):
@@ -199,12 +203,27 @@ def test_restart_resumes_at_the_installed_version(service, redis_server, tmp_pat
         again.publisher.close()
 
 
+def test_first_plan_waits_for_a_full_window_of_rates(service):
+    keys = paper_like_keys(50)
+    rates = paper_like_rates(50, 100.0, seed=3)
+    end = int(time.time() * 1000)
+    service.planner.on_window(make_window(keys, rates, window_end_ms=end - 5_000,
+                                          destinations=list(DESTS)))
+    assert service.planner.tick() is None and service.planner.installed is None
+    service.planner.on_window(make_window(keys, rates, window_end_ms=end + 5_000,
+                                          destinations=list(DESTS)))
+    decision = service.planner.tick()
+    assert decision is not None and decision.action == "install"
+
+
 def test_numpy_rates_survive(service):
     # A window of all-zero rates still yields a (empty-admission) valid plan, not a crash.
     keys = paper_like_keys(10)
-    service.planner.on_window(
-        make_window(keys, np.zeros(10), window_end_ms=int(time.time() * 1000), destinations=list(DESTS))
-    )
+    end = int(time.time() * 1000)
+    for window_end in (end - 10_000, end):
+        service.planner.on_window(
+            make_window(keys, np.zeros(10), window_end_ms=window_end, destinations=list(DESTS))
+        )
     decision = service.planner.tick()
     assert decision is not None
 
@@ -344,3 +363,29 @@ def test_routers_report_their_sync_state(service, redis_server):
         assert [(r.status.router_id, r.state) for r in routers] == [("edge-7", "in_sync")]
     finally:
         router.stop()
+
+
+def test_decisions_name_what_they_installed_and_retried_config_acts_once(service):
+    feed(service)
+    service.planner.tick()
+    stub = stub_for(service)
+    op = auth(OPERATOR)
+    stub.Replan(planner_pb2.ReplanRequest(force=True, request_id="rq-9"), metadata=op)
+    latest = stub.ListDecisions(planner_pb2.ListDecisionsRequest(limit=1), metadata=op).decisions[0]
+    assert latest.action == "install" and latest.installed.seq == 2 and latest.request_id == "rq-9"
+    ids = [d.id for d in stub.ListDecisions(planner_pb2.ListDecisionsRequest(), metadata=op).decisions]
+    assert len(ids) == len(set(ids))
+    add = planner_pb2.UpdateConfigRequest(
+        add_destinations=[plan_pb2.Destination(id="d9")], request_id="cfg-1")
+    first = stub.UpdateConfig(add, metadata=op)
+    again = stub.UpdateConfig(add, metadata=op)  # a retry after a lost reply: same answer
+    assert [d.id for d in first.config.destinations] == [d.id for d in again.config.destinations]
+    assert "d9" in [d.id for d in again.config.destinations]
+    with pytest.raises(grpc.RpcError) as err:  # a new request adding it again is a conflict
+        stub.UpdateConfig(planner_pb2.UpdateConfigRequest(
+            add_destinations=[plan_pb2.Destination(id="d9")], request_id="cfg-2"), metadata=op)
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    with pytest.raises(grpc.RpcError):  # a refused edit changes nothing
+        stub.UpdateConfig(planner_pb2.UpdateConfigRequest(q_cap=5.0, remove_destinations=["zz"]),
+                          metadata=op)
+    assert service.planner.tunables.q_cap == 20.0
