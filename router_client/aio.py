@@ -90,7 +90,7 @@ class AsyncRouterClient(BaseRouterClient):
         try:
             want = next(rnd)
             while True:
-                want = rnd.send(self._answer_kind(want, await self._ask(want)))
+                want = rnd.send(self._remember_fetched(want, await self._ask(want)))
         except StopIteration as done:
             self._finish_round(done.value)
 

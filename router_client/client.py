@@ -109,7 +109,7 @@ class RouterClient(BaseRouterClient):
         try:
             want = next(rnd)
             while True:
-                want = rnd.send(self._answer_kind(want, self._ask(want)))
+                want = rnd.send(self._remember_fetched(want, self._ask(want)))
         except StopIteration as done:
             self._finish_round(done.value)
 

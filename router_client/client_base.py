@@ -79,6 +79,7 @@ class BaseRouterClient:
         self._last_report = 0.0
         self._reported_version = Version()
         self._reported_rejections = 0
+        self._notified_rejections = 0
         self.unavailable_rounds = 0
         self._round_cpu_start = 0.0
         # CPU seconds of this thread spent on the round that applied the current plan
@@ -170,7 +171,7 @@ class BaseRouterClient:
 
     # --- shared plan-following steps -------------------------------------------------
 
-    def _answer_kind(
+    def _remember_fetched(
         self, want: Want, raw: Pointer | bytes | list[bytes] | None
     ) -> Pointer | bytes | list[bytes] | None:
         if isinstance(raw, bytes):
@@ -184,7 +185,8 @@ class BaseRouterClient:
             self._confirmed_at = time.monotonic()
         if result is not None:
             self._install(result)
-        elif self.follower.rejections != self._reported_rejections:
+        elif self.follower.rejections != self._notified_rejections:
+            self._notified_rejections = self.follower.rejections
             log.warning("router %s rejected %s", self.router_id, self.follower.last_rejection)
             if self._on_rejection is not None:
                 self._on_rejection(self.follower.last_rejection)
