@@ -31,6 +31,8 @@ import argparse
 import json
 import re
 import resource
+import shutil
+import signal
 import tempfile
 import time
 import urllib.request
@@ -53,8 +55,9 @@ BATCH = 500
 WINDOW_S, HOP_S = 10, 2
 
 
-def build_batches(n_events: int, rng: np.random.Generator, t0_ms: int,
-                  rate_per_s: float) -> list[tuple[int, events_pb2.EventBatch]]:
+def build_batches(
+    n_events: int, rng: np.random.Generator, t0_ms: int, rate_per_s: float
+) -> list[tuple[int, events_pb2.EventBatch]]:
     """(partition, batch) with every key's events in its partition; event times
     spread as if produced at `rate_per_s` from `t0_ms`."""
     keys = [f"tenant-{i:06d}/app-{i % 97}" for i in range(KEYS)]
@@ -64,13 +67,15 @@ def build_batches(n_events: int, rng: np.random.Generator, t0_ms: int,
     draws = draws[:n_events]
     rng.shuffle(draws)
     out: list[tuple[int, events_pb2.EventBatch]] = []
-    pending: dict[int, events_pb2.EventBatch] = {p: events_pb2.EventBatch()
-                                                 for p in range(PARTITIONS)}
+    pending: dict[int, events_pb2.EventBatch] = {
+        p: events_pb2.EventBatch() for p in range(PARTITIONS)
+    }
     for i, k in enumerate(draws.tolist()):
         p = int(part_of[k])
         b = pending[p]
-        e = b.events.add(producer_id="bench", sequence=i + 1,
-                         timestamp_ms=t0_ms + int(i * 1000 / rate_per_s))
+        e = b.events.add(
+            producer_id="bench", sequence=i + 1, timestamp_ms=t0_ms + int(i * 1000 / rate_per_s)
+        )
         dest = f"dest-{(k * 7 + i % 3) % 30}"
         if i % 2:
             r = e.request
@@ -124,11 +129,12 @@ def create_topics(bootstrap: str, tag: str) -> tuple[str, str]:
     return events, snaps
 
 
-def produce(producer: Producer, topic: str, batches: list[tuple[int, bytes]]) -> None:
+def produce(producer: Producer, topic: str, batches: list[tuple[int, bytes]],
+            message_ts_ms: int = 0) -> None:
     for p, v in batches:
         while True:
             try:
-                producer.produce(topic, value=v, partition=p)
+                producer.produce(topic, value=v, partition=p, timestamp=message_ts_ms)
                 break
             except BufferError:
                 producer.poll(0.05)
@@ -165,7 +171,7 @@ def wait_ready(port: int, timeout_s: float) -> float:
         m = metrics(port)
         if m.get("assigned_partitions") == PARTITIONS and m.get("recovering_partitions") == 0:
             return time.monotonic() - t
-        time.sleep(0.2)
+        time.sleep(0.1)
     raise SystemExit(f"worker not ready in {timeout_s} s")
 
 
@@ -183,11 +189,35 @@ def drain(port: int, total: int, timeout_s: float) -> tuple[float, float]:
     raise SystemExit(f"worker counted {m.get('events_total')} of {total} in {timeout_s} s")
 
 
+def recover(worker: ManagedProcess, port: int) -> tuple[float, float]:
+    """SIGKILL the worker, start it again: (events replayed, seconds from the new
+    process's assignment until every partition is rebuilt)."""
+    worker.signal(signal.SIGKILL)
+    assert worker.proc is not None
+    worker.proc.wait(30)
+    worker.start()
+    deadline = time.monotonic() + 300
+    assigned_at = None
+    while time.monotonic() < deadline:
+        m = metrics(port)
+        if m.get("assigned_partitions") == PARTITIONS:
+            assigned_at = assigned_at or time.monotonic()
+            if m.get("recovering_partitions") == 0:
+                return m.get("events_total", 0.0), time.monotonic() - assigned_at
+        time.sleep(0.05)
+    raise SystemExit("worker did not recover in 300 s")
+
+
 class LiveProducer:
     """Re-stamps pre-built batches with the wall clock and fresh sequences."""
 
-    def __init__(self, producer: Producer, topic: str,
-                 batches: list[tuple[int, events_pb2.EventBatch]], seq0: int) -> None:
+    def __init__(
+        self,
+        producer: Producer,
+        topic: str,
+        batches: list[tuple[int, events_pb2.EventBatch]],
+        seq0: int,
+    ) -> None:
         self.p, self.topic, self.batches, self.seq = producer, topic, batches, seq0
         self.i = 0
         self.sent = 0
@@ -230,8 +260,9 @@ def live(producer: LiveProducer, port: int, snaps: Consumer, rate: float, second
     return lag_samples, delays
 
 
-def _collect_delays(snaps: Consumer, parts: dict[int, set[int]], delays: list[float],
-                    t0_wall: float) -> None:
+def _collect_delays(
+    snaps: Consumer, parts: dict[int, set[int]], delays: list[float], t0_wall: float
+) -> None:
     for m in snaps.consume(200, 0):
         if m.error():
             continue
@@ -262,8 +293,9 @@ def main() -> int:
     values = [(p, b.SerializeToString()) for p, b in built]
     bare = bare_decode_count([v for _, v in values])
     inproc = pipeline_in_process(values, int(time.time() * 1000))
-    print(f"bare decode+count: {bare:,.0f} ev/s   pipeline in-process: {inproc:,.0f} ev/s",
-          flush=True)
+    print(
+        f"bare decode+count: {bare:,.0f} ev/s   pipeline in-process: {inproc:,.0f} ev/s", flush=True
+    )
 
     work = Path(tempfile.mkdtemp(prefix="bench-streams-"))
     broker = start_broker(work)
@@ -271,27 +303,61 @@ def main() -> int:
     try:
         tag = uuid.uuid4().hex[:6]
         events_topic, snaps_topic = create_topics(broker.bootstrap, tag)
-        producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 5,
-                             "queue.buffering.max.messages": 200_000,
-                             "queue.buffering.max.kbytes": 1 << 21})
+        producer = Producer(
+            {
+                "bootstrap.servers": broker.bootstrap,
+                "linger.ms": 5,
+                "queue.buffering.max.messages": 200_000,
+                "queue.buffering.max.kbytes": 1 << 21,
+            }
+        )
         port = free_port()
-        argv = [sys.executable, "-m", "streams", "worker", "--bootstrap", broker.bootstrap,
-                "--web-port", str(port), "--events-topic", events_topic,
-                "--snapshots-topic", snaps_topic, "--deadletter-topic", f"bench-dl-{tag}",
-                "--app-id", f"bench-{tag}", "--data-dir", str(work / "faust"),
-                "--window-s", str(WINDOW_S), "--hop-s", str(HOP_S)]
+        argv = [
+            sys.executable,
+            "-m",
+            "streams",
+            "worker",
+            "--bootstrap",
+            broker.bootstrap,
+            "--web-port",
+            str(port),
+            "--events-topic",
+            events_topic,
+            "--snapshots-topic",
+            snaps_topic,
+            "--deadletter-topic",
+            f"bench-dl-{tag}",
+            "--app-id",
+            f"bench-{tag}",
+            "--data-dir",
+            str(work / "faust"),
+            "--window-s",
+            str(WINDOW_S),
+            "--hop-s",
+            str(HOP_S),
+        ]
         worker = ManagedProcess("streams", argv, work / "worker.log")
+        started = time.monotonic()
         worker.start()
         ready_s = wait_ready(port, 120)
-        # The backlog lands at once, then the worker drains it (its own clock).
+        # The backlog lands at once (librdkafka sends it in well under the drain
+        # time); the worker's own clock times the drain. (Producing it before the
+        # worker starts would drain it through the recovery replay instead: Tansu
+        # answers offsets-for-times with the log start.)
         t = time.perf_counter()
         produce(producer, events_topic, values)
         produce_s = time.perf_counter() - t
         drain_rate, drain_s = drain(port, backlog, timeout_s=600)
+        start_to_drained_s = time.monotonic() - started
         print(f"drain: {drain_rate:,.0f} ev/s ({drain_s:.1f} s)", flush=True)
 
-        snaps = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": f"b-{tag}",
-                          "auto.offset.reset": "latest"})
+        snaps = Consumer(
+            {
+                "bootstrap.servers": broker.bootstrap,
+                "group.id": f"b-{tag}",
+                "auto.offset.reset": "latest",
+            }
+        )
         snaps.assign([TopicPartition(snaps_topic, 0, -1)])  # from the end
         lp = LiveProducer(producer, events_topic, built[:400], backlog + 10)
         lag, delays = live(lp, port, snaps, args.live_rate, live_s)
@@ -299,14 +365,21 @@ def main() -> int:
         snaps.close()
         counted = metrics(port)
         worker_rss = worker_peak_rss_mb(worker.pid)
+        recovered_events, recovery_s = recover(worker, port)
+        print(f"recovery after SIGKILL: {recovered_events:,.0f} events in {recovery_s:.1f} s",
+              flush=True)
     finally:
         if worker is not None:
             worker.stop()
         broker.process.stop()
+        shutil.rmtree(work, ignore_errors=True)
 
     tail = [(t, v) for t, v in lag if t >= live_s / 2]
-    slope = (float(np.polyfit([t for t, _ in tail], [v for _, v in tail], 1)[0])
-             if len(tail) > 2 else float("nan"))
+    slope = (
+        float(np.polyfit([t for t, _ in tail], [v for _, v in tail], 1)[0])
+        if len(tail) > 2
+        else float("nan")
+    )
     fig = {
         "events_per_s": round(drain_rate),
         "bare_decode_count_events_per_s": round(bare),
@@ -316,6 +389,10 @@ def main() -> int:
         "distinct_keys": KEYS,
         "produce_backlog_s": round(produce_s, 2),
         "worker_ready_s": round(ready_s, 1),
+        "worker_start_to_drained_s": round(start_to_drained_s, 1),
+        "recovery_events": recovered_events,
+        "recovery_s": round(recovery_s, 2),
+        "recovery_events_per_s": round(recovered_events / recovery_s) if recovery_s else None,
         "drain_s": round(drain_s, 2),
         "live_produced_events_per_s": round(produced_rate),
         "live_lag_max_messages": max((v for _, v in lag), default=float("nan")),

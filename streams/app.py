@@ -103,21 +103,21 @@ class StreamWorker:
         replayed = 0
         try:
             await self._learn_partition_count(reader)
-            end = (await reader.end_offsets([tp]))[tp]
+            end = await self._log_end(reader, tp)
             start, complete_since = await self._replay_start(reader, tp, end)
             proc = self.processors.get(p)
             if proc is not None:
                 proc.complete_since_ms = complete_since
-            reader.assign([tp])
             reader.seek(tp, start)
             position = start
             while position < end:
-                batch = await reader.getmany(tp, timeout_ms=1000, max_records=256)
+                batch = await reader.getmany(tp, timeout_ms=1000, max_records=512)
                 records = [r for r in batch.get(tp, []) if r.offset < end]
                 if records:
-                    position = records[-1].offset + 1
                     replayed += len(records)
                     await self._process(p, [(r.offset, r.value or b"") for r in records])
+                # position() also steps over offsets that hold no record (control records)
+                position = await reader.position(tp)
             proc = self.processors.get(p)
             if proc is not None:
                 proc.next_offset = max(proc.next_offset, end)
@@ -127,6 +127,16 @@ class StreamWorker:
                  time.monotonic() - started)
         self.recovering.pop(p, None)
 
+    async def _log_end(self, reader: AIOKafkaConsumer, tp: TopicPartition) -> int:
+        """The log end offset. A fetch's high watermark is asked too: the local broker
+        (Tansu) answers ListOffsets(latest) with a stale value for batched writes."""
+        listed = int((await reader.end_offsets([tp]))[tp])
+        reader.assign([tp])
+        reader.seek(tp, int((await reader.beginning_offsets([tp]))[tp]))
+        await reader.getmany(tp, timeout_ms=1000, max_records=1)
+        high = reader.highwater(tp)
+        return max(listed, int(high)) if high is not None else listed
+
     async def _replay_start(
         self, reader: AIOKafkaConsumer, tp: TopicPartition, end: int
     ) -> tuple[int, int | None]:
@@ -134,15 +144,26 @@ class StreamWorker:
         cfg = self.config
         history_ms = max(cfg.window_ms, cfg.eviction_ms) + cfg.grace_ms
         since = now_ms() - history_ms - round(self.settings.replay_margin_s * 1000)
-        begin = (await reader.beginning_offsets([tp]))[tp]
-        try:
-            found = (await reader.offsets_for_times({tp: since}))[tp]
-        except Exception as exc:  # a broker without ListOffsets-by-time: replay all
-            log.warning("offsets_for_times failed (%r): replaying partition from the start", exc)
-            return int(begin), None if begin == 0 else since
-        start = int(found.offset) if found is not None else int(end)
+        begin = int((await reader.beginning_offsets([tp]))[tp])
+        start = await self._first_offset_since(reader, tp, begin, int(end), since)
         # Replaying from offset 0 means nothing was ever missed.
         return start, None if start == 0 else since
+
+    async def _first_offset_since(self, reader: AIOKafkaConsumer, tp: TopicPartition,
+                                  lo: int, hi: int, since_ms: int) -> int:
+        """Binary search by message timestamp (not every broker answers ListOffsets by
+        time: Tansu returns the log start). Timestamps are only roughly ordered; the
+        replay margin absorbs that."""
+        while lo < hi:
+            mid = (lo + hi) // 2
+            reader.seek(tp, mid)
+            batch = await reader.getmany(tp, timeout_ms=2000, max_records=1)
+            records = batch.get(tp, [])
+            if not records or records[0].timestamp >= since_ms:
+                hi = mid
+            else:
+                lo = min(max(mid + 1, records[0].offset + 1), hi)
+        return lo
 
     async def _learn_partition_count(self, reader: AIOKafkaConsumer) -> None:
         if not self.partition_count:
@@ -161,7 +182,11 @@ class StreamWorker:
         for p, messages in by_partition.items():
             task = self.recovering.get(p)
             if task is not None and asyncio.current_task() is not task:
-                await asyncio.shield(task)
+                try:
+                    await asyncio.shield(task)
+                except asyncio.CancelledError:
+                    if not task.cancelled():
+                        raise  # we are being cancelled, not the recovery
             await self._process(p, messages)
 
     async def _process(self, p: int, messages: list[tuple[int, bytes]]) -> None:
