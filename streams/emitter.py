@@ -40,7 +40,12 @@ def default_producer_id(prefix: str = "emitter") -> str:
 
 
 class EventEmitter:
-    """Batches events into `EventBatch` messages keyed by routing key; never blocks."""
+    """Batches events into `EventBatch` messages keyed by routing key; never blocks.
+
+    `**kafka_config` are librdkafka producer settings with underscores for dots
+    (`compression_type="lz4"` -> `compression.type`); they override the defaults
+    (idempotent, acks=all, linger 5 ms inside librdkafka).
+    """
 
     def __init__(self, bootstrap: str, topic: str = "cacheroute.events", *, producer_id: str,
                  batch_max_events: int = 500, linger_ms: int = 50,
