@@ -38,7 +38,13 @@ from router_client.plan import (
     table_to_pb,
     version_from_pb,
 )
-from router_client.routing import FALLBACK, Members, RoutingTable, lookup_from_columns
+from router_client.routing import (
+    FALLBACK,
+    Members,
+    RoutingTable,
+    destination_columns,
+    lookup_from_columns,
+)
 
 
 def _lookup(plan: RoutingPlan) -> dict[str, Members]:
@@ -102,12 +108,7 @@ def apply_delta(table: RoutingTable, delta: plan_pb2.PlanDelta) -> RoutingTable:
     target = version_from_pb(delta.target)
     if target <= table.version:
         raise PlanRejected("stale", f"delta target {target} is not newer than {table.version}")
-    # ids and draining flags straight from protobuf: building 1,000 DestinationSpecs
-    # would cost more than the rest of a small delta.
-    ids = tuple(d.id for d in delta.destinations)
-    if not ids or len(set(ids)) != len(ids):
-        raise PlanRejected("bad_destinations", "delta destination list is empty or repeats ids")
-    draining = [i for i, d in enumerate(delta.destinations) if d.draining]
+    ids, addresses, draining = destination_columns(delta.destinations)
     upserts = table_from_pb(delta.upserts, len(ids))
     if draining:
         check_table(upserts, len(ids), draining)
@@ -125,7 +126,7 @@ def apply_delta(table: RoutingTable, delta: plan_pb2.PlanDelta) -> RoutingTable:
         digest=bytes(delta.target_digest),
         planner_fallback=delta.config.built_by == FALLBACK,
         draining=frozenset(draining),
-        addresses=tuple(d.address for d in delta.destinations),
+        addresses=addresses,
     )
 
 

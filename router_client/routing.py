@@ -26,12 +26,13 @@ lost, which skews a statistic, never a decision's validity.
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Union
 
 import numpy as np
 
+from cacheroute.v1 import plan_pb2
 from router_client.errors import NoPlanAvailable, PlanRejected
 from router_client.plan import (
     RoutingPlan,
@@ -84,12 +85,7 @@ class RoutingTable:
         router does not route by (destination specs, stats, rates).
         """
         pb = parse_plan_pb(payload)
-        ids = tuple(d.id for d in pb.destinations)
-        if not ids:
-            raise PlanRejected("no_destinations", "the plan names no destination")
-        if len(set(ids)) != len(ids):
-            raise PlanRejected("duplicate_destination", "a destination id appears twice")
-        draining = [i for i, d in enumerate(pb.destinations) if d.draining]
+        ids, addresses, draining = destination_columns(pb.destinations)
         t = table_from_pb(pb.table, len(ids), unique_keys_checked_by_caller=True)
         if draining:
             check_table(t, len(ids), draining, unique_keys=True)
@@ -104,7 +100,7 @@ class RoutingTable:
             digest=digest,
             planner_fallback=pb.config.built_by == FALLBACK,
             draining=frozenset(draining),
-            addresses=tuple(d.address for d in pb.destinations),
+            addresses=addresses,
         )
 
     def __len__(self) -> int:
@@ -123,6 +119,24 @@ class RoutingTable:
         if m is None:
             return ()
         return (m,) if isinstance(m, int) else m
+
+
+def destination_columns(
+    dests: Iterable[plan_pb2.Destination],
+) -> tuple[tuple[str, ...], tuple[str, ...], list[int]]:
+    """(ids, addresses, draining indices) in one pass over protobuf destinations,
+    checked: non-empty, unique ids. Building DestinationSpecs would cost more."""
+    ids, addresses, draining = [], [], []
+    for i, d in enumerate(dests):
+        ids.append(d.id)
+        addresses.append(d.address)
+        if d.draining:
+            draining.append(i)
+    if not ids:
+        raise PlanRejected("no_destinations", "the plan names no destination")
+    if len(set(ids)) != len(ids):
+        raise PlanRejected("duplicate_destination", "a destination id appears twice")
+    return tuple(ids), tuple(addresses), draining
 
 
 def lookup_from_columns(
