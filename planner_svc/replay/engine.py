@@ -196,6 +196,20 @@ class Engine:
         self, key: Hashable, prompt_tokens: int, prefix_tokens: int, output_tokens: int, now: float
     ) -> Served:
         """Admit a request at `now` (non-decreasing per engine); return its full timing."""
+        cached, finish, first, start = self.admit_tuple(
+            key, prompt_tokens, prefix_tokens, output_tokens, now
+        )
+        finishes = self._finishes
+        while finishes and finishes[0] <= now:
+            heapq.heappop(finishes)
+        heapq.heappush(finishes, finish)
+        return Served(cached, finish, first, start)
+
+    def admit_tuple(
+        self, key: Hashable, prompt_tokens: int, prefix_tokens: int, output_tokens: int, now: float
+    ) -> tuple[int, float, float, float]:
+        """`admit` as a plain tuple, without the in-flight bookkeeping (the simulator's hot path:
+        its routers count in-flight requests themselves)."""
         m = self.model
         now = now if now > self._last_now else self._last_now
         self._last_now = now
@@ -220,14 +234,10 @@ class Engine:
         kv = prompt_tokens + output_tokens
         heapq.heappush(slots, (finish, kv))
         self._pinned += kv
-        finishes = self._finishes
-        while finishes and finishes[0] <= now:
-            heapq.heappop(finishes)
-        heapq.heappush(finishes, finish)
-        return Served(cached, finish, prefill_end + tpot, start)
+        return cached, finish, prefill_end + tpot, start
 
     def in_flight(self, now: float) -> int:
-        """Requests admitted and not finished at `now` (queued or running)."""
+        """Requests admitted by `admit`/`submit` and not finished at `now` (queued or running)."""
         finishes = self._finishes
         while finishes and finishes[0] <= now:
             heapq.heappop(finishes)

@@ -111,6 +111,7 @@ def _loop(
     window_start_i, window_start_t = 0, 0.0
     pop, push = heapq.heappop, heapq.heappush
     single = routers[0] if n_routers == 1 else None
+    admits = [e.admit_tuple for e in engines]
     for i in range(n):
         now = ts[i]
         while pending and pending[0][0] <= now:
@@ -124,7 +125,7 @@ def _loop(
             next_control = controls.pop(0) if controls else float("inf")
         k = keys[i]
         d = (single or routers[router_of[i]]).route(i, k, prompts[i], prefixes[i], outputs[i], now)
-        served = engines[d].admit(k, prompts[i], prefixes[i], outputs[i], now)
+        served = admits[d](k, prompts[i], prefixes[i], outputs[i], now)
         dest[i], cached[i], finish[i], first[i] = d, served[0], served[1], served[2]
         push(pending, (served[1], i))
     return (

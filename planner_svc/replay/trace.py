@@ -93,7 +93,7 @@ def _assemble(
         prefix=pre.astype(np.int32),
         output=out.astype(np.int32),
         keys=list(ids),
-        interval_s=60.0,
+        interval_s=300.0,
         notes={"source": "recorded trace", "requests": str(len(order))},
     )
 

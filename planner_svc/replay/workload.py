@@ -15,7 +15,7 @@ come from `planner_svc.replay.trace`. All are deterministic for a seed.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -77,7 +77,7 @@ class ScenarioSpec:
     arrivals: ArrivalSpec = field(default_factory=ArrivalSpec)
     n_keys: int = PAPER_KEYS
     shape: PromptShape = field(default_factory=PromptShape)
-    interval_s: float = 60.0  # control interval (drift, replanning)
+    interval_s: float = 300.0  # control interval (replanning; drift steps for `drifting`)
 
 
 def turn_index(key: np.ndarray) -> np.ndarray:
@@ -180,8 +180,10 @@ def low_reuse(spec: ScenarioSpec) -> Workload:
     return _stream("low-reuse", low, _shares(low)[None, :], rng)
 
 
-def drifting(spec: ScenarioSpec, *, sigma: float = 0.3) -> Workload:
-    """Paper-like rates that take a lognormal random walk (σ per control interval)."""
+def drifting(spec: ScenarioSpec, *, sigma: float = 0.3, interval_s: float = 60.0) -> Workload:
+    """Paper-like rates that take a lognormal random walk (σ per `interval_s`, which is also
+    the control interval of this scenario)."""
+    spec = replace(spec, interval_s=interval_s)
     rng = np.random.default_rng(spec.seed)
     mean_gap = 1.0 / spec.load_qps
     n_int = max(1, int(np.ceil(spec.n_requests * mean_gap / spec.interval_s)) + 1)
