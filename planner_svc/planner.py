@@ -653,6 +653,7 @@ def telemetry_from_window(window: Any, admitted: set[str]) -> Telemetry:
     p99s = [d.p99_e2e_ms for d in window.destinations.values() if not math.isnan(d.p99_e2e_ms)]
     return Telemetry(
         window_end_s=window.window_end_ms / 1000.0,
+        window_s=span_s,
         hit_rate=_ratio(cached.sum(), prompt.sum()),
         prompt_tokens_per_s=float(prompt.sum()) / span_s,
         requests=int(np.sum(window.requests)),

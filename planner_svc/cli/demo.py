@@ -98,9 +98,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
     stack = start_stack(stack_options(args))
     try:
         print("CacheRoute demo: stack up\n" + describe(stack), flush=True)
-        result = run_demo(
-            stack, FleetOptions(keys=args.keys, total_rate=args.rate, seed=args.seed), args.duration
-        )
+        options = FleetOptions(keys=args.keys, total_rate=args.rate, seed=args.seed,
+                               drift_every_s=args.drift_every_s, drift_sigma=args.drift_sigma,
+                               shift_at_s=args.shift_at_s, shift_share=args.shift_share)
+        result = run_demo(stack, options, args.duration)
     except KeyboardInterrupt:
         print("interrupted: stopping the stack", file=sys.stderr)
         return 130

@@ -34,6 +34,10 @@ class FleetOptions:
     cache_capacity_tokens: int = 250_000
     drift_every_s: float = 20.0
     drift_sigma: float = 0.3
+    # A popularity shift (a tenant onboarding, a time-of-day change): at `shift_at_s` the
+    # hottest keys carrying `shift_share` of the traffic trade rates with cold keys.
+    shift_at_s: float = 0.0
+    shift_share: float = 0.5
     seed: int = 7
     # The demo's engines are fast (small prefill cost) so the two fleets differ by cache
     # behaviour, not by queueing; the simulator is where latency is studied.
@@ -133,6 +137,7 @@ class Workload:
         self.prefix = np.clip(sizes, 128, 8 * options.mean_prefix_tokens).astype(np.int64)
         self._queue: list[int] = []
         self._next_drift = options.drift_every_s
+        self._shifted = options.shift_at_s <= 0
 
     def drift_if_due(self, elapsed_s: float) -> bool:
         if self.options.drift_every_s <= 0 or elapsed_s < self._next_drift:
@@ -140,6 +145,19 @@ class Workload:
         self._next_drift += self.options.drift_every_s
         walked = lognormal_walk(self.rates, self.options.drift_sigma, self.rng)
         self.rates = walked * (self.options.total_rate / walked.sum())
+        self._queue.clear()
+        return True
+
+    def shift_if_due(self, elapsed_s: float) -> bool:
+        if self._shifted or elapsed_s < self.options.shift_at_s:
+            return False
+        self._shifted = True
+        order = np.argsort(-self.rates, kind="stable")
+        share = np.cumsum(self.rates[order]) / self.rates.sum()
+        n = int(np.searchsorted(share, self.options.shift_share)) + 1
+        hot = order[:n]
+        cold = self.rng.choice(order[2 * n :], size=n, replace=False)
+        self.rates[hot], self.rates[cold] = self.rates[cold].copy(), self.rates[hot].copy()
         self._queue.clear()
         return True
 
@@ -169,6 +187,9 @@ def run_fleets(
     while (now := time.monotonic()) - start < duration_s:
         elapsed = now - start
         workload.drift_if_due(elapsed)
+        if workload.shift_if_due(elapsed):
+            print(f"{elapsed:5.0f}  -- popularity shift: the hottest keys carrying "
+                  f"{o.shift_share:.0%} of traffic swap rates with cold keys --", flush=True)
         for i in workload.arrivals(now - last):
             prefix = int(workload.prefix[i])
             for fleet in fleets:

@@ -294,8 +294,8 @@ class ControlLoop:
             self.warm = self.warm.observe_keys(keys, hits, cold)
 
     def _follow_dip(self, settling: Settling, t: Telemetry) -> None:
-        if t.window_end_s <= settling.since_s:
-            return
+        if t.window_start_s < settling.since_s:
+            return  # still mixes in traffic from before the install
         settling = settling.with_sample(t.window_end_s, t.hit_rate, t.prompt_tokens_per_s)
         self.settling = settling
         if settling.settled(self.settings.settle_tolerance):

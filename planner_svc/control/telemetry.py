@@ -44,6 +44,13 @@ class Telemetry:
     active_keys: int = 0
     recovering: bool = False
     key_hit_rates: Mapping[str, float] = field(default_factory=dict)
+    # The window's length: a window that began before an install still mixes in traffic
+    # routed by the previous plan, so it says nothing yet about the new plan's dip.
+    window_s: float = 0.0
+
+    @property
+    def window_start_s(self) -> float:
+        return self.window_end_s - self.window_s
 
     def age_s(self, now_s: float) -> float:
         return now_s - self.window_end_s
@@ -61,6 +68,7 @@ class Telemetry:
             "p99_ms": self.p99_ms,
             "active_keys": self.active_keys,
             "recovering": self.recovering,
+            "window_s": self.window_s,
         }
 
     @classmethod
