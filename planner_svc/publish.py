@@ -62,6 +62,8 @@ class PreparedInstall:
 _INSTALL_LUA = """
 local member, digest = ARGV[1], ARGV[2]
 local cur = redis.call('GET', KEYS[1])
+-- a pointer that is not ours (tampered, junk) does not hold versions back
+if cur and not string.find(cur, '^' .. string.rep('%x', 32) .. ' ') then cur = nil end
 if cur then
   local cur_member = string.sub(cur, 1, 32)
   if member < cur_member then

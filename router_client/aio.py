@@ -11,7 +11,7 @@ import contextlib
 import time
 from typing import Any
 
-from router_client.client_base import BaseRouterClient
+from router_client.client_base import BaseRouterClient, log
 from router_client.follow import MAX_DELTA_CHAIN, Ask, Backoff, Want, sync_round
 from router_client.layout import Pointer
 from router_client.plan import Version
@@ -81,6 +81,11 @@ class AsyncRouterClient(BaseRouterClient):
                 self.follower.note_hint(await self.source.wait_for_change(self.recheck_s))
             except SourceUnavailable:
                 self.unavailable_rounds += 1
+                self.check_age()
+                await asyncio.sleep(self._backoff.next_delay())
+            except Exception:  # a bug must not stop plan following; routing goes on
+                log.exception("router %s: plan-following round failed", self.router_id)
+                self.failed_rounds += 1
                 self.check_age()
                 await asyncio.sleep(self._backoff.next_delay())
 

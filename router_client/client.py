@@ -19,7 +19,7 @@ import threading
 import time
 from typing import Any
 
-from router_client.client_base import BaseRouterClient
+from router_client.client_base import BaseRouterClient, log
 from router_client.follow import MAX_DELTA_CHAIN, Ask, Backoff, Want, sync_round
 from router_client.layout import Pointer
 from router_client.plan import Version
@@ -88,6 +88,11 @@ class RouterClient(BaseRouterClient):
                 self._wait_for_change()
             except SourceUnavailable:
                 self.unavailable_rounds += 1
+                self.check_age()
+                self._stop.wait(self._backoff.next_delay())
+            except Exception:  # a bug must not stop plan following; routing goes on
+                log.exception("router %s: plan-following round failed", self.router_id)
+                self.failed_rounds += 1
                 self.check_age()
                 self._stop.wait(self._backoff.next_delay())
 

@@ -81,6 +81,7 @@ class BaseRouterClient:
         self._reported_rejections = 0
         self._notified_rejections = 0
         self.unavailable_rounds = 0
+        self.failed_rounds = 0  # rounds that raised something unexpected (logged)
         self._round_cpu_start = 0.0
         # CPU seconds of this thread spent on the round that applied the current plan
         # (fetch, verify, decode, build, swap): separates cost from scheduling delay.
@@ -301,6 +302,7 @@ class BaseRouterClient:
             delta_fallbacks=f.delta_fallbacks,
             reconnects=self._reconnects(),
             unavailable_rounds=self.unavailable_rounds,
+            failed_rounds=self.failed_rounds,
         )
         return m
 
@@ -344,6 +346,7 @@ _HELP = {
     "delta_fallbacks": ("counter", "Deltas that could not be used (full plan fetched)."),
     "reconnects": ("counter", "Plan-source reconnects."),
     "unavailable_rounds": ("counter", "Sync rounds that found the source unreachable."),
+    "failed_rounds": ("counter", "Sync rounds that failed unexpectedly (see the log)."),
 }
 
 

@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from typing import Any
 
 import redis
 import redis.asyncio as aioredis
+from google.protobuf.message import DecodeError
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
@@ -36,7 +38,8 @@ from router_client.layout import (
 from router_client.plan import Version
 from router_client.source import SourceUnavailable
 
-_ERRORS = (redis.RedisError, OSError, ValueError)
+log = logging.getLogger("router_client")
+_ERRORS = (redis.RedisError, OSError)
 
 # Deltas of every retained version in (ARGV[1], ARGV[2]], read in one atomic step.
 # KEYS: versions zset; ARGV: after member, upto member, version key prefix, limit.
@@ -77,14 +80,25 @@ def _options(extra: dict[str, Any], timeout_s: float, retry: Any) -> dict[str, A
 
 
 def _pointer(raw: bytes | None) -> Pointer | None:
-    return Pointer.decode(raw) if raw else None
+    # Anyone with write access to Redis can put junk here: junk reads as "no pointer"
+    # (the router keeps its plan), never as an error that would look like an outage.
+    if not raw:
+        return None
+    try:
+        return Pointer.decode(raw)
+    except ValueError:
+        log.warning("ignoring an undecodable plan pointer: %r", raw[:80])
+        return None
 
 
 def _hint(message: dict[str, Any] | None) -> Version | None:
     if not message or message.get("type") != "message":
         return None
     note = plan_pb2.PlanNotification()
-    note.ParseFromString(message["data"])
+    try:
+        note.ParseFromString(message["data"])
+    except DecodeError:
+        return None  # a notification is only a hint; a bad one is ignored
     return Version(note.version.epoch, note.version.seq)
 
 

@@ -391,3 +391,25 @@ def test_deltas_of_a_lagging_router_come_as_one_chain_from_redis(redis_server, k
         c2.stop()
     finally:
         src.close()
+
+
+def test_junk_in_redis_neither_stops_following_nor_blocks_the_planner(redis_server, key):
+    pub = PlanPublisher(redis_server.url, key)
+    plan = synthetic_plan(100, 4)
+    pub.install(plan, None)
+    c = _client(redis_server.url, key, "r", recheck_s=0.2).start()
+    try:
+        assert c.wait_for_version(Version(1, 1), 5)
+        r = redis.Redis.from_url(redis_server.url)
+        lay = Layout()
+        r.publish(lay.channel, b"\xff\xfe not a notification")
+        r.set(lay.current, b"junk pointer")
+        time.sleep(0.6)  # a few rounds on the junk
+        assert c.version == Version(1, 1) and c.mode == "planned"
+        assert c.route("k00000001")
+        nxt = perturb(plan, 0.1, version=Version(1, 2))
+        pub.install(nxt, plan)  # the planner overwrites the junk pointer
+        assert c.wait_for_version(Version(1, 2), 5)
+        assert c.failed_rounds == 0
+    finally:
+        c.stop()

@@ -256,3 +256,20 @@ def test_a_router_several_versions_behind_applies_the_chain_of_deltas():
         src.publish(plan)
     assert _run_round(f, src).kind == "full" and f.version == Version(1, 17)
     assert f.delta_fallbacks == 0  # those were never attempted, not failed
+
+
+def test_an_unexpected_error_in_a_round_is_logged_and_following_goes_on():
+    class Flaky(StaticPlanSource):
+        fail = 2
+
+        def current(self):
+            if self.fail:
+                self.fail -= 1
+                raise RuntimeError("bug in a source")
+            return super().current()
+
+    src = Flaky()
+    src.publish(synthetic_plan(20, 3))
+    with _client(src) as c:
+        assert c.wait_for_version(Version(1, 1), 5)
+        assert c.failed_rounds == 2 and c.metrics()["failed_rounds"] == 2
