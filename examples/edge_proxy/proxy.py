@@ -201,8 +201,11 @@ class _ProxyHandler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         if self.path not in ROUTED_PATHS:
             return self._error(404, "not found")
-        length = int(self.headers.get("Content-Length") or 0)
-        if length > MAX_BODY_BYTES:
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            return self._error(400, "bad Content-Length")
+        if length < 0 or length > MAX_BODY_BYTES:
             return self._error(413, "request body too large")
         raw = self.rfile.read(length)
         try:
