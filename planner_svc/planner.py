@@ -33,6 +33,7 @@ from planner_svc.control.loop import Figures
 from planner_svc.control.telemetry import Telemetry
 from planner_svc.control.traffic import Traffic
 from planner_svc.errors import Conflict, InvalidRequest, NotFound, Unavailable
+from planner_svc.failpoints import failpoint
 from planner_svc.planning import PlanDiff, PlanningConfig, build_plan, diff, repack
 from router_client.plan import (
     DestinationSpec,
@@ -151,8 +152,10 @@ class Planner:
             if durable is not None:
                 self._restore_durable(durable)
             current = self._publisher.current()
-            if durable is not None and durable.current is not None and (
-                current is None or current.version < durable.current
+            if (
+                durable is not None
+                and durable.current is not None
+                and (current is None or current.version < durable.current)
             ):
                 plan = self._publisher.decode_signed(durable.plans[durable.current])
                 current = self._publisher.install(plan, None)
@@ -279,7 +282,12 @@ class Planner:
         if fresh or self.installed is None:
             return build_plan(t.keys, t.rates, config, prefix_tokens=t.prefix_tokens, clock=_timer)
         return repack(
-            self._serving_plan(), t.keys, t.rates, config, prefix_tokens=t.prefix_tokens, clock=_timer
+            self._serving_plan(),
+            t.keys,
+            t.rates,
+            config,
+            prefix_tokens=t.prefix_tokens,
+            clock=_timer,
         )
 
     # --- installs -------------------------------------------------------------------
@@ -298,10 +306,13 @@ class Planner:
             created_at_ms=int(now * 1000),
             rates_window_end_ms=self.rates_window_end_ms or plan.rates_window_end_ms,
         )
+        failpoint("publish.before_redis")
         published = self._publisher.install(versioned, previous)
+        failpoint("publish.after_redis")
         if self._history is not None:
-            self._history.record_install(versioned.version,
-                                         self._publisher.signed_plan(versioned.version))
+            blob = self._publisher.signed_plan(versioned.version)
+            self._history.record_install(versioned.version, blob)
+            failpoint("publish.after_history")
         self.installed = Installed(versioned, published.digest, now)
         self._remember(versioned)
         if versioned.config.built_by not in ("fallback",):
@@ -366,7 +377,8 @@ class Planner:
         if not (force or worth_it):
             reason = "operator replan not installed: staleness below rewarm (use force)"
             return dataclasses.replace(
-                result, decision=self._record(now, Action.KEEP, reason, figures, request_id=request_id)
+                result,
+                decision=self._record(now, Action.KEEP, reason, figures, request_id=request_id),
             )
         installed = self._install(result.candidate, now, forced=force)
         self.pinned = False
@@ -440,10 +452,12 @@ class Planner:
             self.tunables, self._destinations = new_tunables, new_destinations
             self._apply_decision_settings()
             if self._history is not None:
-                self._history.record_config({
-                    "tunables": dataclasses.asdict(self.tunables),
-                    "destinations": [dataclasses.asdict(d) for d in self._destinations],
-                })
+                self._history.record_config(
+                    {
+                        "tunables": dataclasses.asdict(self.tunables),
+                        "destinations": [dataclasses.asdict(d) for d in self._destinations],
+                    }
+                )
             self._last_tick_s = -math.inf  # act on the change at the next tick
             return self._remember_request(request_id, self.tunables)  # type: ignore[no-any-return]
 
@@ -570,7 +584,9 @@ class Planner:
         """
         last = self.decisions[-1].id if self.decisions else 0
         decision = dataclasses.replace(decision, id=last + 1)
-        installed_now = self.installed is not None and self.installed.installed_at_s == decision.at_s
+        installed_now = (
+            self.installed is not None and self.installed.installed_at_s == decision.at_s
+        )
         if decision.action in (Action.INSTALL, Action.FALLBACK, Action.RESUME) and installed_now:
             assert self.installed is not None
             self.decision_meta[decision.id] = (self.installed.plan.version, request_id)
