@@ -93,7 +93,7 @@ class KeyTable:
         return tuple(int(m) for m in self.members[lo:hi])
 
     def as_dict(self) -> dict[str, tuple[int, ...]]:
-        """key -> destination indices. For tests and tools; routers use `router_client.table`."""
+        """key -> destination indices, for tests and tools (routers use `routing.RoutingTable`)."""
         offs = self.set_offsets.tolist()
         mem = self.members.tolist()
         return {k: tuple(mem[offs[i] : offs[i + 1]]) for i, k in enumerate(self.keys)}
