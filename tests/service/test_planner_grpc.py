@@ -389,3 +389,44 @@ def test_decisions_name_what_they_installed_and_retried_config_acts_once(service
         stub.UpdateConfig(planner_pb2.UpdateConfigRequest(q_cap=5.0, remove_destinations=["zz"]),
                           metadata=op)
     assert service.planner.tunables.q_cap == 20.0
+
+
+def test_drift_installs_only_when_staleness_exceeds_rewarm(service):
+    """σ = 0.3 lognormal random walk, one step per interval, through the real loop."""
+    from planner_svc.replay.rates import lognormal_walk
+
+    keys = paper_like_keys(400)
+    rates = paper_like_rates(400, 300.0, seed=5)
+    rng = np.random.default_rng(11)
+    start = int(time.time() * 1000)
+    interval_ms = 10_000
+    service.planner.update_config(tunables={"interval_s": 10.0}, add=[], drain=[], remove=[])
+    for step in range(30):
+        end = start + step * interval_ms
+        if step >= 2:
+            rates = lognormal_walk(rates, 0.3, rng)
+        # Warm keys (the plan's) hit 80 %, the fallback's 20 %: the warm advantage is real.
+        installed = service.planner.installed
+        admitted = set(installed.plan.table.keys) if installed else set()
+        hits = np.array([0.8 if k in admitted else 0.2 for k in keys])
+        service.planner.on_window(make_window(keys, rates, window_end_ms=end, hit_rate=hits,
+                                              destinations=list(DESTS)))
+        service.planner.tick(now_s=end / 1000.0 + 0.5)
+    decisions = stub_for(service).ListDecisions(
+        planner_pb2.ListDecisionsRequest(limit=100), metadata=auth(READER)).decisions
+    loop_decisions = [d for d in decisions if d.action in ("install", "keep")][::-1][1:]
+    assert loop_decisions, "the loop made no decision"
+    hysteresis = service.planner.tunables.hysteresis
+    for d in loop_decisions:
+        p = d.penalties
+        price = p.rewarm_cost * (1 + hysteresis)
+        if d.action == "install":
+            assert d.installed.seq >= 2 and d.moved_traffic_share > 0
+            assert p.rewarm_cost > 0 and p.staleness_accumulated >= price, d.reason
+        else:
+            assert p.staleness_accumulated < price, d.reason
+    installs = [d for d in loop_decisions if d.action == "install"]
+    keeps = [d for d in loop_decisions if d.action == "keep"]
+    assert installs and keeps, [d.action for d in loop_decisions]
+    for d in installs:  # the figures before the reset: the reason quotes them
+        assert "reached the candidate's rewarm cost" in d.reason

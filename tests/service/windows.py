@@ -14,7 +14,7 @@ def make_window(
     window_end_ms: int,
     window_s: float = 10.0,
     destinations: list[str] = (),  # type: ignore[assignment]
-    hit_rate: float = 0.5,
+    hit_rate: float | np.ndarray = 0.5,
     recovering: bool = False,
 ) -> CompleteWindow:
     rates = np.asarray(rates, np.float64)
@@ -28,7 +28,7 @@ def make_window(
         rate_per_s=rates,
         ewma_rate_per_s=rates,
         prompt_tokens=prompt,
-        cached_tokens=prompt * hit_rate,
+        cached_tokens=prompt * np.asarray(hit_rate, np.float64),
         reuse_fraction=np.full(len(keys), 0.5),
         interarrival_cv=np.ones(len(keys)),
         reusable_prefix_tokens=np.full(len(keys), 800.0),
