@@ -164,6 +164,36 @@ def worker_peak_rss_mb(pid: int) -> float:
     return float("nan")
 
 
+def broker_read(bootstrap: str, topic: str, total_messages: int) -> float:
+    """Events/s of a bare aiokafka read of the topic (Faust's client): the broker +
+    client ceiling, with no processing."""
+    import asyncio
+
+    from aiokafka import AIOKafkaConsumer
+    from aiokafka.structs import TopicPartition as TP
+
+    async def run() -> float:
+        c = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+                             max_partition_fetch_bytes=8 << 20)
+        await c.start()
+        tps = [TP(topic, p) for p in range(PARTITIONS)]
+        c.assign(tps)
+        for tp in tps:
+            c.seek(tp, 0)
+        n = events = 0
+        t = time.perf_counter()
+        while n < total_messages:
+            for records in (await c.getmany(timeout_ms=1000, max_records=512)).values():
+                n += len(records)
+                events += sum(len(r.value) for r in records)
+        dt = time.perf_counter() - t
+        await c.stop()
+        return dt
+
+    dt = asyncio.run(run())
+    return total_messages * BATCH / dt
+
+
 def wait_ready(port: int, timeout_s: float) -> float:
     """Seconds until the worker owns every partition and has recovered them."""
     t = time.monotonic()
@@ -282,6 +312,7 @@ def main() -> int:
     ap.add_argument("--backlog", type=int, default=None)
     ap.add_argument("--live-rate", type=float, default=100_000)
     ap.add_argument("--live-s", type=float, default=None)
+    ap.add_argument("--keep", action="store_true", help="keep the work dir (worker log)")
     args = ap.parse_args()
     backlog = args.backlog or (600_000 if args.quick else 3_000_000)
     live_s = args.live_s or (10.0 if args.quick else 30.0)
@@ -350,6 +381,8 @@ def main() -> int:
         drain_rate, drain_s = drain(port, backlog, timeout_s=600)
         start_to_drained_s = time.monotonic() - started
         print(f"drain: {drain_rate:,.0f} ev/s ({drain_s:.1f} s)", flush=True)
+        read_rate = broker_read(broker.bootstrap, events_topic, len(values))
+        print(f"bare aiokafka read of the backlog: {read_rate:,.0f} ev/s", flush=True)
 
         snaps = Consumer(
             {
@@ -372,7 +405,10 @@ def main() -> int:
         if worker is not None:
             worker.stop()
         broker.process.stop()
-        shutil.rmtree(work, ignore_errors=True)
+        if args.keep:
+            print(f"work dir kept: {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
 
     tail = [(t, v) for t, v in lag if t >= live_s / 2]
     slope = (
@@ -385,6 +421,7 @@ def main() -> int:
         "bare_decode_count_events_per_s": round(bare),
         "pipeline_in_process_events_per_s": round(inproc),
         "drain_over_bare": round(drain_rate / bare, 3),
+        "broker_read_events_per_s": round(read_rate),
         "backlog_events": backlog,
         "distinct_keys": KEYS,
         "produce_backlog_s": round(produce_s, 2),
