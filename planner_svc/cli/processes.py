@@ -7,19 +7,34 @@ its own process group and stopped with the whole group, so nothing outlives us.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+PR_SET_PDEATHSIG = 1
+
 
 class ServerStartError(RuntimeError):
     """A server did not come up; the message says which and shows its log tail."""
+
+
+def _die_with_parent() -> None:
+    """In the child: ask Linux to SIGKILL us if the process that started us dies.
+
+    The normal path stops children explicitly; this covers the parent being SIGKILLed,
+    so a crashed `cacheroute demo` cannot leave a broker or Redis behind.
+    """
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def free_port() -> int:
@@ -60,6 +75,7 @@ class ManagedProcess:
             stdin=subprocess.DEVNULL,
             start_new_session=True,
             env=self.env,
+            preexec_fn=_die_with_parent,
         )
         log.close()
 

@@ -6,8 +6,8 @@ The stack is started exactly as `cacheroute up` starts it (planner_svc.cli.stack
 from __future__ import annotations
 
 import threading
-import urllib.request
 import time
+import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 
@@ -65,8 +65,9 @@ class Traffic:
             for i in range(HOT):
                 for _ in range(rng.poisson(HOT_RATE * 0.1)):
                     d = dests[rng.integers(len(dests))]
-                    emitter.emit_request(f"hot-{i}", d, prompt_tokens=1200,
-                                         reusable_prefix_tokens=1000)
+                    emitter.emit_request(
+                        f"hot-{i}", d, prompt_tokens=1200, reusable_prefix_tokens=1000
+                    )
                     emitter.emit_cache_hit(f"hot-{i}", d, prompt_tokens=1200, cached_tokens=600)
             for j in rng.choice(COLD, size=rng.poisson(COLD * 0.05 * 0.1)):
                 emitter.emit_request(f"cold-{j}", dests[0], prompt_tokens=300)
@@ -95,7 +96,9 @@ def wait_for(predicate, timeout_s: float) -> bool:  # type: ignore[no-untyped-de
 def test_events_become_a_plan_that_routers_follow(stack: LocalStack, traffic: Traffic) -> None:
     keys = signing.pin([signing.load_public_key(stack.public_key_path)])
     router = RouterClient(
-        RedisPlanSource(stack.redis_url), router_id="e2e", public_keys=keys,
+        RedisPlanSource(stack.redis_url),
+        router_id="e2e",
+        public_keys=keys,
         destination_ids=stack.options.destination_ids,
     ).start()
     try:
@@ -121,7 +124,9 @@ def test_events_become_a_plan_that_routers_follow(stack: LocalStack, traffic: Tr
         assert set(cold_dests) == set(stack.options.destination_ids)
         url = f"http://127.0.0.1:{stack.metrics_port}/metrics"
         scraped = urllib.request.urlopen(url, timeout=5).read().decode()
-        seq_lines = [ln for ln in scraped.splitlines() if ln.startswith("cacheroute_planner_plan_seq ")]
+        seq_lines = [
+            ln for ln in scraped.splitlines() if ln.startswith("cacheroute_planner_plan_seq ")
+        ]
         assert seq_lines and float(seq_lines[0].split()[1]) >= current.version.seq
     finally:
         router.stop()
@@ -130,14 +135,23 @@ def test_events_become_a_plan_that_routers_follow(stack: LocalStack, traffic: Tr
 def test_garbage_on_the_topic_is_counted_skipped_and_dead_lettered(stack: LocalStack) -> None:
     producer = Producer({"bootstrap.servers": stack.bootstrap})
     producer.produce(stack.options.events_topic, key=b"hot-0", value=b"\xff\x00garbage\x17")
-    good = events_pb2.EventBatch(events=[events_pb2.Event(
-        producer_id="e2e-garbage", sequence=1, timestamp_ms=int(time.time() * 1000),
-        request=events_pb2.RequestEvent(routing_key="hot-0", destination="engine-00",
-                                        prompt_tokens=10))])
+    good = events_pb2.EventBatch(
+        events=[
+            events_pb2.Event(
+                producer_id="e2e-garbage",
+                sequence=1,
+                timestamp_ms=int(time.time() * 1000),
+                request=events_pb2.RequestEvent(
+                    routing_key="hot-0", destination="engine-00", prompt_tokens=10
+                ),
+            )
+        ]
+    )
     producer.produce(stack.options.events_topic, key=b"hot-0", value=good.SerializeToString())
     assert producer.flush(10) == 0
-    consumer = Consumer({"bootstrap.servers": stack.bootstrap, "group.id": "e2e-dlq",
-                         "enable.auto.commit": False})
+    consumer = Consumer(
+        {"bootstrap.servers": stack.bootstrap, "group.id": "e2e-dlq", "enable.auto.commit": False}
+    )
     consumer.assign([TopicPartition(stack.options.deadletter_topic, 0, 0)])
     letters = []
     deadline = time.monotonic() + 20

@@ -101,9 +101,13 @@ def test_replan_rollback_and_mode_work_end_to_end(service):
     op = auth(OPERATOR)
     dry = stub.Replan(planner_pb2.ReplanRequest(dry_run=True), metadata=op)
     assert not dry.installed
-    forced = stub.Replan(planner_pb2.ReplanRequest(force=True, fresh=True, request_id="r1"), metadata=op)
+    forced = stub.Replan(
+        planner_pb2.ReplanRequest(force=True, fresh=True, request_id="r1"), metadata=op
+    )
     assert forced.installed and forced.candidate.version.seq == 2
-    again = stub.Replan(planner_pb2.ReplanRequest(force=True, fresh=True, request_id="r1"), metadata=op)
+    again = stub.Replan(
+        planner_pb2.ReplanRequest(force=True, fresh=True, request_id="r1"), metadata=op
+    )
     assert again.candidate.version.seq == 2  # the retried request acted once
     rolled = stub.Rollback(
         planner_pb2.RollbackRequest(version=plan_pb2.PlanVersion(epoch=1, seq=1), request_id="b1"),
@@ -113,7 +117,9 @@ def test_replan_rollback_and_mode_work_end_to_end(service):
     assert rolled.installed.built_by == "rollback:1.1"
     status = stub.GetStatus(planner_pb2.GetStatusRequest(), metadata=op)
     assert status.pinned and status.installed.seq == 3
-    mode = stub.SetMode(planner_pb2.SetModeRequest(mode=planner_pb2.FALLBACK, reason="drill"), metadata=op)
+    mode = stub.SetMode(
+        planner_pb2.SetModeRequest(mode=planner_pb2.FALLBACK, reason="drill"), metadata=op
+    )
     assert mode.mode == planner_pb2.FALLBACK
     fallback_plan = service.publisher.load(service.publisher.current().version)
     assert len(fallback_plan.table) == 0 and fallback_plan.config.built_by == "fallback"
@@ -182,7 +188,9 @@ def test_drain_moves_keys_off_the_destination(service):
     feed(service)
     service.planner.tick()
     stub = stub_for(service)
-    stub.UpdateConfig(planner_pb2.UpdateConfigRequest(drain_destinations=["d0"]), metadata=auth(OPERATOR))
+    stub.UpdateConfig(
+        planner_pb2.UpdateConfigRequest(drain_destinations=["d0"]), metadata=auth(OPERATOR)
+    )
     result = stub.Replan(planner_pb2.ReplanRequest(force=True), metadata=auth(OPERATOR))
     assert result.installed
     plan = service.publisher.load(service.publisher.current().version)
@@ -207,11 +215,13 @@ def test_first_plan_waits_for_a_full_window_of_rates(service):
     keys = paper_like_keys(50)
     rates = paper_like_rates(50, 100.0, seed=3)
     end = int(time.time() * 1000)
-    service.planner.on_window(make_window(keys, rates, window_end_ms=end - 5_000,
-                                          destinations=list(DESTS)))
+    service.planner.on_window(
+        make_window(keys, rates, window_end_ms=end - 5_000, destinations=list(DESTS))
+    )
     assert service.planner.tick() is None and service.planner.installed is None
-    service.planner.on_window(make_window(keys, rates, window_end_ms=end + 5_000,
-                                          destinations=list(DESTS)))
+    service.planner.on_window(
+        make_window(keys, rates, window_end_ms=end + 5_000, destinations=list(DESTS))
+    )
     decision = service.planner.tick()
     assert decision is not None and decision.action == "install"
 
@@ -276,8 +286,13 @@ def test_every_rpc_is_reachable_through_reflection(service):
     reflect = reflection_pb2_grpc.ServerReflectionStub(channel)
 
     def ask(**kw):
-        return next(iter(reflect.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(**kw)]),
-                                                      metadata=auth(OPERATOR))))
+        return next(
+            iter(
+                reflect.ServerReflectionInfo(
+                    iter([reflection_pb2.ServerReflectionRequest(**kw)]), metadata=auth(OPERATOR)
+                )
+            )
+        )
 
     services = {s.name for s in ask(list_services="").list_services_response.service}
     assert "cacheroute.v1.Planner" in services and "grpc.health.v1.Health" in services
@@ -291,8 +306,14 @@ def test_every_rpc_is_reachable_through_reflection(service):
         except TypeError:
             pending.append(fd)
     svc = pool.FindServiceByName("cacheroute.v1.Planner")
-    read_only = {"GetStatus", "GetCurrentVersion", "GetPlan", "ListPlanVersions", "ListDecisions",
-                 "ListRouters"}
+    read_only = {
+        "GetStatus",
+        "GetCurrentVersion",
+        "GetPlan",
+        "ListPlanVersions",
+        "ListDecisions",
+        "ListRouters",
+    }
     called = set()
     for method in svc.methods:
         if method.name not in read_only:
@@ -300,17 +321,27 @@ def test_every_rpc_is_reachable_through_reflection(service):
         request_cls = message_factory.GetMessageClass(method.input_type)
         response_cls = message_factory.GetMessageClass(method.output_type)
         path = f"/cacheroute.v1.Planner/{method.name}"
-        kwargs = dict(request_serializer=request_cls.SerializeToString,
-                      response_deserializer=response_cls.FromString)
+        kwargs = dict(
+            request_serializer=request_cls.SerializeToString,
+            response_deserializer=response_cls.FromString,
+        )
         if method.server_streaming:
-            replies = list(channel.unary_stream(path, **kwargs)(request_cls(), metadata=auth(OPERATOR)))
+            replies = list(
+                channel.unary_stream(path, **kwargs)(request_cls(), metadata=auth(OPERATOR))
+            )
             assert replies
         else:
             channel.unary_unary(path, **kwargs)(request_cls(), metadata=auth(OPERATOR))
         called.add(method.name)
     assert called == read_only
-    assert {m.name for m in svc.methods} >= read_only | {"Replan", "Rollback", "SetMode",
-                                                         "UpdateConfig", "DiffPlans", "WatchPlans"}
+    assert {m.name for m in svc.methods} >= read_only | {
+        "Replan",
+        "Rollback",
+        "SetMode",
+        "UpdateConfig",
+        "DiffPlans",
+        "WatchPlans",
+    }
 
 
 def test_watch_streams_installs_and_decisions(service):
@@ -349,16 +380,23 @@ def test_routers_report_their_sync_state(service, redis_server):
     feed(service)
     service.planner.tick()
     key = signing.load_private_key(Path(service.settings.data_dir) / "planner-signing-key.pem")
-    router = RouterClient(RedisPlanSource(redis_server.url), router_id="edge-7",
-                          public_keys=signing.pin([key.public_key()]), destination_ids=DESTS,
-                          status_interval_s=0.2).start()
+    router = RouterClient(
+        RedisPlanSource(redis_server.url),
+        router_id="edge-7",
+        public_keys=signing.pin([key.public_key()]),
+        destination_ids=DESTS,
+        status_interval_s=0.2,
+    ).start()
     try:
         assert router.wait_for_version(Version(1, 1), 10)
         deadline = time.monotonic() + 5
         routers = []
         while time.monotonic() < deadline and not routers:
-            routers = stub_for(service).ListRouters(planner_pb2.ListRoutersRequest(),
-                                                    metadata=auth(READER)).routers
+            routers = (
+                stub_for(service)
+                .ListRouters(planner_pb2.ListRoutersRequest(), metadata=auth(READER))
+                .routers
+            )
             time.sleep(0.2)
         assert [(r.status.router_id, r.state) for r in routers] == [("edge-7", "in_sync")]
     finally:
@@ -373,21 +411,29 @@ def test_decisions_name_what_they_installed_and_retried_config_acts_once(service
     stub.Replan(planner_pb2.ReplanRequest(force=True, request_id="rq-9"), metadata=op)
     latest = stub.ListDecisions(planner_pb2.ListDecisionsRequest(limit=1), metadata=op).decisions[0]
     assert latest.action == "install" and latest.installed.seq == 2 and latest.request_id == "rq-9"
-    ids = [d.id for d in stub.ListDecisions(planner_pb2.ListDecisionsRequest(), metadata=op).decisions]
+    ids = [
+        d.id for d in stub.ListDecisions(planner_pb2.ListDecisionsRequest(), metadata=op).decisions
+    ]
     assert len(ids) == len(set(ids))
     add = planner_pb2.UpdateConfigRequest(
-        add_destinations=[plan_pb2.Destination(id="d9")], request_id="cfg-1")
+        add_destinations=[plan_pb2.Destination(id="d9")], request_id="cfg-1"
+    )
     first = stub.UpdateConfig(add, metadata=op)
     again = stub.UpdateConfig(add, metadata=op)  # a retry after a lost reply: same answer
     assert [d.id for d in first.config.destinations] == [d.id for d in again.config.destinations]
     assert "d9" in [d.id for d in again.config.destinations]
     with pytest.raises(grpc.RpcError) as err:  # a new request adding it again is a conflict
-        stub.UpdateConfig(planner_pb2.UpdateConfigRequest(
-            add_destinations=[plan_pb2.Destination(id="d9")], request_id="cfg-2"), metadata=op)
+        stub.UpdateConfig(
+            planner_pb2.UpdateConfigRequest(
+                add_destinations=[plan_pb2.Destination(id="d9")], request_id="cfg-2"
+            ),
+            metadata=op,
+        )
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     with pytest.raises(grpc.RpcError):  # a refused edit changes nothing
-        stub.UpdateConfig(planner_pb2.UpdateConfigRequest(q_cap=5.0, remove_destinations=["zz"]),
-                          metadata=op)
+        stub.UpdateConfig(
+            planner_pb2.UpdateConfigRequest(q_cap=5.0, remove_destinations=["zz"]), metadata=op
+        )
     assert service.planner.tunables.q_cap == 20.0
 
 
@@ -409,11 +455,15 @@ def test_drift_installs_only_when_staleness_exceeds_rewarm(service):
         installed = service.planner.installed
         admitted = set(installed.plan.table.keys) if installed else set()
         hits = np.array([0.8 if k in admitted else 0.2 for k in keys])
-        service.planner.on_window(make_window(keys, rates, window_end_ms=end, hit_rate=hits,
-                                              destinations=list(DESTS)))
+        service.planner.on_window(
+            make_window(keys, rates, window_end_ms=end, hit_rate=hits, destinations=list(DESTS))
+        )
         service.planner.tick(now_s=end / 1000.0 + 0.5)
-    decisions = stub_for(service).ListDecisions(
-        planner_pb2.ListDecisionsRequest(limit=100), metadata=auth(READER)).decisions
+    decisions = (
+        stub_for(service)
+        .ListDecisions(planner_pb2.ListDecisionsRequest(limit=100), metadata=auth(READER))
+        .decisions
+    )
     loop_decisions = [d for d in decisions if d.action in ("install", "keep")][::-1][1:]
     assert loop_decisions, "the loop made no decision"
     hysteresis = service.planner.tunables.hysteresis

@@ -1,0 +1,121 @@
+"""`cacheroute up` / `cacheroute demo` as a user runs them: output, and nothing left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+CLI = [sys.executable, "-m", "planner_svc.cli.main"]
+
+
+def descendants(pid: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_up_stops_everything_on_ctrl_c(tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        [*CLI, "up", "--workdir", str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert proc.stdout is not None
+    lines = []
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        lines.append(line)
+        if "logs" in line:
+            break
+    assert any("planner gRPC" in ln for ln in lines), "".join(lines)
+    children = descendants(proc.pid)
+    assert len(children) >= 4, "broker, redis, worker and planner should be running"
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(30) == 0
+    time.sleep(0.5)
+    assert not [p for p in children if alive(p)]
+
+
+def test_children_die_with_a_killed_parent(tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        [*CLI, "up", "--workdir", str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and "logs" not in proc.stdout.readline():
+        pass
+    children = descendants(proc.pid)
+    assert children
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(10)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and [p for p in children if alive(p)]:
+        time.sleep(0.2)
+    assert not [p for p in children if alive(p)]
+
+
+def test_demo_prints_versions_and_both_hit_rates(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [
+            *CLI,
+            "demo",
+            "--duration",
+            "40",
+            "--keys",
+            "1500",
+            "--rate",
+            "200",
+            "--shift-at-s",
+            "0",
+            "--window-s",
+            "6",
+            "--hop-s",
+            "1",
+            "--interval-s",
+            "3",
+            "--json",
+            "--workdir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=150,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert (
+        "CacheRoute  served hit rate" in out.stdout and "Flat-LB     served hit rate" in out.stdout
+    )
+    summary = json.loads(out.stdout.strip().splitlines()[-1])
+    assert summary["versions_seen"], out.stdout
+    assert summary["planned_hit"] > summary["flat_hit"] + 0.10, out.stdout
