@@ -5,7 +5,7 @@ Records (key -> value), all small except the plans:
 - `current`            -> `<epoch>.<seq>` of the installed plan;
 - `config`             -> JSON of the tunables and destinations after the last change;
 - `decision:<id>`      -> JSON of one decision (older ones are tombstoned to bound the log);
-- `loop`               -> JSON snapshot of the control loop (accumulated staleness, learned factors).
+- `loop`               -> JSON snapshot of the control loop (staleness, learned factors).
 Compaction keeps the newest value per key, so a restart reads O(retained) records.
 `load()` reads the topic to its high watermark and returns what it found.
 """
@@ -38,8 +38,9 @@ class History:
 
 def ensure_topic(bootstrap: str, topic: str) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    spec = NewTopic(topic, num_partitions=1, replication_factor=1,
-                    config={"cleanup.policy": "compact"})
+    spec = NewTopic(
+        topic, num_partitions=1, replication_factor=1, config={"cleanup.policy": "compact"}
+    )
     try:
         admin.create_topics([spec])[topic].result(15)
     except KafkaException as exc:
@@ -53,14 +54,16 @@ class KafkaHistory:
     def __init__(self, bootstrap: str, topic: str, **kafka_config: Any) -> None:
         self._bootstrap, self._topic, self._config = bootstrap, topic, kafka_config
         ensure_topic(bootstrap, topic)
-        self._producer = Producer({
-            "bootstrap.servers": bootstrap,
-            "enable.idempotence": True,
-            "acks": "all",
-            "linger.ms": 5,
-            "message.max.bytes": 256 * 1024 * 1024,
-            **kafka_config,
-        })
+        self._producer = Producer(
+            {
+                "bootstrap.servers": bootstrap,
+                "enable.idempotence": True,
+                "acks": "all",
+                "linger.ms": 5,
+                "message.max.bytes": 256 * 1024 * 1024,
+                **kafka_config,
+            }
+        )
         self._plans: list[Version] = []
 
     def _put(self, key: str, value: bytes | None) -> None:
@@ -96,8 +99,14 @@ class KafkaHistory:
 
 
 def read_history(bootstrap: str, topic: str, timeout_s: float = 10.0, **config: Any) -> History:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "cacheroute-planner-history",
-                         "enable.auto.commit": False, **config})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "cacheroute-planner-history",
+            "enable.auto.commit": False,
+            **config,
+        }
+    )
     try:
         low, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=timeout_s)
         history = History()

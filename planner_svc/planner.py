@@ -12,6 +12,7 @@ under the lock so that versions are assigned and installed in order.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
@@ -624,10 +625,9 @@ class Planner:
 
     def _notify(self, kind: str, payload: Any) -> None:
         for q in list(self._watchers):
-            try:
+            # A slow watcher misses events rather than stalling the planner.
+            with contextlib.suppress(queue.Full):
                 q.put_nowait((kind, payload))
-            except queue.Full:
-                pass  # a slow watcher misses events rather than stalling the planner
 
     def _cached(self, request_id: str) -> Any:
         return self._idempotent.get(request_id) if request_id else None

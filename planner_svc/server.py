@@ -81,8 +81,10 @@ class PlannerService:
         self._set_health(True)
         if self.settings.metrics_port:
             self.metrics = start_metrics_server(
-                self.settings.metrics_port, planner_registry(self.planner),
-                host=self.settings.grpc_host)
+                self.settings.metrics_port,
+                planner_registry(self.planner),
+                host=self.settings.grpc_host,
+            )
         log.info("planner serving gRPC on %s:%d", self.settings.grpc_host, self.port)
 
     def _run_timer(self) -> None:

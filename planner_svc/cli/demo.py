@@ -98,9 +98,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
     stack = start_stack(stack_options(args))
     try:
         print("CacheRoute demo: stack up\n" + describe(stack), flush=True)
-        options = FleetOptions(keys=args.keys, total_rate=args.rate, seed=args.seed,
-                               drift_every_s=args.drift_every_s, drift_sigma=args.drift_sigma,
-                               shift_at_s=args.shift_at_s, shift_share=args.shift_share)
+        options = FleetOptions(
+            keys=args.keys,
+            total_rate=args.rate,
+            seed=args.seed,
+            drift_every_s=args.drift_every_s,
+            drift_sigma=args.drift_sigma,
+            shift_at_s=args.shift_at_s,
+            shift_share=args.shift_share,
+        )
         result = run_demo(stack, options, args.duration)
     except KeyboardInterrupt:
         print("interrupted: stopping the stack", file=sys.stderr)
@@ -200,7 +206,8 @@ class _Progress:
 def print_summary(r: DemoResult) -> None:
     print()
     print(
-        f"plan versions applied by the router: {len(r.versions_seen)} ({', '.join(r.versions_seen)})"
+        f"plan versions applied by the router: {len(r.versions_seen)} "
+        f"({', '.join(r.versions_seen)})"
     )
     if r.first_plan_at_s is None:
         print("no plan was applied during the run: try a longer --duration")

@@ -83,8 +83,8 @@ class EngineFleet:
     route: Router
     started: Callable[[str], None]
     finished: Callable[[str], None]
-    on_dispatch: Callable[[str, str, int, int], None] | None = None
-    on_complete: Callable[[str, str, int, int, int, float], None] | None = None
+    on_dispatch: Callable[[str, str, int, int], object] | None = None
+    on_complete: Callable[[str, str, int, int, int, float], object] | None = None
     tally: Tally = field(default_factory=Tally)
     _pending: list[tuple[float, int, str, str, int, int, float]] = field(default_factory=list)
     _n: int = 0
@@ -188,8 +188,11 @@ def run_fleets(
         elapsed = now - start
         workload.drift_if_due(elapsed)
         if workload.shift_if_due(elapsed):
-            print(f"{elapsed:5.0f}  -- popularity shift: the hottest keys carrying "
-                  f"{o.shift_share:.0%} of traffic swap rates with cold keys --", flush=True)
+            print(
+                f"{elapsed:5.0f}  -- popularity shift: the hottest keys carrying "
+                f"{o.shift_share:.0%} of traffic swap rates with cold keys --",
+                flush=True,
+            )
         for i in workload.arrivals(now - last):
             prefix = int(workload.prefix[i])
             for fleet in fleets:

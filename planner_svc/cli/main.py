@@ -31,13 +31,25 @@ def _add_stack_commands(sub: argparse._SubParsersAction) -> None:  # type: ignor
     d.add_argument("--keys", type=int, default=3000, help="routing keys (paper: 128,824)")
     d.add_argument("--rate", type=float, default=300.0, help="requests/s offered")
     d.add_argument("--seed", type=int, default=7)
-    d.add_argument("--drift-every-s", type=float, default=10.0,
-                   help="seconds between lognormal random-walk steps of the key rates")
+    d.add_argument(
+        "--drift-every-s",
+        type=float,
+        default=10.0,
+        help="seconds between lognormal random-walk steps of the key rates",
+    )
     d.add_argument("--drift-sigma", type=float, default=0.3, help="σ of each drift step")
-    d.add_argument("--shift-at-s", type=float, default=25.0,
-                   help="when the popularity shift happens (0: never)")
-    d.add_argument("--shift-share", type=float, default=0.5,
-                   help="traffic share of the hot keys that trade places with cold keys")
+    d.add_argument(
+        "--shift-at-s",
+        type=float,
+        default=25.0,
+        help="when the popularity shift happens (0: never)",
+    )
+    d.add_argument(
+        "--shift-share",
+        type=float,
+        default=0.5,
+        help="traffic share of the hot keys that trade places with cold keys",
+    )
     d.add_argument("--json", action="store_true", help="also print the summary as JSON")
     d.set_defaults(func=demo.cmd_demo)
 

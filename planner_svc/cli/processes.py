@@ -7,6 +7,7 @@ its own process group and stopped with the whole group, so nothing outlives us.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import shutil
@@ -106,10 +107,8 @@ class ManagedProcess:
                 break
             except subprocess.TimeoutExpired:
                 continue
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)  # stragglers in the group
-        except ProcessLookupError:
-            pass
         self.proc.wait()
 
     def log_tail(self, lines: int = 20) -> str:

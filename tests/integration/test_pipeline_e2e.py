@@ -153,13 +153,13 @@ def test_garbage_on_the_topic_is_counted_skipped_and_dead_lettered(stack: LocalS
         {"bootstrap.servers": stack.bootstrap, "group.id": "e2e-dlq", "enable.auto.commit": False}
     )
     consumer.assign([TopicPartition(stack.options.deadletter_topic, 0, 0)])
-    letters = []
+    letters: list[events_pb2.DeadLetter] = []
     deadline = time.monotonic() + 20
     while not letters and time.monotonic() < deadline:
         msg = consumer.poll(0.5)
         if msg is not None and not msg.error():
             dl = events_pb2.DeadLetter()
-            dl.ParseFromString(msg.value())
+            dl.ParseFromString(msg.value() or b"")
             letters.append(dl)
     consumer.close()
     assert letters and letters[0].raw == b"\xff\x00garbage\x17" and letters[0].reason

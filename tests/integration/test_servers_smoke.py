@@ -28,13 +28,15 @@ def test_broker_round_trip(broker):
     for i in range(10):
         p.produce(topic, key=str(i).encode(), value=f"v{i}".encode())
     assert p.flush(10) == 0
-    c = Consumer({
-        "bootstrap.servers": broker.bootstrap,
-        "group.id": f"g-{topic}",
-        "auto.offset.reset": "earliest",
-        "session.timeout.ms": 6000,
-        "heartbeat.interval.ms": 500,
-    })
+    c = Consumer(
+        {
+            "bootstrap.servers": broker.bootstrap,
+            "group.id": f"g-{topic}",
+            "auto.offset.reset": "earliest",
+            "session.timeout.ms": 6000,
+            "heartbeat.interval.ms": 500,
+        }
+    )
     c.subscribe([topic])
     got = set()
     deadline = time.monotonic() + 30

@@ -15,8 +15,9 @@ from planner_svc.planning import PlanningConfig, build_plan
 
 
 def telemetry(end_s: float, hit: float) -> Telemetry:
-    return Telemetry(window_end_s=end_s, window_s=10.0, hit_rate=hit,
-                     prompt_tokens_per_s=1e5, requests=5000)
+    return Telemetry(
+        window_end_s=end_s, window_s=10.0, hit_rate=hit, prompt_tokens_per_s=1e5, requests=5000
+    )
 
 
 def test_windows_straddling_the_install_are_not_dip_samples() -> None:

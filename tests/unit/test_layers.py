@@ -36,7 +36,7 @@ SEAMS = {
 
 def imported_roots(path: Path) -> set[str]:
     tree = ast.parse(path.read_text(), filename=str(path))
-    roots = set()
+    roots: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             roots.update(a.name.split(".")[0] for a in node.names)
@@ -47,7 +47,7 @@ def imported_roots(path: Path) -> set[str]:
 
 def imported_modules(path: Path) -> set[str]:
     tree = ast.parse(path.read_text(), filename=str(path))
-    found = set()
+    found: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names)
@@ -80,8 +80,13 @@ def test_one_module_per_package_talks_to_each_server(package: str) -> None:
 
 
 def test_nothing_outside_planner_svc_imports_its_service_modules() -> None:
-    service_modules = ("planner_svc.server", "planner_svc.service", "planner_svc.planner",
-                       "planner_svc.publish", "planner_svc.snapshots")
+    service_modules = (
+        "planner_svc.server",
+        "planner_svc.service",
+        "planner_svc.planner",
+        "planner_svc.publish",
+        "planner_svc.snapshots",
+    )
     for package in ("router_client", "streams"):
         for path in (ROOT / package).rglob("*.py"):
             hits = {m for m in imported_modules(path) if m.startswith(service_modules)}
