@@ -177,11 +177,15 @@ def hysteresis_case(keys: list[str], rates: np.ndarray, seed: int) -> dict[str, 
         fresh = build_plan(keys, rates, config).stats.imbalance_max_over_mean
         gaps.append(repacked.stats.imbalance_max_over_mean - fresh)
         installed = repacked
-    print(f"with admission_hysteresis=0.2: entering share per interval "
-          f"{' '.join(f'{e:.3f}' for e in entering)}; moved max {max(moved):.4f}; "
-          f"imbalance gap max {max(gaps):.4f}")
-    return {"hysteresis_entering_share_mean": float(np.mean(entering)),
-            "hysteresis_moved_share_max": max(moved)}
+    print(
+        f"with admission_hysteresis=0.2: entering share per interval "
+        f"{' '.join(f'{e:.3f}' for e in entering)}; moved max {max(moved):.4f}; "
+        f"imbalance gap max {max(gaps):.4f}"
+    )
+    return {
+        "hysteresis_entering_share_mean": float(np.mean(entering)),
+        "hysteresis_moved_share_max": max(moved),
+    }
 
 
 def main() -> None:
