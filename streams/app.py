@@ -100,32 +100,37 @@ class StreamWorker:
         reader = AIOKafkaConsumer(bootstrap_servers=self.settings.bootstrap,
                                   enable_auto_commit=False, max_partition_fetch_bytes=8 << 20)
         await reader.start()
-        replayed = 0
         try:
             await self._learn_partition_count(reader)
             end = await self._log_end(reader, tp)
             start, complete_since = await self._replay_start(reader, tp, end)
             proc = self.processors.get(p)
-            if proc is not None:
-                proc.complete_since_ms = complete_since
-            reader.seek(tp, start)
-            position = start
-            while position < end:
-                batch = await reader.getmany(tp, timeout_ms=1000, max_records=512)
-                records = [r for r in batch.get(tp, []) if r.offset < end]
-                if records:
-                    replayed += len(records)
-                    await self._process(p, [(r.offset, r.value or b"") for r in records])
-                # position() also steps over offsets that hold no record (control records)
-                position = await reader.position(tp)
-            proc = self.processors.get(p)
-            if proc is not None:
-                proc.next_offset = max(proc.next_offset, end)
+            if proc is None:
+                return  # revoked meanwhile
+            proc.complete_since_ms = complete_since
+            replayed = await self._replay(reader, tp, start, end)
+            # below `end` everything is in the state: the consumer's copies are skipped
+            proc.next_offset = max(proc.next_offset, end)
         finally:
             await reader.stop()
         log.info("partition %d recovered: %d messages replayed in %.1f s", p, replayed,
                  time.monotonic() - started)
         self.recovering.pop(p, None)
+
+    async def _replay(self, reader: AIOKafkaConsumer, tp: TopicPartition, start: int,
+                      end: int) -> int:
+        """Process messages [start, end) of tp; returns how many there were."""
+        reader.seek(tp, start)
+        position, replayed = start, 0
+        while position < end:
+            batch = await reader.getmany(tp, timeout_ms=1000, max_records=512)
+            records = [r for r in batch.get(tp, []) if r.offset < end]
+            if records:
+                replayed += len(records)
+                await self._process(tp.partition, [(r.offset, r.value or b"") for r in records])
+            # position() also steps over offsets that hold no record (control records)
+            position = await reader.position(tp)
+        return replayed
 
     async def _log_end(self, reader: AIOKafkaConsumer, tp: TopicPartition) -> int:
         """The log end offset. A fetch's high watermark is asked too: the local broker
