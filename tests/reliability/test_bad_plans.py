@@ -23,6 +23,10 @@ pytestmark = pytest.mark.integration
 MAX_BYTES = 256 * 1024
 
 
+def _states(pub: PlanPublisher) -> list[str]:
+    return [v.state for v in pub.fleet_view()]
+
+
 def test_every_kind_of_bad_plan_is_refused_and_reported(redis_server):
     key = signing.generate_private_key()
     pub = PlanPublisher(redis_server.url, key)
@@ -47,8 +51,7 @@ def test_every_kind_of_bad_plan_is_refused_and_reported(redis_server):
             t0 = time.monotonic()
             install_raw(r, Layout(), Version(1, seq), blob)
             assert eventually(lambda b=before: client.follower.rejections == b + 1, 2), kind
-            states = lambda: [v.state for v in pub.fleet_view()]  # noqa: E731
-            assert eventually(lambda: states() == [REJECTED], 1.0), (kind, states())
+            assert eventually(lambda: _states(pub) == [REJECTED], 1.0), (kind, _states(pub))
             seen[kind] = client.follower.last_rejection
             assert time.monotonic() - t0 <= 1.5, kind
             assert client.version == Version(1, 1) and client.mode == "planned"

@@ -87,7 +87,7 @@ def test_acl_users_planner_writes_routers_read_default_is_off(tmp_path):
                 attempt()
         # The EVALSHA selector: a script run on the versions key still cannot write.
         sha = router.script_load("return redis.call('ZADD', KEYS[1], 0, 'x')")
-        with pytest.raises(redis.ResponseError, match="(?i)permission|script"):
+        with pytest.raises(redis.ResponseError, match=r"(?i)permission|script"):
             router.evalsha(sha, 1, lay.versions)
         router_pub = PlanPublisher(url, key, username="cacheroute-router-edge-1", password="e1")
         with pytest.raises(PublishError, match="no permissions"):
