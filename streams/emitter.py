@@ -35,6 +35,11 @@ log = logging.getLogger(__name__)
 _REQUEST, _CACHE_HIT = 1, 2
 
 
+def _property(name: str) -> str:
+    """`linger_ms` -> `linger.ms`; librdkafka's own underscore names stay as they are."""
+    return name if name in {"log_level"} else name.replace("_", ".")
+
+
 def default_producer_id(prefix: str = "emitter") -> str:
     return f"{prefix}-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
 
@@ -59,7 +64,7 @@ class EventEmitter:
         self.buffer_max_events = buffer_max_events
         config = {"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",
                   "linger.ms": 5, "message.max.bytes": 4 << 20}
-        config.update({k.replace("_", "."): v for k, v in kafka_config.items()})
+        config.update({_property(k): v for k, v in kafka_config.items()})
         self._producer = Producer(config)
         self._lock = threading.Lock()
         self._pending: list[tuple] = []

@@ -26,6 +26,7 @@ from streams.dedup import Deduplicator
 from streams.metrics import StreamCounters
 from streams.validation import CODE, OK, REASONS, validate
 from streams.windows import PartitionWindows, WindowResult
+from streams.wire import fast_columns
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,24 +65,33 @@ class PartitionProcessor:
     def process(self, messages: Sequence[tuple[int, bytes]], now_ms: int) -> Outcome:
         """Count the (offset, value) messages; returns dead letters and closed windows."""
         out = Outcome()
+        # Offsets below next_offset are already in state (delivered again after a restart).
+        fresh = [(o, raw) for o, raw in messages if o >= self.next_offset]
+        if not fresh:
+            return out
+        self.next_offset = fresh[-1][0] + 1
+        self.counters.messages += len(fresh)
+        cols = fast_columns(fresh)
+        if cols is None:  # garbage or unusual encodings: the reference decoder
+            cols = self._reference_columns(fresh, out)
+        if cols is not None and len(cols):
+            self.last_event_wall_ms = now_ms
+            self._count(cols, now_ms, out)
+        self._tally(out.rejected)
+        return out
+
+    def _reference_columns(self, messages: list[tuple[int, bytes]],
+                           out: Outcome) -> EventColumns | None:
         events: list = []
         offsets: list[int] = []
         for offset, raw in messages:
-            if offset < self.next_offset:
-                continue  # already in state (delivered again after a restart)
-            self.next_offset = offset + 1
-            self.counters.messages += 1
             batch = decode_batch(raw)
             if batch is None:
                 out.rejected.append(Rejected("undecodable", "not an EventBatch", raw, offset))
                 continue
             events.extend(batch)
             offsets.extend([offset] * len(batch))
-        if events:
-            self.last_event_wall_ms = now_ms
-            self._count(columns_of(events, offsets), now_ms, out)
-        self._tally(out.rejected)
-        return out
+        return columns_of(events, offsets) if events else None
 
     def is_complete(self, window: WindowResult) -> bool:
         """Whether `window` holds every event of its range (False: recovering)."""

@@ -12,7 +12,7 @@ from streams.emitter import EventEmitter
 def test_emit_never_blocks_and_counts_drops_without_a_broker():
     em = EventEmitter(f"127.0.0.1:{free_port()}", "t", producer_id="unit",
                       buffer_max_events=100, linger_ms=10,
-                      socket_connection_setup_timeout_ms=1000)
+                      socket_connection_setup_timeout_ms=1000, log_level=0)
     try:
         accepted = [em.emit_request(f"k{i}", "d", prompt_tokens=1) for i in range(150)]
         accepted += [em.emit_cache_hit("k", "d", prompt_tokens=2, cached_tokens=1)
