@@ -1,6 +1,6 @@
 """The telemetry stream: engine and router events -> windowed rates for the planner.
 
-Pure modules (numpy and protobuf only): `config`, `decoding`, `validation`, `dedup`,
+Pure modules (numpy and protobuf only): `config`, `wire`, `decoding`, `validation`, `dedup`,
 `keyspace`, `arrivals`, `ring`, `windows`, `processor`, `snapshots`, `assembly`,
 `metrics`, `partitioning`, `usage`, `columns`, `settings`, `errors`.
 The shells: `app` (the Faust worker; faust and aiokafka) and `emitter`
