@@ -85,7 +85,9 @@ class RouterHistory:
     def to_dict(self) -> dict[str, Any]:
         return {
             "router_id": self.router_id,
-            "applied": [[*a.version, a.digest.hex(), a.at_ms] for a in self.applied],
+            "applied": [
+                [a.version.epoch, a.version.seq, a.digest.hex(), a.at_ms] for a in self.applied
+            ],
             "decisions": [
                 [d.key, d.destination, _pair(d.before), _pair(d.after), d.planned]
                 for d in self.decisions
