@@ -160,7 +160,8 @@ def _parse_bodies(joined: bytes, starts: np.ndarray, ends: np.ndarray,
         raise _Malformed
     depth = np.where(is_hit, np.where(has[6], cols[6], -1), np.where(has[5], cols[5], -1))
     cols["depth"] = depth
-    cols["key"], cols["destination"] = _strings(joined, spans[1]), _strings(joined, spans[2])
+    text = joined.decode("latin-1")  # bytes 1:1 to characters: slices are cut in C
+    cols["key"], cols["destination"] = _strings(text, spans[1]), _strings(text, spans[2])
     return cols
 
 
@@ -212,15 +213,18 @@ def _step(buf: np.ndarray, pos: np.ndarray, ends: np.ndarray, idx: np.ndarray, c
     pos[idx] = new
 
 
-def _strings(joined: bytes, span: tuple[np.ndarray, np.ndarray]) -> list[str]:
-    lo, hi = span[0].tolist(), span[1].tolist()
-    if joined.isascii():
-        text = joined.decode("ascii")
-        return list(map(text.__getitem__, map(slice, lo, hi)))
-    try:
-        return [joined[a:b].decode("utf-8") for a, b in zip(lo, hi, strict=True)]
-    except UnicodeDecodeError as exc:
-        raise _Malformed from exc
+def _strings(text: str, span: tuple[np.ndarray, np.ndarray]) -> list[str]:
+    """Slices of the Latin-1 view of the bodies as UTF-8 strings: only the (rare)
+    non-ASCII slices are decoded again."""
+    out = list(map(text.__getitem__, map(slice, span[0].tolist(), span[1].tolist())))
+    if not all(map(str.isascii, out)):
+        try:
+            for i in np.flatnonzero(~np.fromiter(map(str.isascii, out), dtype=bool,
+                                                 count=len(out))).tolist():
+                out[i] = out[i].encode("latin-1").decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise _Malformed from exc
+    return out
 
 
 def reference_event(view_event: object) -> events_pb2.Event:
