@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -112,3 +114,23 @@ def test_fit_recovers_the_constants() -> None:
     assert got.decode_slowdown_per_running == pytest.approx(0.02, rel=1e-6)
     with pytest.raises(ValueError):
         EngineModel.fit([(1, 1, 1, 1.0)])
+
+
+def test_running_requests_pin_kv_and_shrink_the_prefix_cache() -> None:
+    m = EngineModel(
+        cache_capacity_tokens=3_000,
+        prefill_overhead_s=0.0,
+        prefill_s_per_token=0.0,
+        decode_s_per_token=1.0,
+        decode_slowdown_per_running=0.0,
+    )
+    eng = Engine(m)
+    eng.submit("a", 1_000, 0, 10, now=0.0)  # runs until t=10, pins 1,010 tokens
+    eng.submit("b", 1_000, 0, 1, now=0.5)  # runs until 1.5
+    eng.submit("c", 1_000, 0, 1, now=0.6)  # room left beside a and b: LRU key a is evicted
+    assert "a" not in eng.cache
+    assert eng.in_flight(0.7) == 3 and eng.in_flight(11.0) == 0
+    unpinned = Engine(replace(m, running_requests_pin_kv=False))
+    for key, t in (("a", 0.0), ("b", 0.5), ("c", 0.6)):
+        unpinned.submit(key, 1_000, 0, 10, now=t)
+    assert "a" in unpinned.cache
