@@ -26,7 +26,7 @@ from planner_svc.replay.experiment import (
     run_experiment,
 )
 from planner_svc.replay.report import write_report
-from planner_svc.replay.trace import TraceError, load_trace
+from planner_svc.replay.trace import TraceError, load_trace, write_trace
 from planner_svc.replay.workload import SCENARIOS
 
 
@@ -65,6 +65,12 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:  # type: ignor
     rp.add_argument("--out", type=Path, default=Path("replay-results"))
     rp.add_argument("--name", default="", help="file stem of the outputs (default: scenario)")
     rp.add_argument("--no-plots", action="store_true")
+    rp.add_argument(
+        "--export-trace",
+        type=Path,
+        default=None,
+        help="write the workload of the first load and seed as a CSV trace and stop",
+    )
     rp.set_defaults(func=cmd_replay)
 
     dg = subparsers.add_parser("diagnose", help="predict whether affinity wins on a trace")
@@ -142,6 +148,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
         print(f"replay: unknown policies {unknown}; choose from {POLICY_NAMES}", file=sys.stderr)
         return 2
     stem = args.name or (args.trace.stem if args.trace else cfg.scenario)
+    if args.export_trace is not None:
+        write_trace(make_workload(cfg, cfg.loads[0], cfg.seeds[0]), args.export_trace)
+        print(f"wrote {args.export_trace}")
+        return 0
     if args.router_sweep:
         return _router_sweep(args, cfg, stem)
     results = run_experiment(cfg)
