@@ -47,7 +47,10 @@ def test_blackholed_routers_detect_and_recover_the_rest_never_notice(redis_serve
         proxy.blackhole = True
         t0 = time.monotonic()
         detected = eventually(
-            lambda: all(c.unavailable_rounds > u for c, u in zip(cut_clients, unavailable)), 3.0
+            lambda: all(
+                c.unavailable_rounds > u for c, u in zip(cut_clients, unavailable, strict=True)
+            ),
+            3.0,
         )
         detected_s = time.monotonic() - t0
         seq = 2
