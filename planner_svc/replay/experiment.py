@@ -168,7 +168,8 @@ def run_experiment(cfg: ReplayConfig, *, progress: bool = True) -> list[RunMetri
     """All (load, seed) points of `cfg`; results in task order."""
     global _ACTIVE
     tasks = [(float(load), int(seed)) for load in cfg.loads for seed in cfg.seeds]
-    bar = ProgressBar(len(tasks), cfg.scenario, enabled=progress)
+    label = cfg.trace.name if cfg.trace is not None else cfg.scenario
+    bar = ProgressBar(len(tasks), label, enabled=progress)
     _ACTIVE = cfg
     results: list[RunMetrics] = []
     try:
