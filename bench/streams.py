@@ -28,6 +28,7 @@ from pathlib import Path
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).parent.resolve()]
 
 import argparse
+import gc
 import json
 import re
 import resource
@@ -318,10 +319,14 @@ def main() -> int:
     live_s = args.live_s or (10.0 if args.quick else 30.0)
     rng = np.random.default_rng(1)
     now = int(time.time() * 1000)
+    # the same collector settings as the worker (streams/__main__.py), for a fair ceiling
+    gc.set_threshold(100_000, 50, 100)
 
     print(f"building {backlog:,} events over {KEYS:,} keys ...", flush=True)
     built = build_batches(backlog, rng, now - int(backlog / 300.0), 300_000)
     values = [(p, b.SerializeToString()) for p, b in built]
+    gc.collect()
+    gc.freeze()
     bare = bare_decode_count([v for _, v in values])
     inproc = pipeline_in_process(values, int(time.time() * 1000))
     print(
