@@ -1,22 +1,16 @@
 """The `cacheroute` console script: one entry point, a sub-command per job.
 
-Commands are registered by their own modules; this file only assembles the parser,
-so importing it does no work and a command's dependencies load when it runs.
+Commands are registered by their own modules; this file only assembles the parser.
+Heavy dependencies (Kafka, gRPC stubs, the simulator) load inside the commands.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import sys
-from collections.abc import Callable
 
-# (module, function that adds its sub-commands to the top-level sub-parsers)
-_COMMAND_MODULES: list[tuple[str, str]] = [
-    ("planner_svc.cli.replay_cmd", "add_commands"),
-    ("planner_svc.cli.ops", "add_commands"),
-]
+from planner_svc.cli import ops, replay_cmd
 
 
 def _add_stack_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -69,20 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _add_stack_commands(sub)
     plan_sub = _add_plan_commands(sub)
-    for module_name, fn_name in _COMMAND_MODULES:
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name != module_name:
-                raise
-            continue
-        add: Callable[..., None] = getattr(module, fn_name)
-        add(sub, plan_sub) if fn_name == "add_commands" and _wants_plan(add) else add(sub)
+    replay_cmd.add_commands(sub)  # replay, diagnose
+    ops.add_commands(sub, plan_sub)  # status, watch, replan, mode, ... and online plan commands
     return parser
-
-
-def _wants_plan(fn: Callable[..., None]) -> bool:
-    return fn.__code__.co_argcount >= 2
 
 
 def main(argv: list[str] | None = None) -> int:
