@@ -1,0 +1,167 @@
+"""Item 9, a stateful model test: hypothesis drives a real Redis, a publisher and
+three router clients through publish valid / invalid, rollback, kill and restart
+Redis (no persistence: the planner republishes), drop notifications, restart
+routers (from their on-disk plan). Invariants after every step: each router's
+history is valid (strictly increasing, only valid published versions, digests
+match) and routing answers; after a settle step every router is on the newest
+valid version within 3 s."""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+from pathlib import Path
+
+import pytest
+import redis
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from planner_svc.cli.processes import RedisServer, restart_redis, start_redis
+from planner_svc.publish import PlanPublisher
+from router_client import RouterClient, signing
+from router_client.layout import Layout
+from router_client.plan import RoutingPlan, Version
+from router_client.redis_source import RedisPlanSource
+from router_client.testing import perturb, synthetic_plan
+from tests.faults import signals
+from tests.faults.bad_plans import EXPECTED_REASON, bad_blobs, install_raw
+from tests.faults.history import RouterHistory, check_history
+
+pytestmark = pytest.mark.integration
+ROUTERS = 3
+SERVER: RedisServer | None = None
+_ERRORS = (redis.RedisError, OSError)
+
+
+class PlanModel(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        assert SERVER is not None
+        self.server = SERVER
+        redis.Redis.from_url(SERVER.url).flushall()
+        self.key = signing.generate_private_key()
+        self.pub = PlanPublisher(SERVER.url, self.key, socket_timeout=1.0, retain=20)
+        self.seq = 1
+        self.base = synthetic_plan(120, 5)
+        self.valid: list[RoutingPlan] = [self.base]
+        self.published: dict[Version, bytes] = {}
+        self._commit(self.base)
+        self.up = True
+        self.dir = Path(tempfile.mkdtemp(prefix="model-"))
+        self.histories = [RouterHistory(f"m{i}") for i in range(ROUTERS)]
+        self.clients = [self._router(i) for i in range(ROUTERS)]
+
+    def _router(self, i: int) -> RouterClient:
+        h = self.histories[i]
+        return RouterClient(
+            RedisPlanSource(self.server.url), router_id=h.router_id,
+            public_keys=[self.key.public_key()], recheck_s=0.3, on_applied=h.on_applied,
+            cache_path=self.dir / f"{h.router_id}.bin", max_plan_bytes=1 << 20,
+        ).start(initial_wait_s=3)  # fmt: skip
+
+    def _commit(self, plan: RoutingPlan, previous: RoutingPlan | None = None) -> bool:
+        prepared = self.pub.prepare(plan, previous)
+        self.published[plan.version] = prepared.digest  # valid even if the reply is lost
+        try:
+            self.pub.commit(prepared)
+            return True
+        except _ERRORS:
+            return False
+
+    def _next(self) -> Version:
+        self.seq += 1
+        return Version(1, self.seq)
+
+    @precondition(lambda self: self.up)
+    @rule(share=st.floats(0.0, 0.5), seed=st.integers(0, 1000))
+    def publish_valid(self, share: float, seed: int) -> None:
+        plan = perturb(self.valid[-1], share, version=self._next(), seed=seed)
+        if self._commit(plan, self.valid[-1]):
+            self.valid.append(plan)
+
+    @precondition(lambda self: self.up)
+    @rule(kind=st.sampled_from(sorted(EXPECTED_REASON)))
+    def publish_invalid(self, kind: str) -> None:
+        blob = bad_blobs(self.valid[-1], self.key, oversize_bytes=1 << 20)[kind]
+        with contextlib.suppress(*_ERRORS):
+            install_raw(redis.Redis.from_url(self.server.url), Layout(), self._next(), blob)
+
+    @precondition(lambda self: self.up and len(self.valid) > 1)
+    @rule(back=st.integers(1, 5))
+    def rollback(self, back: int) -> None:
+        target = self.valid[-min(back + 1, len(self.valid))]
+        plan = RoutingPlan(target.config, target.destinations, target.table, target.stats,
+                           self._next())  # fmt: skip
+        if self._commit(plan, self.valid[-1]):
+            self.valid.append(plan)
+
+    @precondition(lambda self: self.up)
+    @rule()
+    def kill_redis(self) -> None:
+        signals.kill(self.server.process.pid)
+        self.up = False
+
+    @precondition(lambda self: not self.up)
+    @rule()
+    def restart_redis(self) -> None:
+        restart_redis(self.server)  # comes back empty
+        self.up = True
+        self._commit(self.valid[-1])  # the planner republishes its installed plan
+
+    @precondition(lambda self: self.up)
+    @rule()
+    def drop_notifications(self) -> None:
+        redis.Redis.from_url(self.server.url).execute_command("CLIENT", "KILL", "TYPE", "pubsub")
+
+    @rule(i=st.integers(0, ROUTERS - 1))
+    def restart_router(self, i: int) -> None:
+        self.clients[i].stop()
+        self.clients[i] = self._router(i)
+
+    @precondition(lambda self: self.up)
+    @rule()
+    def settle(self) -> None:
+        plan = perturb(self.valid[-1], 0.05, version=self._next())
+        assert self._commit(plan, self.valid[-1])
+        self.valid.append(plan)
+        for c in self.clients:
+            assert c.wait_for_version(plan.version, 3.0), (c.router_id, c.version, plan.version)
+
+    @invariant()
+    def histories_hold(self) -> None:
+        for h, c in zip(self.histories, self.clients, strict=True):
+            assert check_history(h, published=self.published, final=None) == []
+            if c.table is not None:
+                assert c.route("k00000001") in c.table.destination_ids
+
+    def teardown(self) -> None:
+        for c in self.clients:
+            c.stop()
+        self.pub.close()
+        if not self.up:
+            restart_redis(self.server)
+
+
+def run_model(tmp_path: Path, examples: int, steps: int) -> None:
+    global SERVER
+    SERVER = start_redis(tmp_path)
+    try:
+        PlanModel.TestCase.settings = settings(
+            max_examples=examples, stateful_step_count=steps, deadline=None,
+            suppress_health_check=list(HealthCheck),
+        )  # fmt: skip
+        PlanModel.TestCase().runTest()
+    finally:
+        SERVER.process.stop()
+        SERVER = None
+
+
+def test_plan_model(tmp_path):
+    run_model(tmp_path, examples=4, steps=12)
+
+
+@pytest.mark.slow
+def test_plan_model_long(tmp_path):
+    run_model(tmp_path, examples=40, steps=30)
