@@ -240,34 +240,42 @@ def recover(worker: ManagedProcess, port: int) -> tuple[float, float]:
 
 
 class LiveProducer:
-    """Re-stamps pre-built batches with the wall clock and fresh sequences."""
+    """Sends pre-serialized batches on schedule. All batches of the live phase are
+    stamped and serialized before it starts (event times = their planned send
+    times), so the bench process spends almost no CPU while the worker is measured."""
 
-    def __init__(
-        self,
-        producer: Producer,
-        topic: str,
-        batches: list[tuple[int, events_pb2.EventBatch]],
-        seq0: int,
-    ) -> None:
-        self.p, self.topic, self.batches, self.seq = producer, topic, batches, seq0
-        self.i = 0
+    def __init__(self, producer: Producer, topic: str,
+                 templates: list[tuple[int, events_pb2.EventBatch]], seq0: int,
+                 rate: float, seconds: float, build_rate: float) -> None:
+        self.p, self.topic = producer, topic
+        n_batches = int(rate * seconds / BATCH) + 1
+        self.interval_s = BATCH / rate
+        # start far enough ahead that building the batches finishes first
+        self.start_s = time.time() + 1.5 * n_batches * BATCH / build_rate + 2.0
+        seq = seq0
+        self.batches: list[tuple[int, bytes]] = []
+        for j in range(n_batches):
+            part, b = templates[j % len(templates)]
+            ts = int((self.start_s + j * self.interval_s) * 1000)
+            for e in b.events:
+                seq += 1
+                e.sequence = seq
+                e.timestamp_ms = ts
+            self.batches.append((part, b.SerializeToString()))
         self.sent = 0
+        self.late_start_s = max(0.0, time.time() - self.start_s)
 
-    def send_one(self) -> None:
-        part, b = self.batches[self.i % len(self.batches)]
-        self.i += 1
-        now = int(time.time() * 1000)
-        for e in b.events:
-            self.seq += 1
-            e.sequence = self.seq
-            e.timestamp_ms = now
-        while True:
+    def send_due(self) -> None:
+        """Send every batch whose planned time has come."""
+        due = min(len(self.batches), int((time.time() - self.start_s) / self.interval_s) + 1)
+        while self.sent // BATCH < due:
+            part, value = self.batches[self.sent // BATCH]
             try:
-                self.p.produce(self.topic, value=b.SerializeToString(), partition=part)
-                break
+                self.p.produce(self.topic, value=value, partition=part)
             except BufferError:
                 self.p.poll(0.01)
-        self.sent += len(b.events)
+                continue
+            self.sent += BATCH
         self.p.poll(0)
 
 
@@ -276,12 +284,12 @@ def live(producer: LiveProducer, port: int, snaps: Consumer, rate: float, second
     lag_samples: list[tuple[float, float]] = []
     delays: list[float] = []
     parts: dict[int, set[int]] = {}
+    while time.time() < producer.start_s:
+        time.sleep(0.01)
     t0 = time.monotonic()
     next_sample = t0
     while time.monotonic() - t0 < seconds:
-        due = (time.monotonic() - t0) * rate
-        while producer.sent < due:
-            producer.send_one()
+        producer.send_due()
         now = time.monotonic()
         if now >= next_sample:
             lag_samples.append((now - t0, metrics(port).get("consumer_lag_messages", 0.0)))
@@ -323,7 +331,9 @@ def main() -> int:
     gc.set_threshold(100_000, 50, 100)
 
     print(f"building {backlog:,} events over {KEYS:,} keys ...", flush=True)
+    t = time.perf_counter()
     built = build_batches(backlog, rng, now - int(backlog / 300.0), 300_000)
+    build_rate = backlog / (time.perf_counter() - t)
     values = [(p, b.SerializeToString()) for p, b in built]
     gc.collect()
     gc.freeze()
@@ -397,7 +407,8 @@ def main() -> int:
             }
         )
         snaps.assign([TopicPartition(snaps_topic, 0, -1)])  # from the end
-        lp = LiveProducer(producer, events_topic, built[:400], backlog + 10)
+        lp = LiveProducer(producer, events_topic, built[:400], backlog + 10, args.live_rate,
+                          live_s, build_rate)
         lag, delays = live(lp, port, snaps, args.live_rate, live_s)
         produced_rate = lp.sent / live_s
         snaps.close()
@@ -437,6 +448,7 @@ def main() -> int:
         "recovery_events_per_s": round(recovered_events / recovery_s) if recovery_s else None,
         "drain_s": round(drain_s, 2),
         "live_produced_events_per_s": round(produced_rate),
+        "live_start_late_s": round(lp.late_start_s, 2),
         "live_lag_max_messages": max((v for _, v in lag), default=float("nan")),
         "live_lag_last_messages": lag[-1][1] if lag else float("nan"),
         "live_lag_slope_messages_per_s": round(slope, 2),
