@@ -74,7 +74,8 @@ def router_main(url: str, pem: bytes, rid: str, out: Any, stop: Any) -> None:
     key = serialization.load_pem_public_key(pem)
 
     def applied(table: Any, kind: str) -> None:
-        out.put(("applied", rid, table.version.seq, kind, time.time(), len(table)))
+        out.put(("applied", rid, table.version.seq, kind, time.time(), len(table),
+                 client.last_apply_cpu_ms))
 
     client = RouterClient(
         RedisPlanSource(url), router_id=rid, public_keys=[key], on_applied=applied
@@ -176,6 +177,7 @@ class Round:
     prepare_s: float = 0.0
     commit_s: float = 0.0
     applied_s: float = 0.0  # commit start -> last router applied
+    apply_cpu_ms_max: float = 0.0  # one router's CPU for fetch, verify, decode, swap
     applied_as: str = ""
     loop_s: float = 0.0
 
@@ -244,6 +246,7 @@ class Loop:
         rnd.snapshot_in_s, rnd.plan_s, rnd.prepare_s = t1 - t0, t2 - t1, t3 - t2
         rnd.commit_s, rnd.applied_s, rnd.loop_s = t4 - t3, last - t3, last - t0
         rnd.table_keys, rnd.applied_as = len(plan.table), "/".join(kinds)
+        rnd.apply_cpu_ms_max = max(m[6] for m in applied.values())
 
     def close(self) -> None:
         self.routers.close()
@@ -328,12 +331,13 @@ def report(args: argparse.Namespace, rounds: list[Round], router_rss: dict[str, 
           f"(W = {args.warm_slots_per_destination}), {args.partitions} source partitions, "
           f"{args.routers} router processes; workload generated in {setup_s:.1f} s (untimed)")
     cols = ("round", "parts", "MB", "stream s", "snap in s", "plan s", "keys",
-            "prepare s", "commit s", "applied s", "loop s", "applied as")
-    print(" ".join(f"{c:>10}" for c in cols))
+            "prepare s", "commit s", "applied s", "apply CPU", "loop s", "applied as")
+    print(" ".join(f"{c:>10}" for c in cols) + "   (seconds; apply CPU: max over routers)")
     for r in rounds:
         vals = (r.kind, r.parts, f"{r.snapshot_mb:.1f}", f"{r.stream_encode_s:.2f}",
                 f"{r.snapshot_in_s:.2f}", f"{r.plan_s:.2f}", r.table_keys, f"{r.prepare_s:.2f}",
-                f"{r.commit_s:.3f}", f"{r.applied_s:.2f}", f"{r.loop_s:.2f}", r.applied_as)
+                f"{r.commit_s:.3f}", f"{r.applied_s:.2f}", f"{r.apply_cpu_ms_max / 1e3:.2f}",
+                f"{r.loop_s:.2f}", r.applied_as)
         print(" ".join(f"{v:>10}" for v in vals))
     planner_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     per_process = {"planner": planner_mb, **router_rss, **servers}
