@@ -36,6 +36,7 @@ class ProxyStats:
     duplicated: int = 0
     delayed: int = 0
     resets: int = 0
+    corrupted: int = 0
 
 
 @dataclass
@@ -67,6 +68,9 @@ class FaultProxy:
         self.duplicate_messages = 0.0
         self.delay_messages = 0.0  # share of message frames held back by delay_s
         self.delay_s = 0.0
+        # Flip one byte in the middle of the next client->server chunk of at least
+        # this many bytes (0 = off): a corrupt publication, in flight.
+        self.corrupt_next_upstream = 0
         self.stats = ProxyStats()
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
@@ -166,6 +170,8 @@ class FaultProxy:
                 break
             if self.latency_s:
                 time.sleep(self.latency_s)
+            if not downstream and 0 < self.corrupt_next_upstream <= len(data):
+                data = self._corrupt(data)
             try:
                 self._forward(data, dst, pending if downstream else None)
             except OSError:
@@ -182,6 +188,12 @@ class FaultProxy:
         for frame in split_frames(pending):
             for _ in range(self._copies(frame)):
                 dst.sendall(frame)
+
+    def _corrupt(self, data: bytes) -> bytes:
+        self.corrupt_next_upstream = 0
+        self.stats.corrupted += 1
+        mid = len(data) // 2
+        return data[:mid] + bytes([data[mid] ^ 0x5A]) + data[mid + 1 :]
 
     def _message_faults(self) -> bool:
         return bool(self.drop_messages or self.duplicate_messages or self.delay_messages)

@@ -134,6 +134,7 @@ class RoutingLoad:
     clients: list[RouterClient]
     histories: list[RouterHistory]
     errors: list[str] = field(default_factory=list)
+    keys: list[str] | None = None  # default: the planner_service keys and some unadmitted
     longest_gap_s: float = 0.0
     calls: int = 0
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -153,9 +154,10 @@ class RoutingLoad:
 
     def _run(self, c: RouterClient, h: RouterHistory) -> None:
         n, last = 0, time.monotonic()
+        keys = self.keys or [f"tenant-{i:08d}" for i in range(N_KEYS + 50)]
         while not self._stop.is_set():
             try:
-                key = f"tenant-{n % (N_KEYS + 50):08d}"
+                key = keys[n % len(keys)]
                 if n % 50 == 0 and len(h.decisions) < 5000:
                     h.route(c, key)
                 else:

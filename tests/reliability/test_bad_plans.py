@@ -67,3 +67,30 @@ def test_every_kind_of_bad_plan_is_refused_and_reported(redis_server):
         assert seen[kind].split(": ")[1] == reason, (kind, seen[kind])
     published = {good.version: good.digest, last.version: last.digest}
     assert check_history(history, published=published, final=last.version) == []
+
+
+WEDGE_BUG = (
+    "planner_svc.planner.Planner._next_version numbers the next install from its own "
+    "installed plan, so a junk plan written under that number (anyone with write access "
+    "to Redis) makes every later install fail with VersionConflict: the planner never "
+    "publishes again until an operator cleans Redis"
+)
+
+
+@pytest.mark.xfail(strict=True, reason=WEDGE_BUG)
+def test_a_junk_plan_under_the_next_version_does_not_wedge_the_planner(redis_server, tmp_path):
+    from tests.reliability.harness import feed, planner_service
+
+    svc = planner_service(redis_server.url, tmp_path / "planner", interval_s=3600.0)
+    try:
+        feed(svc)
+        assert eventually(lambda: svc.planner.installed is not None, 5)
+        v = svc.planner.installed.plan.version
+        junk = bad_blobs(svc.planner.installed.plan, signing.generate_private_key(), 1 << 20)
+        install_raw(redis.Redis.from_url(redis_server.url), Layout(), Version(v.epoch, v.seq + 1),
+                    junk["unknown_key"])  # fmt: skip
+        svc.planner.replan(fresh=False, force=True, dry_run=False)
+        current = svc.publisher.current()
+        assert current is not None and current.version > Version(v.epoch, v.seq + 1)
+    finally:
+        svc.stop(0)
