@@ -110,6 +110,11 @@ def counts_of(w: CompleteWindow) -> Counter[str]:
 MEMBERSHIP = [("join", 2), ("join", 3), ("leave", 1), ("die", 3), ("rejoin", 1)]
 
 
+def publishing(worker: str, expected: bool) -> Callable[[set[str]], bool]:
+    """Whether a window's publishing workers include `worker` (or, with False, exclude it)."""
+    return lambda workers: (worker in workers) == expected
+
+
 def change_membership(workers: list[ManagedProcess], spawn: Callable[[int], ManagedProcess],
                       view: PlannerView) -> list[float]:
     """Join, leave, die, rejoin; returns when each change was made."""
@@ -122,11 +127,11 @@ def change_membership(workers: list[ManagedProcess], spawn: Callable[[int], Mana
             workers[i].start()
         else:
             workers[i].signal(signal.SIGTERM if what == "leave" else signal.SIGKILL)
-            assert workers[i].proc is not None
-            workers[i].proc.wait(30)
+            proc = workers[i].proc
+            assert proc is not None
+            proc.wait(30)
         changed.append(time.monotonic())
-        joined = what in ("join", "rejoin")
-        shown = view.wait_for(lambda ws, n=name, j=joined: (n in ws) == j, changed[-1], 60)
+        shown = view.wait_for(publishing(name, what in ("join", "rejoin")), changed[-1], 60)
         assert shown, f"{what} {name}: no complete window showed it"
     return changed
 
