@@ -4,9 +4,9 @@ Broker, Redis, a stream worker and the planner run as processes (as `cacheroute 
 runs them); synthetic traffic goes through Kafka; six routers follow the plans in
 this process (three through a fault proxy) and route without pause, recording
 histories; an operator replan every 2 s keeps publications flowing. Every
-`--fault-every-s` one fault, chosen at random: Redis SIGKILLed and restarted (no
-persistence: the planner republishes), the stream worker SIGKILLed and restarted,
-the routers' path blackholed for 10 s, a publication corrupted in flight (a byte
+`--fault-every-s` one fault, chosen at random (each kind once per five): Redis
+SIGKILLed and restarted (no persistence: the planner republishes), the stream
+worker SIGKILLed and restarted, the routers' path blackholed for 10 s, a publication corrupted in flight (a byte
 flipped between planner and Redis), the planner SIGKILLed and restarted.
 
 Checked: every router history valid (strictly increasing, only published digests;
@@ -138,6 +138,13 @@ class Soak:
         self.converge_s: list[float] = []
         self.not_converged: list[str] = []
         self.samples: list[tuple[float, float, int]] = []  # (t, rss, fds)
+        self._cycle: list[str] = []
+
+    def next_fault(self) -> str:
+        """At random, but every kind once per cycle of five (so short runs see them all)."""
+        if not self._cycle:
+            self._cycle = self.rng.sample(FAULTS, len(FAULTS))
+        return self._cycle.pop()
 
     # --- start and stop ------------------------------------------------------------------
 
@@ -187,10 +194,10 @@ class Soak:
         self.load = RoutingLoad(self.clients, self.histories, keys=KEYS).__enter__()
 
     def _replan_loop(self) -> None:
-        stub = planner_pb2_grpc.PlannerStub(self.channel)
         while not self._stop.wait(2.0):
-            # planner restarting or Redis down: the next one will do
-            with contextlib.suppress(grpc.RpcError):
+            # planner restarting (channel replaced) or Redis down: the next one will do
+            with contextlib.suppress(grpc.RpcError, ValueError):
+                stub = planner_pb2_grpc.PlannerStub(self.channel)
                 stub.Replan(planner_pb2.ReplanRequest(force=True), timeout=5)
 
     def stop(self) -> None:
@@ -284,7 +291,7 @@ class Soak:
                 self.sample()
                 baseline = self.samples[-1]
             if time.monotonic() >= next_fault and time.monotonic() < end - 15:
-                kind = self.rng.choice(FAULTS)
+                kind = self.next_fault()
                 print(f"[{time.monotonic() - start:7.1f} s] fault: {kind}", flush=True)
                 self.inject(kind)
                 self.converge(kind)
