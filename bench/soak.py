@@ -6,8 +6,9 @@ this process (three through a fault proxy) and route without pause, recording
 histories; an operator replan every 2 s keeps publications flowing. Every
 `--fault-every-s` one fault, chosen at random (each kind once per five): Redis
 SIGKILLed and restarted (no persistence: the planner republishes), the stream
-worker SIGKILLed and restarted, the routers' path blackholed for 10 s, a publication corrupted in flight (a byte
-flipped between planner and Redis), the planner SIGKILLed and restarted.
+worker SIGKILLed and restarted, the routers' path blackholed for 10 s, a
+publication corrupted in flight (a byte flipped between planner and Redis), the
+planner SIGKILLed and restarted.
 
 Checked: every router history valid (strictly increasing, only published digests;
 no version ever published with two digests), routing never fails, every router
