@@ -3,6 +3,7 @@ every kind of violation it claims to), and the fault proxy on a plain echo serve
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
@@ -100,7 +101,7 @@ def _echo_server() -> tuple[socket.socket, threading.Thread]:
 
 
 def _echo(conn: socket.socket) -> None:
-    with conn:
+    with conn, contextlib.suppress(OSError):  # the proxy resets it at the end
         while data := conn.recv(65536):
             conn.sendall(data)
 
