@@ -168,6 +168,8 @@ class FaultProxy:
                 break
             if not data:
                 break
+            while self.blackhole and not (pair.closed.is_set() or self._stop.is_set()):
+                time.sleep(_POLL_S)  # read just as the path went dark: hold it, like the wire
             if self.latency_s:
                 time.sleep(self.latency_s)
             if not downstream and 0 < self.corrupt_next_upstream <= len(data):
