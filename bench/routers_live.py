@@ -247,6 +247,7 @@ class LiveResult:
     planned_periods: int
     versions_seen: list[str]
     first_plan_at_s: float | None
+    split_reports: int = 0  # reports at which the routers were not all on one plan version
     router_peak_rss_mb: float = 0.0
 
     @property
@@ -287,6 +288,7 @@ class _Periods:
         self.versions: list[str] = []
         self.first_plan: float | None = None
         self.periods = 0
+        self.split_reports = 0
         self._was_planned = False
         self.verbose = verbose
         if verbose:
@@ -298,6 +300,7 @@ class _Periods:
         status = [st for pool in self.pools for st in pool.statuses()]
         planned = all(mode == "planned" and has for _, mode, has in status)
         seen = sorted({v for v, _, _ in status})
+        self.split_reports += len(seen) > 1
         if planned and self.first_plan is None:
             self.first_plan = elapsed
         if planned and self._was_planned:
@@ -338,7 +341,8 @@ def _drive(workload: Workload, fleets: list[PooledFleet], duration_s: float,
             periods.report(elapsed, [f.take_tally() for f in fleets])
         time.sleep(0.01)
     single, scaled, flat = periods.figures(fleets)
-    return LiveResult(single, scaled, flat, periods.periods, periods.versions, periods.first_plan)
+    return LiveResult(single, scaled, flat, periods.periods, periods.versions, periods.first_plan,
+                      periods.split_reports)
 
 
 def main() -> None:
@@ -364,7 +368,8 @@ def main() -> None:
 def print_result(res: LiveResult) -> None:
     print()
     print(f"periods with every router planned throughout: {res.planned_periods} (first plan at "
-          f"t = {res.first_plan_at_s or 0:.0f} s), plan versions {', '.join(res.versions_seen)}")
+          f"t = {res.first_plan_at_s or 0:.0f} s), plan versions {', '.join(res.versions_seen)}; "
+          f"reports with the routers on different versions: {res.split_reports}")
     print(f"{'fleet':>12} {'routers':>8} {'requests':>9} {'served hit':>11} {'imbalance':>10} "
           f"{'per-5s imb':>11}")
     for f in (res.single, res.scaled, res.flat):

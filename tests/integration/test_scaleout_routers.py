@@ -25,6 +25,7 @@ def test_sixteen_routers_reach_the_single_router_hit_rate(tmp_path):
         res = run_live(stack, FleetOptions(), routers=16, duration_s=40.0, verbose=False)
     finally:
         stack.stop()
+    print(res)
     assert res.planned_periods >= 3, res
     assert res.single.requests == res.scaled.requests == res.flat.requests > 0
     assert abs(res.hit_gap_pp) <= 2.0, res
