@@ -16,14 +16,16 @@ import numpy as np
 
 from planner_svc.replay.arrivals import ArrivalSpec
 from planner_svc.replay.diagnose import diagnose
+from planner_svc.replay.engine import EngineModel
 from planner_svc.replay.experiment import (
+    ENGINES,
     PAPER_POLICIES,
     POLICY_NAMES,
     SIM_KEYS,
-    SIM_MODEL,
     ReplayConfig,
     make_workload,
     run_experiment,
+    scenario_model,
 )
 from planner_svc.replay.report import write_report
 from planner_svc.replay.trace import TraceError, load_trace, write_trace
@@ -86,7 +88,16 @@ def _workload_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--requests", type=int, default=200_000, help="requests per load point")
     p.add_argument("--keys", type=int, default=SIM_KEYS, help="routing keys (synthetic)")
     p.add_argument("--destinations", type=int, default=30)
-    p.add_argument("--cache-tokens", type=int, default=SIM_MODEL.cache_capacity_tokens)
+    p.add_argument(
+        "--engine",
+        choices=("scenario", *sorted(ENGINES)),
+        default="scenario",
+        help="engine model: 70b (TP2 H100 pair) or 8b (one H100); default: the scenario's "
+        "(8b for whales, 70b otherwise)",
+    )
+    p.add_argument(
+        "--cache-tokens", type=int, default=None, help="cache per destination (default: engine's)"
+    )
     p.add_argument("--arrivals", choices=("poisson", "gamma", "bootstrap"), default="poisson")
     p.add_argument("--cv", type=float, default=1.9, help="gamma arrivals: coefficient of variation")
     p.add_argument(
@@ -110,8 +121,17 @@ def _arrivals(args: argparse.Namespace) -> ArrivalSpec:
     return ArrivalSpec(args.arrivals, cv=args.cv if args.arrivals == "gamma" else 1.0)
 
 
+def _engine(args: argparse.Namespace) -> EngineModel:
+    """The engine model of `--engine` (default: the scenario's), `--cache-tokens` applied."""
+    scenario = "trace" if args.trace else args.scenario
+    model = scenario_model(scenario) if args.engine == "scenario" else ENGINES[args.engine]
+    if args.cache_tokens is not None:
+        model = replace(model, cache_capacity_tokens=args.cache_tokens)
+    return model
+
+
 def config_from_args(args: argparse.Namespace) -> ReplayConfig:
-    model = replace(SIM_MODEL, cache_capacity_tokens=args.cache_tokens)
+    model = _engine(args)
     cfg = ReplayConfig(
         scenario=args.scenario,
         n_requests=args.requests,
@@ -206,7 +226,7 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
         print("diagnose: a synthetic scenario needs --load", file=sys.stderr)
         return 2
     w = make_workload(cfg, args.load, 1)
-    d = diagnose(w, args.destinations, args.cache_tokens)
+    d = diagnose(w, args.destinations, cfg.model.cache_capacity_tokens)
     if args.json:
         print(json.dumps({**d.__dict__, "gain": d.gain}, default=float))
     else:

@@ -2,18 +2,26 @@
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from planner_svc.cli.replay_cmd import add_commands, config_from_args
 from planner_svc.cli.replay_cmd import main as replay_main
 from planner_svc.replay import arrivals
 from planner_svc.replay.cacheroute_policy import CacheRoutePolicy, CacheRouteSettings, cacheroute
 from planner_svc.replay.diagnose import diagnose
 from planner_svc.replay.engine import EngineModel
-from planner_svc.replay.experiment import ReplayConfig, make_workload, run_experiment
+from planner_svc.replay.experiment import (
+    MODEL_8B,
+    SIM_MODEL,
+    ReplayConfig,
+    make_workload,
+    run_experiment,
+)
 from planner_svc.replay.metrics import run_metrics, slo_capacity
 from planner_svc.replay.policies import PolicyContext, flat_lb
 from planner_svc.replay.simulator import ClusterSpec, simulate
@@ -222,3 +230,18 @@ def test_experiment_and_cli_write_tables(tmp_path: Path) -> None:
         )
         == 0
     )
+
+
+def test_whales_run_on_the_8b_engine_unless_told_otherwise() -> None:
+    parser = argparse.ArgumentParser()
+    add_commands(parser.add_subparsers())
+
+    def model(*argv: str) -> EngineModel:
+        return config_from_args(parser.parse_args(["replay", *argv])).model
+
+    assert model("--scenario", "whales") == MODEL_8B
+    assert model("--scenario", "paper-like") == SIM_MODEL
+    assert model("--scenario", "whales", "--engine", "70b") == SIM_MODEL
+    assert model("--scenario", "whales", "--cache-tokens", "123").cache_capacity_tokens == 123
+    assert MODEL_8B.prefill_s_per_token < SIM_MODEL.prefill_s_per_token
+    assert MODEL_8B.cache_capacity_tokens > SIM_MODEL.cache_capacity_tokens
