@@ -35,8 +35,8 @@ from streams.snapshots import SnapshotContext, build_snapshots
 from streams.windows import WindowResult
 
 log = logging.getLogger(__name__)
-TAKE_MESSAGES = 64
-TAKE_WITHIN_S = 0.05
+TAKE_MESSAGES = 256
+TAKE_WITHIN_S = 0.2
 
 
 def now_ms() -> int:
