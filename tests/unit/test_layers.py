@@ -23,14 +23,46 @@ PURE_MODULES = [
     "router_client/signing.py",
     "router_client/layout.py",
     "router_client/follow.py",
-    "streams/assembly.py",
-    "streams/windows.py",
-    "streams/validation.py",
-    "streams/dedup.py",
+    *(
+        f"streams/{m}.py"
+        for m in (
+            "assembly",
+            "windows",
+            "validation",
+            "dedup",
+            "wire",
+            "decoding",
+            "processor",
+            "ring",
+            "keyspace",
+            "arrivals",
+            "snapshots",
+            "config",
+            "metrics",
+            "partitioning",
+            "usage",
+            "columns",
+            "settings",
+        )
+    ),
 ]
 # package -> {server client -> the modules allowed to import it}
 SEAMS = {
     "router_client": {"redis": {"router_client/redis_source.py"}},
+    "streams": {
+        "faust": {"streams/app.py", "streams/__main__.py"},  # the app and its entry point
+        "aiokafka": {"streams/app.py"},
+        "mode": {"streams/app.py"},
+        "confluent_kafka": {"streams/emitter.py"},
+    },
+    "planner_svc": {
+        "redis": {"planner_svc/publish.py"},
+        "confluent_kafka": {
+            "planner_svc/snapshots.py",
+            "planner_svc/history.py",
+            "planner_svc/cli/stack.py",
+        },
+    },
 }
 
 
