@@ -5,8 +5,8 @@ validators hold; routing never fails; every router converges after each fault;
 router-process memory growth < 10 % after warm-up; no fd growth.
 
 Slow tier: 30 minutes, a fault a minute (`CACHEROUTE_SOAK_MINUTES` overrides);
-the same run is `.venv/bin/python bench/soak.py --minutes 30`. CI tier: one
-minute, a fault every 12 s (each of the five kinds once).
+the same run is `.venv/bin/python bench/soak.py --minutes 30`. CI tier: 90 s,
+a fault every 12 s (each of the five kinds at least once).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 pytestmark = pytest.mark.integration
+FAULTS = ("redis_kill", "worker_kill", "blackhole", "corrupt_publish", "planner_restart")
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -40,10 +41,10 @@ def check(fig: dict[str, Any]) -> None:
     assert fig["versions_applied"] > 0
 
 
-def test_soak_one_minute_every_fault_once():
-    fig = run_soak(1.0, 12.0)
+def test_soak_90_s_every_fault_kind():
+    fig = run_soak(1.5, 12.0)
     check(fig)
-    assert fig["faults"] == 5
+    assert min(fig[f"faults_{k}"] for k in FAULTS) >= 1
 
 
 @pytest.mark.slow
