@@ -175,8 +175,9 @@ class Planner:
             self._destinations = [DestinationSpec(**d) for d in durable.config["destinations"]]
             self._apply_decision_settings()
         if durable.loop is not None:
-            settings = self._loop.settings
+            settings, validated = self._loop.settings, self._loop.validated
             self._loop = ControlLoop.restore(durable.loop, settings)
+            self._loop.set_validated_range(validated)  # configuration, not state
         for record in durable.decisions[-self.decisions.maxlen :]:  # type: ignore[operator]
             self.decisions.append(Decision.from_dict(record))
 

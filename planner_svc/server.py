@@ -19,6 +19,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from cacheroute.v1 import planner_pb2, planner_pb2_grpc
+from planner_svc.control import ControlLoop, ValidatedRange
 from planner_svc.history import KafkaHistory
 from planner_svc.interceptors import PlannerInterceptor
 from planner_svc.metrics import MetricsServer, planner_registry, start_metrics_server
@@ -151,7 +152,13 @@ def build_service(
     history = None
     if (consume if durable is None else durable) and settings.state_topic:
         history = KafkaHistory(settings.bootstrap, settings.state_topic)
+    validated = ValidatedRange(
+        active_keys_max=settings.validated_active_keys_max or None,
+        p99_ms_max=settings.validated_p99_ms_max or None,
+        hit_rate_min=settings.validated_hit_rate_min or None,
+    )
     planner = Planner(
+        loop=ControlLoop(validated=validated),
         publisher=publisher,
         destinations=destinations,
         tunables=tunables_from(settings),

@@ -37,6 +37,12 @@ class PlannerSettings:
     hysteresis: float = 0.1
     min_dwell_s: float = 0.0
     max_plan_age_s: float = 300.0
+    # The range the plan was validated for (shadow replay / canary, checklist step 5):
+    # outside it the guard falls back to Flat-LB, and resumes when telemetry returns.
+    # 0 = unchecked.
+    validated_active_keys_max: int = 0
+    validated_p99_ms_max: float = 0.0
+    validated_hit_rate_min: float = 0.0
     retain_versions: int = 50
     # Access control: empty = no auth. Operators may mutate; readers may only read.
     operator_token: str = ""

@@ -480,3 +480,54 @@ def test_drift_installs_only_when_staleness_exceeds_rewarm(service):
     assert installs and keeps, [d.action for d in loop_decisions]
     for d in installs:  # the figures before the reset: the reason quotes them
         assert "reached the candidate's rewarm cost" in d.reason
+
+
+def test_guard_falls_back_outside_the_validated_range_and_resumes(redis_server, tmp_path):
+    settings = PlannerSettings(
+        redis_url=redis_server.url,
+        grpc_port=0,
+        data_dir=str(tmp_path),
+        destinations=DESTS,
+        q_cap=20.0,
+        warm_slots_per_destination=8,
+        interval_s=5.0,
+        validated_hit_rate_min=0.5,
+    )
+    svc = build_service(settings, consume=False)
+    try:
+        keys = paper_like_keys(400)
+        rates = paper_like_rates(400, 300.0, seed=1)
+        start = int(time.time() * 1000)
+
+        def window_at(step: int, hit: float) -> float:
+            end = start + step * 5_000
+            svc.planner.on_window(
+                make_window(
+                    keys,
+                    rates,
+                    window_end_ms=end,
+                    window_s=5.0,
+                    hit_rate=hit,
+                    destinations=list(DESTS),
+                )
+            )
+            svc.planner.tick(now_s=end / 1000.0 + 0.1)
+            return end
+
+        for step in range(3):
+            window_at(step, 0.8)
+        assert svc.planner.mode == "planned"
+        for step in range(3, 6):
+            window_at(step, 0.2)  # the served hit rate left the validated range
+        assert svc.planner.mode == "fallback"
+        live = svc.publisher.load(svc.publisher.current().version)
+        assert live.config.built_by == "fallback" and len(live.table) == 0
+        for step in range(6, 30):
+            window_at(step, 0.8)  # back inside: resume after the guard's dwell
+        assert svc.planner.mode == "planned"
+        live = svc.publisher.load(svc.publisher.current().version)
+        assert len(live.table) > 0
+        actions = [d.action for d in svc.planner.decisions]
+        assert "fallback" in actions and "resume" in actions
+    finally:
+        svc.stop(0)
