@@ -324,6 +324,8 @@ class Soak:
             "versions_published": len(self.versions.published),
             "versions_applied": sum(len(h.applied) for h in self.histories),
             "rejections": sum(c.follower.rejections for c in self.clients),
+            "delta_fallbacks": sum(c.follower.delta_fallbacks for c in self.clients),
+            "corrupted_publications": self.planner_proxy.stats.corrupted,
             "rss_warm_mb": round(baseline[1], 1),
             "rss_end_mb": round(rss_end, 1),
             "rss_growth_pct": round(100 * (rss_end - baseline[1]) / baseline[1], 2),

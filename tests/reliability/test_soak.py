@@ -45,6 +45,7 @@ def test_soak_90_s_every_fault_kind():
     fig = run_soak(1.5, 12.0)
     check(fig)
     assert min(fig[f"faults_{k}"] for k in FAULTS) >= 1
+    assert fig["corrupted_publications"] >= 1  # a byte really was flipped in flight
 
 
 @pytest.mark.slow
