@@ -104,7 +104,7 @@ class VersionLog(threading.Thread):
 
     def __init__(self, url: str) -> None:
         super().__init__(daemon=True)
-        self.r = redis.Redis.from_url(url, socket_timeout=0.5)
+        self.r: Any = redis.Redis.from_url(url, socket_timeout=0.5)
         self.published: dict[Version, bytes] = {}
         self.conflicts: list[str] = []
         self.stop = threading.Event()
@@ -214,9 +214,11 @@ class Soak:
         self.channel.close()
         self.routers_proxy.stop()
         self.planner_proxy.stop()
+        assert self.stack.broker is not None
         for p in (self.stack.planner, *self.stack.workers, self.redis.process,
                   self.stack.broker.process):  # fmt: skip
-            p.stop()
+            if p is not None:
+                p.stop()
 
     # --- faults ---------------------------------------------------------------------------
 
@@ -242,6 +244,7 @@ class Soak:
             with contextlib.suppress(grpc.RpcError):
                 stub.Replan(planner_pb2.ReplanRequest(force=True), timeout=5)
         elif kind == "planner_restart":
+            assert s.planner is not None
             signals.kill(s.planner.pid)
             s.planner.stop()
             s.planner = start_planner(s)  # new ports; the same data dir and signing key
@@ -251,7 +254,7 @@ class Soak:
 
     def newest_valid(self) -> Version | None:
         """The version Redis points at if its plan verifies, else None (rejected)."""
-        r = redis.Redis.from_url(self.redis.url, socket_timeout=1)
+        r: Any = redis.Redis.from_url(self.redis.url, socket_timeout=1)
         raw = r.get(Layout().current)
         if raw is None:
             return None
