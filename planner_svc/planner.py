@@ -425,7 +425,7 @@ class Planner:
             if self.installed is None:
                 raise Unavailable("no plan installed yet")
             now = self._clock()
-            decision = self._loop.force_mode(now, mode, reason or "operator")
+            decision = self._loop.force_mode(now, mode, reason or "no reason given")
             if decision.action is Action.FALLBACK:
                 self._install(self._fallback_plan(self.installed.plan), now, forced=True)
             elif decision.action is Action.RESUME:

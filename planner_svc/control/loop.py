@@ -226,7 +226,8 @@ class ControlLoop:
             return self._emit(now_s, Action.KEEP, "no candidate plan this step", figures)
         if self.settling is not None:
             reason = (
-                f"not acting on recovering telemetry: the install at {self.settling.since_s:.0f} s "
+                "not acting on recovering telemetry: the install "
+                f"{now_s - self.settling.since_s:.0f} s ago "
                 "is still rewarming (its hit rate has not settled)"
             )
             return self._emit(now_s, Action.SKIP, reason, figures)
