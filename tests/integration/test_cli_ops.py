@@ -22,29 +22,17 @@ from typing import Any
 import pytest
 
 from planner_svc.cli.main import main
-from planner_svc.replay.rates import paper_like_keys, paper_like_rates
 from planner_svc.server import PlannerService, build_service
 from planner_svc.settings import PlannerSettings
-from tests.service.windows import make_window
+from tests.service.harness import DESTS, OPERATOR, READER, feed, planner_settings
 
 pytestmark = pytest.mark.integration
-
-DESTS = tuple(f"d{i}" for i in range(6))
-OPERATOR, READER = "op-secret", "read-secret"
 
 
 @pytest.fixture()
 def service(redis_server, tmp_path: Path) -> Iterator[PlannerService]:
-    settings = PlannerSettings(
-        redis_url=redis_server.url,
-        grpc_port=0,
-        data_dir=str(tmp_path),
-        destinations=DESTS,
-        q_cap=20.0,
-        warm_slots_per_destination=8,
-        interval_s=3600.0,  # ticks are driven by the test
-        operator_token=OPERATOR,
-        reader_token=READER,
+    settings = planner_settings(
+        redis_server.url, tmp_path, operator_token=OPERATOR, reader_token=READER
     )
     svc = build_service(settings, consume=False)
     svc.server.start()
@@ -55,16 +43,6 @@ def service(redis_server, tmp_path: Path) -> Iterator[PlannerService]:
     # give it one so no server thread outlives the test.
     svc.planner.release_pin()
     svc.stop(0)
-
-
-def feed(svc: PlannerService, seed: int = 1) -> None:
-    """Two windows one window length apart: the planner waits for a full window of rates."""
-    keys = paper_like_keys(400)
-    rates = paper_like_rates(400, 300.0, seed=seed)
-    end = int(time.time() * 1000)
-    for window_end in (end - 10_000, end):
-        window = make_window(keys, rates, window_end_ms=window_end, destinations=list(DESTS))
-        svc.planner.on_window(window)
 
 
 def cli(svc: PlannerService, *argv: str, token: str = OPERATOR) -> tuple[int, str, str]:
@@ -169,8 +147,13 @@ def test_mode_decisions_and_watch(service):
     decisions = cli_json(service, "decisions", "--limit", "2", token=READER)["decisions"]
     assert len(decisions) == 2 and decisions[0]["id"] > decisions[1]["id"]  # newest first
 
-    lines = watch_while(service, lambda: service.planner.replan(
-        fresh=True, force=True, dry_run=False), "--json", "--count", "2")
+    lines = watch_while(
+        service,
+        lambda: service.planner.replan(fresh=True, force=True, dry_run=False),
+        "--json",
+        "--count",
+        "2",
+    )
     events = [json.loads(line) for line in lines]
     assert {e["event"] for e in events} == {"installed", "decision"}
     installed = next(e for e in events if e["event"] == "installed")["installed"]
@@ -245,7 +228,10 @@ def test_unreachable_planner_from_the_console_script():
     env = {**os.environ, "CACHEROUTE_PLANNER": "127.0.0.1:9", "CACHEROUTE_TOKEN": "x"}
     done = subprocess.run(
         [sys.executable, "-m", "planner_svc.cli.main", "status", "--timeout", "3"],
-        capture_output=True, text=True, env=env, timeout=60,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
     )
     assert done.returncode == 3
     assert done.stdout == ""
@@ -267,28 +253,42 @@ def self_signed(tmp_path: Path) -> tuple[Path, Path]:
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "cacheroute-test")])
     now = datetime.datetime.now(datetime.UTC)
     cert = (
-        x509.CertificateBuilder().subject_name(name).issuer_name(name)
-        .public_key(key.public_key()).serial_number(x509.random_serial_number())
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(minutes=5))
         .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName(
-            [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
         .sign(key, hashes.SHA256())
     )
     cert_path, key_path = tmp_path / "planner.crt", tmp_path / "planner.key"
     cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption()))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
     return cert_path, key_path
 
 
 def test_tls_with_a_pinned_ca(redis_server, tmp_path: Path):
     cert, key = self_signed(tmp_path)
     settings = PlannerSettings(
-        redis_url=redis_server.url, grpc_port=0, data_dir=str(tmp_path), destinations=DESTS,
-        interval_s=3600.0, tls_cert=str(cert), tls_key=str(key),
+        redis_url=redis_server.url,
+        grpc_port=0,
+        data_dir=str(tmp_path),
+        destinations=DESTS,
+        interval_s=3600.0,
+        tls_cert=str(cert),
+        tls_key=str(key),
     )
     svc = build_service(settings, consume=False)
     svc.server.start()

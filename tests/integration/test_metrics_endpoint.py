@@ -22,25 +22,15 @@ from planner_svc.control.guard import Mode
 from planner_svc.metrics import planner_registry, start_metrics_server
 from planner_svc.replay.rates import lognormal_walk, paper_like_keys, paper_like_rates
 from planner_svc.server import PlannerService, build_service
-from planner_svc.settings import PlannerSettings
+from tests.service.harness import DESTS, planner_settings
 from tests.service.windows import make_window
 
 pytestmark = pytest.mark.integration
 
-DESTS = tuple(f"d{i}" for i in range(6))
-
 
 @pytest.fixture()
 def running(redis_server, tmp_path: Path) -> Iterator[PlannerService]:
-    settings = PlannerSettings(
-        redis_url=redis_server.url,
-        grpc_port=0,
-        data_dir=str(tmp_path),
-        destinations=DESTS,
-        q_cap=20.0,
-        warm_slots_per_destination=8,
-        interval_s=1.0,
-    )
+    settings = planner_settings(redis_server.url, tmp_path, interval_s=1.0)
     svc = build_service(settings, consume=False)
     svc.start()
     yield svc
@@ -76,10 +66,10 @@ def run_briefly(svc: PlannerService, seconds: float, *, first: bool = True) -> N
     earlier = [10_000] if first else []
     while time.monotonic() < deadline:
         end = int(time.time() * 1000) - (earlier.pop() if earlier else 0)
-        window = make_window(keys, rates, window_end_ms=end, destinations=list(DESTS),
-                             hit_rate=0.6)
-        latencies = {d: dataclasses.replace(s, p99_e2e_ms=800.0)
-                     for d, s in window.destinations.items()}
+        window = make_window(keys, rates, window_end_ms=end, destinations=list(DESTS), hit_rate=0.6)
+        latencies = {
+            d: dataclasses.replace(s, p99_e2e_ms=800.0) for d, s in window.destinations.items()
+        }
         window = dataclasses.replace(window, destinations=latencies)
         svc.planner.on_window(window)
         rates = lognormal_walk(rates, 0.05, rng)
@@ -122,8 +112,14 @@ def test_scrape_after_a_short_run_has_sane_values(running):
     assert one(second, "cacheroute_planner_drift_total_variation") >= 0
     assert one(second, "cacheroute_planner_rewarm_cost_prefill_tokens") >= 0
     assert one(second, "cacheroute_planner_staleness_accumulated_prefill_tokens") >= 0
-    assert one(second, "cacheroute_planner_staleness_rate_prefill_tokens_per_second",
-               estimate="modelled") >= 0
+    assert (
+        one(
+            second,
+            "cacheroute_planner_staleness_rate_prefill_tokens_per_second",
+            estimate="modelled",
+        )
+        >= 0
+    )
     assert 0 <= one(second, "cacheroute_planner_last_install_moved_traffic_ratio") <= 1
 
     load = "cacheroute_planner_destination_{}_load_requests_per_second"

@@ -20,12 +20,10 @@ from planner_svc.server import PlannerService, build_service
 from planner_svc.settings import PlannerSettings
 from router_client import signing
 from router_client.plan import decode_plan
+from tests.service.harness import DESTS, OPERATOR, READER, feed, planner_settings
 from tests.service.windows import make_window
 
 pytestmark = pytest.mark.integration
-
-DESTS = tuple(f"d{i}" for i in range(6))
-OPERATOR, READER = "op-secret", "read-secret"
 
 
 class FakeClock:
@@ -38,16 +36,8 @@ class FakeClock:
 
 @pytest.fixture()
 def service(redis_server, tmp_path: Path) -> Iterator[PlannerService]:
-    settings = PlannerSettings(
-        redis_url=redis_server.url,
-        grpc_port=0,
-        data_dir=str(tmp_path),
-        destinations=DESTS,
-        q_cap=20.0,
-        warm_slots_per_destination=8,
-        interval_s=3600.0,  # ticks are driven by the test
-        operator_token=OPERATOR,
-        reader_token=READER,
+    settings = planner_settings(
+        redis_server.url, tmp_path, operator_token=OPERATOR, reader_token=READER
     )
     svc = build_service(settings, consume=False)
     svc.server.start()
@@ -62,17 +52,6 @@ def stub_for(svc: PlannerService) -> planner_pb2_grpc.PlannerStub:
 
 def auth(token: str) -> list[tuple[str, str]]:
     return [("authorization", f"Bearer {token}")]
-
-
-def feed(svc: PlannerService, seed: int = 1, end_ms: int | None = None) -> None:
-    keys = paper_like_keys(400)
-    rates = paper_like_rates(400, 300.0, seed=seed)
-    end = end_ms or int(time.time() * 1000)
-    # Two windows one window length apart: the planner waits for a full window of rates.
-    for window_end in (end - 10_000, end):
-        svc.planner.on_window(
-            make_window(keys, rates, window_end_ms=window_end, destinations=list(DESTS))
-        )
 
 
 def test_first_window_installs_a_plan_visible_over_grpc_and_in_redis(service):
