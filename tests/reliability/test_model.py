@@ -62,7 +62,7 @@ class PlanModel(RuleBasedStateMachine):
             RedisPlanSource(self.server.url), router_id=h.router_id,
             public_keys=[self.key.public_key()], recheck_s=0.3, on_applied=h.on_applied,
             cache_path=self.dir / f"{h.router_id}.bin", max_plan_bytes=1 << 20,
-        ).start(initial_wait_s=3)  # fmt: skip
+        ).start(initial_wait_s=3 if getattr(self, "up", True) else 0)  # fmt: skip
 
     def _commit(self, plan: RoutingPlan, previous: RoutingPlan | None = None) -> bool:
         prepared = self.pub.prepare(plan, previous)
