@@ -29,7 +29,7 @@ from planner_svc.replay.experiment import (
 )
 from planner_svc.replay.report import write_report
 from planner_svc.replay.trace import TraceError, load_trace, write_trace
-from planner_svc.replay.workload import SCENARIOS
+from planner_svc.replay.workload import SCENARIOS, WHALE_SHARE, WHALES
 
 
 def add_commands(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -98,6 +98,10 @@ def _workload_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--cache-tokens", type=int, default=None, help="cache per destination (default: engine's)"
     )
+    p.add_argument("--whales", type=int, default=None, help="whales scenario: whale keys (6)")
+    p.add_argument(
+        "--whale-share", type=float, default=None, help="whales scenario: share of each (0.09)"
+    )
     p.add_argument("--arrivals", choices=("poisson", "gamma", "bootstrap"), default="poisson")
     p.add_argument("--cv", type=float, default=1.9, help="gamma arrivals: coefficient of variation")
     p.add_argument(
@@ -140,6 +144,8 @@ def config_from_args(args: argparse.Namespace) -> ReplayConfig:
         model=model,
         arrivals=_arrivals(args),
         trace=load_trace(args.trace) if args.trace else None,
+        n_whales=args.whales,
+        whale_share=args.whale_share,
     )
     if hasattr(args, "policies"):
         cfg = replace(
@@ -213,7 +219,16 @@ def _notes(cfg: ReplayConfig) -> list[str]:
         f"s/token (+{m.decode_slowdown_per_running:.0%} per running request), batch "
         f"{m.batch_limit}",
         f"CacheRoute: rates {cfg.cacheroute_rates}, replan {cfg.replan}",
+        *_whale_note(cfg),
     ]
+
+
+def _whale_note(cfg: ReplayConfig) -> list[str]:
+    if cfg.scenario != "whales" or cfg.trace is not None:
+        return []
+    n = cfg.n_whales if cfg.n_whales is not None else WHALES
+    share = cfg.whale_share if cfg.whale_share is not None else WHALE_SHARE
+    return [f"whales: {n} keys with {share:.1%} of all requests each"]
 
 
 def cmd_diagnose(args: argparse.Namespace) -> int:

@@ -18,6 +18,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
@@ -29,7 +30,7 @@ from planner_svc.replay.policies import PolicyFactory, chwbl, flat_lb, sticky
 from planner_svc.replay.preble import preble_like
 from planner_svc.replay.reactive import dualmap_like, sglang_cache_aware
 from planner_svc.replay.simulator import ClusterSpec, simulate
-from planner_svc.replay.workload import SCENARIOS, ScenarioSpec, Workload
+from planner_svc.replay.workload import SCENARIOS, ScenarioSpec, Workload, whales
 
 # The simulator's calibration (70B fp8 on a TP2 H100 pair, scaled; see docs/replay.md).
 SIM_MODEL = EngineModel(
@@ -93,6 +94,9 @@ class ReplayConfig:
     warm_slots_per_destination: int | None = None
     trace: Workload | None = None
     workers: int = 2
+    # The whales scenario's whale count and per-whale share (None: `workload.whales` defaults).
+    n_whales: int | None = None
+    whale_share: float | None = None
 
 
 def calibrate(w: Workload, model: EngineModel, warmup_fraction: float) -> tuple[float, int]:
@@ -154,7 +158,15 @@ def make_workload(cfg: ReplayConfig, load: float, seed: int) -> Workload:
     if cfg.trace is not None:
         return scale_trace(cfg.trace, load)
     spec = ScenarioSpec(load, cfg.n_requests, seed, cfg.arrivals, cfg.n_keys)
+    if cfg.scenario == "whales":
+        return whales(spec, **whale_options(cfg))
     return SCENARIOS[cfg.scenario](spec)
+
+
+def whale_options(cfg: ReplayConfig) -> dict[str, Any]:
+    """The keyword arguments of `workload.whales` that `cfg` overrides."""
+    options = {"n_whales": cfg.n_whales, "whale_share": cfg.whale_share}
+    return {k: v for k, v in options.items() if v is not None}
 
 
 def scale_trace(trace: Workload, load: float) -> Workload:

@@ -245,3 +245,10 @@ def test_whales_run_on_the_8b_engine_unless_told_otherwise() -> None:
     assert model("--scenario", "whales", "--cache-tokens", "123").cache_capacity_tokens == 123
     assert MODEL_8B.prefill_s_per_token < SIM_MODEL.prefill_s_per_token
     assert MODEL_8B.cache_capacity_tokens > SIM_MODEL.cache_capacity_tokens
+
+
+def test_whale_count_and_share_reach_the_workload() -> None:
+    cfg = ReplayConfig(scenario="whales", n_requests=20_000, n_keys=2_000, n_whales=3)
+    shares = np.bincount(make_workload(replace(cfg, whale_share=0.12), 50.0, 1).key) / 20_000
+    heavy = np.sort(shares)[::-1]
+    assert np.allclose(heavy[:3], 0.12, atol=0.01) and heavy[3] < 0.01
