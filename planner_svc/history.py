@@ -14,10 +14,18 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Producer,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from router_client.plan import Version
@@ -99,30 +107,32 @@ class KafkaHistory:
 
 
 def read_history(bootstrap: str, topic: str, timeout_s: float = 10.0, **config: Any) -> History:
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": "cacheroute-planner-history",
-            "enable.auto.commit": False,
-            **config,
-        }
-    )
+    """Every record of the (single-partition) topic, read by fetching until end of partition.
+
+    Not by the ListOffsets high watermark: some brokers (Tansu) answer it one short after
+    batched writes, which would drop the newest install.
+    """
+    consumer = Consumer({
+        "bootstrap.servers": bootstrap,
+        "group.id": "cacheroute-planner-history",
+        "enable.auto.commit": False,
+        "enable.partition.eof": True,
+        **config,
+    })
+    history = History()
     try:
-        low, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=timeout_s)
-        history = History()
-        if high <= low:
-            return history
-        consumer.assign([TopicPartition(topic, 0, low)])
-        offset = low
-        while offset < high - 1:
-            msg = consumer.poll(timeout_s)
+        consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
             if msg is None:
-                raise KafkaException(f"planner history: timed out at offset {offset} of {high}")
-            if msg.error():
                 continue
-            offset = msg.offset() or offset
-            _apply(history, (msg.key() or b"").decode(), msg.value())
-        return history
+            error = msg.error()
+            if error is not None and error.code() == KafkaError._PARTITION_EOF:
+                return history
+            if error is None:
+                _apply(history, (msg.key() or b"").decode(), msg.value())
+        raise KafkaException(f"planner history: no end of {topic} within {timeout_s:.0f} s")
     finally:
         consumer.close()
 

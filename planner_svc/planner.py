@@ -36,6 +36,7 @@ from planner_svc.control.traffic import Traffic
 from planner_svc.errors import Conflict, InvalidRequest, NotFound, Unavailable
 from planner_svc.failpoints import failpoint
 from planner_svc.planning import PlanDiff, PlanningConfig, build_plan, diff, repack
+from planner_svc.publish import VersionConflict, VersionRegression
 from router_client.plan import (
     DestinationSpec,
     KeyTable,
@@ -46,6 +47,7 @@ from router_client.plan import (
 
 log = logging.getLogger("cacheroute.planner")
 _timer = time.perf_counter  # plans record how long they took to build
+MAX_VERSION_SKIPS = 16
 
 
 class HistorySink(Protocol):
@@ -136,6 +138,7 @@ class Planner:
         self._watchers: list[queue.Queue[tuple[str, Any]]] = []
         self._plans: OrderedDict[Version, RoutingPlan] = OrderedDict()
         self._history = history
+        self.version_conflicts = 0  # installs that found their version taken in Redis
         # The stream's first windows may cover only part of a window of traffic (it just
         # started): the first plan waits until one full window length has passed since.
         self._first_window_end_ms: int | None = None
@@ -294,11 +297,31 @@ class Planner:
 
     # --- installs -------------------------------------------------------------------
 
-    def _next_version(self) -> Version:
+    def _next_version(self, after: Version | None = None) -> Version:
         last = self.installed.plan.version if self.installed else Version(self._epoch, 0)
+        last = max(last, after) if after is not None else last
         if last.epoch < self._epoch:
             return Version(self._epoch, 1)
         return Version(last.epoch, last.seq + 1)
+
+    def _publish(self, plan: RoutingPlan, previous: RoutingPlan | None) -> tuple[RoutingPlan, Any]:
+        """Install `plan` under the next free version.
+
+        Redis refuses a version it already holds with other bytes, or one behind its
+        pointer. Only someone else writing under our names causes that (another planner,
+        or tampering): skip past it, count it, and say so, rather than wedge forever.
+        """
+        version = plan.version
+        for _ in range(MAX_VERSION_SKIPS):
+            try:
+                return plan, self._publisher.install(plan, previous)
+            except (VersionConflict, VersionRegression) as exc:
+                self.version_conflicts += 1
+                current = self._publisher.current()
+                version = self._next_version(max(version, current.version if current else version))
+                log.error("plan version taken in Redis (%s): publishing as %s", exc, version)
+                plan = dataclasses.replace(plan, version=version)
+        raise Unavailable(f"could not find a free plan version after {MAX_VERSION_SKIPS} tries")
 
     def _install(self, plan: RoutingPlan, now: float, *, forced: bool) -> Installed:
         previous = self.installed.plan if self.installed else None
@@ -309,7 +332,7 @@ class Planner:
             rates_window_end_ms=self.rates_window_end_ms or plan.rates_window_end_ms,
         )
         failpoint("publish.before_redis")
-        published = self._publisher.install(versioned, previous)
+        versioned, published = self._publish(versioned, previous)
         failpoint("publish.after_redis")
         if self._history is not None:
             blob = self._publisher.signed_plan(versioned.version)

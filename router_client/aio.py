@@ -109,9 +109,11 @@ class AsyncRouterClient(BaseRouterClient):
         return await self.source.fetch_plan(want.version)
 
     async def _housekeeping(self) -> None:
+        # Save first: see RouterClient._housekeeping.
+        self._save_chain()
         now = time.monotonic()
         if self._status_due(now):
             await self.source.report(self._status(now))
         if self._chain_too_long():
             self._restart_chain(await self.source.fetch_plan(self.version))
-        self._save_chain()
+            self._save_chain()

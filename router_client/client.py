@@ -128,9 +128,12 @@ class RouterClient(BaseRouterClient):
         return self.source.fetch_plan(want.version)
 
     def _housekeeping(self) -> None:
+        # Save first: the calls below fail when the source just went away, and the disk
+        # copy must not lag the applied plan for the whole outage.
+        self._save_chain()
         now = time.monotonic()
         if self._status_due(now):
             self.source.report(self._status(now))
         if self._chain_too_long():
             self._restart_chain(self.source.fetch_plan(self.version))
-        self._save_chain()
+            self._save_chain()

@@ -69,15 +69,6 @@ def test_every_kind_of_bad_plan_is_refused_and_reported(redis_server):
     assert check_history(history, published=published, final=last.version) == []
 
 
-WEDGE_BUG = (
-    "planner_svc.planner.Planner._next_version numbers the next install from its own "
-    "installed plan, so a junk plan written under that number (anyone with write access "
-    "to Redis) makes every later install fail with VersionConflict: the planner never "
-    "publishes again until an operator cleans Redis"
-)
-
-
-@pytest.mark.xfail(strict=True, reason=WEDGE_BUG)
 def test_a_junk_plan_under_the_next_version_does_not_wedge_the_planner(redis_server, tmp_path):
     from tests.reliability.harness import feed, planner_service
 

@@ -124,15 +124,6 @@ def test_planner_killed_10_times_at_each_publication_step(redis_server, broker, 
     run_kills(redis_server, broker, tmp_path, per_step=10)
 
 
-HISTORY_BUG = (
-    "planner_svc.history.read_history trusts get_watermark_offsets, which Tansu answers one "
-    "short (high = last offset, not last + 1; docs/streams.md), so load() never sees the "
-    "newest record: after a restart on an empty Redis the planner republishes the "
-    "second-newest plan and reuses the newest version number for other bytes"
-)
-
-
-@pytest.mark.xfail(strict=True, reason=HISTORY_BUG)
 def test_history_load_sees_the_last_install(broker):
     history = KafkaHistory(broker.bootstrap, f"state-{uuid.uuid4().hex[:8]}")
     for seq in (1, 2):
@@ -140,7 +131,6 @@ def test_history_load_sees_the_last_install(broker):
     assert history.load().current == Version(1, 2)
 
 
-@pytest.mark.xfail(strict=True, reason=HISTORY_BUG)
 def test_restart_on_an_empty_redis_republishes_the_newest_plan(redis_server, broker, tmp_path):
     planners = Planners(redis_server.url, broker.bootstrap, tmp_path / "planner")
     r = redis.Redis.from_url(redis_server.url)

@@ -10,20 +10,11 @@ from __future__ import annotations
 
 import time
 
-import pytest
-
 from router_client import RouterClient, StaticPlanSource
 from router_client.plan import Version
 from router_client.testing import perturb, synthetic_plan
 
-BUG = (
-    "router_client.client.RouterClient._housekeeping calls source.report() before "
-    "_save_chain(); a failing report (source unreachable) skips the save, so the plan on "
-    "disk lags the applied one. Fix: save the chain first (or in a finally)."
-)
 
-
-@pytest.mark.xfail(strict=True, reason=BUG)
 def test_the_plan_on_disk_follows_the_applied_plan_when_the_source_goes_away(tmp_path):
     source = StaticPlanSource()
     plan = synthetic_plan(100, 4)
