@@ -146,13 +146,19 @@ def lookup_from_columns(
     if not len(keys):
         return {}
     offs = np.asarray(set_offsets, np.int64)
-    values: list[Members] = np.asarray(members)[offs[:-1]].tolist()
-    multi = np.nonzero(np.diff(offs) > 1)[0].tolist()
-    if multi:
-        mem = np.asarray(members).tolist()
-        offl = offs.tolist()
-        for i in multi:
-            values[i] = tuple(mem[offl[i] : offl[i + 1]])
+    mem = np.asarray(members)
+    values: list[Members] = mem[offs[:-1]].tolist()
+    sizes = np.diff(offs)
+    multi = np.nonzero(sizes > 1)[0]
+    if len(multi):
+        # One gather of just the multi-replica keys' members (a few percent of keys),
+        # instead of converting every member and offset to Python ints.
+        msizes = sizes[multi]
+        ends = np.cumsum(msizes)
+        starts = ends - msizes
+        flat = mem[np.repeat(offs[multi] - starts, msizes) + np.arange(int(ends[-1]))].tolist()
+        for i, s, e in zip(multi.tolist(), starts.tolist(), ends.tolist(), strict=True):
+            values[i] = tuple(flat[s:e])
     return dict(zip(keys, values, strict=False))  # lengths checked by decode
 
 
