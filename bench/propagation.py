@@ -39,7 +39,7 @@ from router_client.redis_source import RedisPlanSource
 from router_client.testing import perturb, synthetic_plan
 
 
-def subscriber(url: str, pem: bytes, rid: str, out: Any, stop: Any) -> None:
+def subscriber(url: str, pem: bytes, rid: str, out: Any, stop: Any, tune: bool) -> None:
     from cryptography.hazmat.primitives.serialization import load_pem_public_key
 
     key = load_pem_public_key(pem)
@@ -49,7 +49,11 @@ def subscriber(url: str, pem: bytes, rid: str, out: Any, stop: Any) -> None:
         out.put((rid, table.version.seq, kind, time.time(), client.last_apply_cpu_ms))
 
     client: RouterClient = RouterClient(
-        RedisPlanSource(url), router_id=rid, public_keys=keys, on_applied=applied
+        RedisPlanSource(url),
+        router_id=rid,
+        public_keys=keys,
+        on_applied=applied,
+        tune_malloc=tune,
     )
     client.start()
     stop.wait()
@@ -62,7 +66,9 @@ def _pct(xs: list[float], q: float) -> float:
 
 
 class Run:
-    def __init__(self, url: str, publisher: PlanPublisher, n_subs: int, pem: bytes) -> None:
+    def __init__(
+        self, url: str, publisher: PlanPublisher, n_subs: int, pem: bytes, tune: bool
+    ) -> None:
         ctx = mp.get_context("fork")
         self.out = ctx.Queue()
         self.stop = ctx.Event()
@@ -72,7 +78,7 @@ class Run:
         self.publisher = publisher
         self.procs = [
             ctx.Process(
-                target=subscriber, args=(url, pem, f"s{i}", self.out, self.stop), daemon=True
+                target=subscriber, args=(url, pem, f"s{i}", self.out, self.stop, tune), daemon=True
             )
             for i in range(n_subs)
         ]
@@ -110,8 +116,9 @@ def measure(
     base: RoutingPlan,
     rounds: int,
     start_seq: int,
+    tune: bool,
 ) -> dict[str, Any]:
-    run = Run(url, pub, n_subs, pem)
+    run = Run(url, pub, n_subs, pem, tune)
     try:
         seq = start_seq
         plan = synthetic_plan(len(base.table), len(base.destinations), version=Version(1, seq))
@@ -142,6 +149,11 @@ def main() -> None:
     ap.add_argument("--subscribers", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--quick", action="store_true", help="3 rounds")
+    ap.add_argument(
+        "--no-tune-malloc",
+        action="store_true",
+        help="subscribers keep glibc's malloc defaults (the baseline of router_client.memory)",
+    )
     args = ap.parse_args()
     if args.quick:
         args.rounds = 3
@@ -160,8 +172,11 @@ def main() -> None:
         t = time.perf_counter()
         pub.prepare(perturb(base, 0.02, version=Version(1, 2)), base)
         prepare_ms = (time.perf_counter() - t) * 1000
-        one = measure(redis.url, pub, pem, 1, base, args.rounds, 1)
-        many = measure(redis.url, pub, pem, args.subscribers, base, args.rounds, one["seq"] + 1)
+        tune = not args.no_tune_malloc
+        one = measure(redis.url, pub, pem, 1, base, args.rounds, 1, tune)
+        many = measure(
+            redis.url, pub, pem, args.subscribers, base, args.rounds, one["seq"] + 1, tune
+        )
     finally:
         redis.process.stop()
 
@@ -180,6 +195,7 @@ def main() -> None:
         "destinations": args.destinations,
         "subscribers": args.subscribers,
         "rounds": args.rounds,
+        "tune_malloc": tune,
         "publisher_prepare_ms": round(prepare_ms, 1),
         "publisher_commit_p50_ms": round(commit, 1),
     }
