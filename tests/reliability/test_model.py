@@ -127,9 +127,8 @@ class PlanModel(RuleBasedStateMachine):
     @rule(i=st.integers(0, ROUTERS - 1))
     def restart_router(self, i: int) -> None:
         STEPS["restart_router"] += 1
-        # A new process: its history starts again (a router whose plan on disk is
-        # older than what it had applied re-applies the newer one; see
-        # test_router_restart.py for why the disk copy can lag).
+        # A new process: its history starts again (a crash may lose an apply that
+        # was not yet on disk; the restarted router then applies it again).
         self.clients[i].stop()
         self.retired.append(self.histories[i])
         self.histories[i] = RouterHistory(f"m{i}.{len(self.retired)}")

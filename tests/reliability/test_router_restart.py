@@ -1,10 +1,9 @@
 """A router's plan on disk must not lag behind what it applied.
 
-Found by the model test: `RouterClient._housekeeping` reports status *before*
-saving the plan chain to disk, so when the report fails (Redis just went away)
-the save is skipped, and it stays skipped for as long as the source is
-unreachable. A router restarted then comes back on an older plan than the one
-it was routing with (and re-applies the newer one once Redis is back)."""
+Found by the model test (fixed in 3a2c2f8): `RouterClient._housekeeping`
+reported status *before* saving the plan chain to disk, so when the report
+failed (Redis just went away) the save was skipped for as long as the source was
+unreachable, and a router restarted then came back on an older plan."""
 
 from __future__ import annotations
 
