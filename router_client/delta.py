@@ -109,6 +109,8 @@ def apply_delta(table: RoutingTable, delta: plan_pb2.PlanDelta) -> RoutingTable:
     if target <= table.version:
         raise PlanRejected("stale", f"delta target {target} is not newer than {table.version}")
     ids, addresses, draining = destination_columns(delta.destinations)
+    if ids == table.destination_ids:
+        ids = table.destination_ids  # the same object: the router's slot cache hits on `is`
     upserts = table_from_pb(delta.upserts, len(ids))
     if draining:
         check_table(upserts, len(ids), draining)

@@ -206,6 +206,7 @@ class RouterCore:
         self.unadmitted = 0
         self.fallback = 0
         self.unhealthy_reroute = 0
+        self._slots_cache: tuple[tuple[str, ...], tuple[int, ...], bool] | None = None
         self._active = self._build_active(None, {}, tuple(range(len(self.destination_ids))))
 
     # --- state changes (rare) ------------------------------------------------
@@ -216,10 +217,20 @@ class RouterCore:
             slots = tuple(range(len(self.destination_ids)))
             self._active = self._build_active(None, {}, slots)
             return
-        slots = tuple(self._slot_for(d) for d in table.destination_ids)
-        identity = all(s == i for i, s in enumerate(slots))
+        slots, identity = self._slots_of(table.destination_ids)
         lookup = table.lookup if identity else translate_lookup(table.lookup, slots)
         self._active = self._build_active(table, lookup, slots)
+
+    def _slots_of(self, ids: tuple[str, ...]) -> tuple[tuple[int, ...], bool]:
+        # Consecutive plans almost always list the same destinations: reuse the mapping
+        # (a slot never changes once given), saving ~1,000 lookups per delta apply.
+        cached = self._slots_cache
+        if cached is not None and (ids is cached[0] or ids == cached[0]):
+            return cached[1], cached[2]
+        slots = tuple(self._slot_for(d) for d in ids)
+        identity = all(s == i for i, s in enumerate(slots))
+        self._slots_cache = (ids, slots, identity)
+        return slots, identity
 
     def mark_down(self, destination_id: str) -> None:
         """Skip this destination from the next decision on, until `mark_up`."""

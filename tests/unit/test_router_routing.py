@@ -125,6 +125,18 @@ def test_new_table_with_other_destination_order_is_mapped_by_id():
     assert {core.route(f"x{i}") for i in range(300)} == {"d2", "d9", "d0"}
 
 
+def test_alternating_destination_orders_map_by_id_every_time():
+    # The core reuses its id -> slot mapping while the order stays the same; it must
+    # still re-map when the order changes and changes back.
+    core = RouterCore([], seed=0)
+    forward = plan_of({"a": (0,), "b": (1,)}, order=["d0", "d1"])
+    backward = plan_of({"a": (0,), "b": (1,)}, order=["d1", "d0"])
+    for plan, a_goes_to in ((forward, "d0"), (backward, "d1"), (forward, "d0"), (forward, "d0")):
+        core.install(RoutingTable.from_plan(plan))
+        assert core.route("a") == a_goes_to
+        assert core.route("b") == ({"d0", "d1"} - {a_goes_to}).pop()
+
+
 def test_finished_never_goes_negative():
     core = core_with({"a": (1,)})
     core.finished(1)
