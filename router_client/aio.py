@@ -17,6 +17,8 @@ from router_client.layout import Pointer
 from router_client.plan import Version
 from router_client.source import AsyncPlanSource, SourceUnavailable
 
+RELEASE_RETIRED_AFTER_S = 0.25
+
 
 class AsyncRouterClient(BaseRouterClient):
     """Routes with the newest verified plan from an `AsyncPlanSource`."""
@@ -78,7 +80,7 @@ class AsyncRouterClient(BaseRouterClient):
                 await self._round()
                 await self._housekeeping()
                 self._backoff.reset()
-                self.follower.note_hint(await self.source.wait_for_change(self.recheck_s))
+                self.follower.note_hint(await self._wait_for_change())
             except SourceUnavailable:
                 self.unavailable_rounds += 1
                 self.check_age()
@@ -88,6 +90,15 @@ class AsyncRouterClient(BaseRouterClient):
                 self.failed_rounds += 1
                 self.check_age()
                 await asyncio.sleep(self._backoff.next_delay())
+
+    async def _wait_for_change(self) -> Version | None:
+        # A short first wait, then free the old table (see `_release_retired`).
+        first = min(RELEASE_RETIRED_AFTER_S, self.recheck_s)
+        hint = await self.source.wait_for_change(first)
+        self._release_retired()
+        if hint is None and self.recheck_s > first:
+            hint = await self.source.wait_for_change(self.recheck_s - first)
+        return hint
 
     async def _round(self) -> None:
         self._start_round()

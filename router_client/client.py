@@ -104,6 +104,7 @@ class RouterClient(BaseRouterClient):
             if remaining <= 0:
                 return
             hint = self.source.wait_for_change(min(remaining, WAIT_SLICE_S))
+            self._release_retired()  # after the first slice: off the fleet's apply burst
             if hint is not None:
                 self.follower.note_hint(hint)
                 return
