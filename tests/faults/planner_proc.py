@@ -21,7 +21,7 @@ from pathlib import Path
 
 from planner_svc.server import build_service
 from planner_svc.settings import PlannerSettings
-from tests.reliability.harness import DESTS, feed
+from tests.service.harness import DESTS, feed
 
 
 def _settings(args: argparse.Namespace) -> PlannerSettings:

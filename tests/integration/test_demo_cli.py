@@ -40,21 +40,24 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
-def test_up_stops_everything_on_ctrl_c(tmp_path: Path) -> None:
+def start_up(workdir: Path) -> tuple[subprocess.Popen[str], list[str]]:
+    """`cacheroute up` until it has printed its addresses (the last line names the logs)."""
     proc = subprocess.Popen(
-        [*CLI, "up", "--workdir", str(tmp_path)],
+        [*CLI, "up", "--workdir", str(workdir)],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
     )
     assert proc.stdout is not None
-    lines = []
+    lines: list[str] = []
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        lines.append(line)
-        if "logs" in line:
-            break
+    while time.monotonic() < deadline and not (lines and "logs" in lines[-1]):
+        lines.append(proc.stdout.readline())
+    return proc, lines
+
+
+def test_up_stops_everything_on_ctrl_c(tmp_path: Path) -> None:
+    proc, lines = start_up(tmp_path)
     assert any("planner gRPC" in ln for ln in lines), "".join(lines)
     children = descendants(proc.pid)
     assert len(children) >= 4, "broker, redis, worker and planner should be running"
@@ -65,16 +68,7 @@ def test_up_stops_everything_on_ctrl_c(tmp_path: Path) -> None:
 
 
 def test_children_die_with_a_killed_parent(tmp_path: Path) -> None:
-    proc = subprocess.Popen(
-        [*CLI, "up", "--workdir", str(tmp_path)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    assert proc.stdout is not None
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and "logs" not in proc.stdout.readline():
-        pass
+    proc, _ = start_up(tmp_path)
     children = descendants(proc.pid)
     assert children
     os.kill(proc.pid, signal.SIGKILL)

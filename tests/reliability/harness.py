@@ -17,43 +17,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from planner_svc.replay.rates import paper_like_keys, paper_like_rates
 from planner_svc.server import PlannerService, build_service
-from planner_svc.settings import PlannerSettings
 from router_client import RouterClient, signing
 from router_client.plan import Version
 from router_client.redis_source import RedisPlanSource
 from tests.faults.history import RouterHistory
-from tests.service.windows import make_window
+from tests.service.harness import feed, planner_settings
 
-DESTS = tuple(f"d{i}" for i in range(6))
 N_KEYS = 400
 
 
 def planner_service(redis_url: str, data_dir: Path, **overrides: Any) -> PlannerService:
-    settings = PlannerSettings(
-        redis_url=redis_url,
-        grpc_port=0,
-        data_dir=str(data_dir),
-        destinations=DESTS,
-        q_cap=20.0,
-        warm_slots_per_destination=8,
-        interval_s=2.0,
-        retain_versions=200,
-    ).with_overrides(**overrides)
-    svc = build_service(settings, consume=False)
+    """The shared in-process planner, with its timer running (republish + tick)."""
+    options = {"interval_s": 2.0, "retain_versions": 200, **overrides}
+    svc = build_service(planner_settings(redis_url, data_dir, **options), consume=False)
     svc.start()
     return svc
-
-
-def feed(svc: PlannerService, seed: int = 1) -> None:
-    keys = paper_like_keys(N_KEYS)
-    rates = paper_like_rates(N_KEYS, 300.0, seed=seed)
-    end = int(time.time() * 1000)
-    for window_end in (end - 10_000, end):
-        svc.planner.on_window(
-            make_window(keys, rates, window_end_ms=window_end, destinations=list(DESTS))
-        )
 
 
 def public_key(svc: PlannerService) -> Any:
