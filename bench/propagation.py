@@ -90,7 +90,8 @@ class Run:
         t0 = time.time()
         self.publisher.commit(prepared)
         self.commit_ms.append((time.time() - t0) * 1000)
-        delays, kinds = [], {}
+        delays: list[float] = []
+        kinds: dict[str, int] = {}
         deadline = time.monotonic() + 30
         while len(delays) < self.n and time.monotonic() < deadline:
             _rid, seq, kind, t, cpu_ms = self.out.get(timeout=30)
