@@ -12,20 +12,17 @@ under the lock so that versions are assigned and installed in order.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import math
-import queue
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Generator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import numpy as np
-
+from planner_svc.broadcast import Broadcast, RequestCache
 from planner_svc.control import ControlLoop
 from planner_svc.control.decision import Action, Decision, Penalties
 from planner_svc.control.drift import Drift
@@ -33,10 +30,12 @@ from planner_svc.control.guard import Mode
 from planner_svc.control.loop import Figures
 from planner_svc.control.telemetry import Telemetry
 from planner_svc.control.traffic import Traffic
-from planner_svc.errors import Conflict, InvalidRequest, NotFound, Unavailable
+from planner_svc.destinations import edit_destinations
+from planner_svc.errors import NotFound, Unavailable
 from planner_svc.failpoints import failpoint
 from planner_svc.planning import PlanDiff, PlanningConfig, build_plan, diff, repack
 from planner_svc.publish import VersionConflict, VersionRegression
+from planner_svc.window_view import telemetry_from_window, traffic_from_window
 from router_client.plan import (
     DestinationSpec,
     KeyTable,
@@ -134,8 +133,8 @@ class Planner:
         # decision id -> (version it installed, operator request id), for the API's records.
         self.decision_meta: dict[int, tuple[Version | None, str]] = {}
         self._last_tick_s = -math.inf
-        self._idempotent: OrderedDict[str, Any] = OrderedDict()
-        self._watchers: list[queue.Queue[tuple[str, Any]]] = []
+        self._once = RequestCache()  # request id -> result: a retried mutation acts once
+        self.events = Broadcast()  # installs and decisions, for WatchPlans
         self._plans: OrderedDict[Version, RoutingPlan] = OrderedDict()
         self._history = history
         self.version_conflicts = 0  # installs that found their version taken in Redis
@@ -202,15 +201,8 @@ class Planner:
 
     def on_window(self, window: Any) -> None:
         """A complete stream window (streams.assembly.CompleteWindow) arrived."""
-        rates = window.ewma_rate_per_s if self._rate_column == "ewma" else window.rate_per_s
         with self._lock:
-            traffic = Traffic(
-                keys=list(window.keys),
-                rates=np.asarray(rates, np.float64),
-                prefix_tokens=np.asarray(window.reusable_prefix_tokens, np.float64),
-                window_end_s=window.window_end_ms / 1000.0,
-            )
-            self.traffic = traffic
+            self.traffic = traffic_from_window(window, self._rate_column)
             self.rates_window_end_ms = int(window.window_end_ms)
             if self._first_window_end_ms is None:
                 self._first_window_end_ms = int(window.window_end_ms)
@@ -342,7 +334,7 @@ class Planner:
         self._remember(versioned)
         if versioned.config.built_by not in ("fallback",):
             self._loop.record_install(now, forced=forced)
-        self._notify("installed", self.version_info(versioned, published.digest))
+        self.events.publish("installed", self.version_info(versioned, published.digest))
         log.info(
             "installed plan %s (%s, %d keys)",
             versioned.version,
@@ -370,7 +362,7 @@ class Planner:
         self, *, fresh: bool, force: bool, dry_run: bool, request_id: str = ""
     ) -> ReplanResult:
         with self._lock:
-            cached = self._cached(request_id)
+            cached = self._once.get(request_id)
             if cached is not None:
                 return cached  # type: ignore[no-any-return]
             if self.traffic is None:
@@ -382,7 +374,7 @@ class Planner:
             result = ReplanResult(candidate, plan_diff, figures, None, None)
             if not dry_run:
                 result = self._operator_install(result, force=force, request_id=request_id)
-            return self._remember_request(request_id, result)
+            return self._once.remember(request_id, result)
 
     def _price(self, candidate: RoutingPlan) -> Figures | None:
         if self.installed is None or self.traffic is None:
@@ -414,7 +406,7 @@ class Planner:
     def rollback(self, version: Version, request_id: str = "") -> Installed:
         """Install the retained `version` again as a new version, and pin it."""
         with self._lock:
-            cached = self._cached(request_id)
+            cached = self._once.get(request_id)
             if cached is not None:
                 return cached  # type: ignore[no-any-return]
             target = self.plan(version)
@@ -435,7 +427,7 @@ class Planner:
                 None,
                 request_id=request_id,
             )
-            return self._remember_request(request_id, installed)  # type: ignore[no-any-return]
+            return self._once.remember(request_id, installed)  # type: ignore[no-any-return]
 
     def release_pin(self) -> None:
         with self._lock:
@@ -468,11 +460,11 @@ class Planner:
     ) -> Tunables:
         """Change tunables and destinations together, or not at all (validated first)."""
         with self._lock:
-            cached = self._cached(request_id)
+            cached = self._once.get(request_id)
             if cached is not None:
                 return cached  # type: ignore[no-any-return]
             new_tunables = dataclasses.replace(self.tunables, **tunables)
-            new_destinations = _edit_destinations(self._destinations, add, drain, remove)
+            new_destinations = edit_destinations(self._destinations, add, drain, remove)
             self._planning_config(new_tunables, new_destinations)  # refuse a bad edit now
             self.tunables, self._destinations = new_tunables, new_destinations
             self._apply_decision_settings()
@@ -484,7 +476,7 @@ class Planner:
                     }
                 )
             self._last_tick_s = -math.inf  # act on the change at the next tick
-            return self._remember_request(request_id, self.tunables)  # type: ignore[no-any-return]
+            return self._once.remember(request_id, self.tunables)  # type: ignore[no-any-return]
 
     def _apply_decision_settings(self) -> None:
         s = self._loop.settings
@@ -623,90 +615,6 @@ class Planner:
         if self._history is not None:
             self._history.record_decision(decision.to_dict())
             self._history.record_loop(self._loop.snapshot())
-        self._notify("decision", decision)
+        self.events.publish("decision", decision)
         log.info("decision %s: %s", decision.action, decision.reason)
         return decision
-
-    def watch(
-        self, active: Callable[[], bool] = lambda: True, poll_s: float = 0.5
-    ) -> Generator[tuple[str, Any], None, None]:
-        """Yield ("installed", info) and ("decision", Decision) events while `active()`.
-
-        Polls `active` every `poll_s` so a departed watcher frees its thread promptly.
-        """
-        q: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=1000)
-        with self._lock:
-            self._watchers.append(q)
-        try:
-            while active():
-                try:
-                    yield q.get(timeout=poll_s)
-                except queue.Empty:
-                    continue
-        finally:
-            with self._lock:
-                self._watchers.remove(q)
-
-    def _notify(self, kind: str, payload: Any) -> None:
-        for q in list(self._watchers):
-            # A slow watcher misses events rather than stalling the planner.
-            with contextlib.suppress(queue.Full):
-                q.put_nowait((kind, payload))
-
-    def _cached(self, request_id: str) -> Any:
-        return self._idempotent.get(request_id) if request_id else None
-
-    def _remember_request(self, request_id: str, result: Any) -> Any:
-        if request_id:
-            self._idempotent[request_id] = result
-            while len(self._idempotent) > 1000:
-                self._idempotent.popitem(last=False)
-        return result
-
-
-def _edit_destinations(
-    current: list[DestinationSpec], add: list[DestinationSpec], drain: list[str], remove: list[str]
-) -> list[DestinationSpec]:
-    by_id = {d.id: d for d in current}
-    for d in add:
-        if d.id in by_id and not by_id[d.id].draining:
-            raise Conflict(f"destination {d.id!r} already exists")
-        by_id[d.id] = d
-    for ident in [*drain, *remove]:
-        if ident not in by_id:
-            raise InvalidRequest(f"unknown destination {ident!r}")
-    for ident in drain:
-        by_id[ident] = dataclasses.replace(by_id[ident], draining=True)
-    for ident in remove:
-        del by_id[ident]
-    if not by_id:
-        raise InvalidRequest("removing every destination leaves nowhere to route")
-    return list(by_id.values())
-
-
-def telemetry_from_window(window: Any, admitted: set[str]) -> Telemetry:
-    """The control loop's view of a stream window (see planner_svc.control.telemetry)."""
-    span_s = max(1e-9, (window.window_end_ms - window.window_start_ms) / 1000.0)
-    prompt = np.asarray(window.prompt_tokens, np.float64)
-    cached = np.asarray(window.cached_tokens, np.float64)
-    mask = np.fromiter((k in admitted for k in window.keys), bool, count=len(window.keys))
-    p99s = [d.p99_e2e_ms for d in window.destinations.values() if not math.isnan(d.p99_e2e_ms)]
-    return Telemetry(
-        window_end_s=window.window_end_ms / 1000.0,
-        window_s=span_s,
-        hit_rate=_ratio(cached.sum(), prompt.sum()),
-        prompt_tokens_per_s=float(prompt.sum()) / span_s,
-        requests=int(np.sum(window.requests)),
-        destination_loads_per_s={d: s.arrival_rate_per_s for d, s in window.destinations.items()},
-        planned_hit_rate=_ratio(cached[mask].sum(), prompt[mask].sum()) if mask.any() else None,
-        fallback_hit_rate=_ratio(cached[~mask].sum(), prompt[~mask].sum())
-        if (~mask).any()
-        else None,
-        p99_ms=max(p99s) if p99s else None,
-        active_keys=int(window.active_keys),
-        recovering=bool(window.recovering),
-    )
-
-
-def _ratio(num: float, den: float) -> float:
-    return float(num) / float(den) if den > 0 else 0.0

@@ -121,7 +121,7 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
     def WatchPlans(
         self, request: Any, context: grpc.ServicerContext
     ) -> Iterator[planner_pb2.PlannerEvent]:
-        for kind, payload in self._planner.watch(active=context.is_active):
+        for kind, payload in self._planner.events.watch(active=context.is_active):
             if kind == "decision":
                 yield planner_pb2.PlannerEvent(decision=self._decision(payload))
             else:

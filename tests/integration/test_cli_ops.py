@@ -166,15 +166,14 @@ def test_mode_decisions_and_watch(service):
 def watch_while(service: PlannerService, act: Any, *flags: str) -> list[str]:
     """Run `watch` in a thread, `act` once it is subscribed, return its output lines."""
     result: dict[str, Any] = {}
-    watchers = service.planner._watchers
-    before = len(watchers)
+    before = service.planner.events.watchers
     thread = threading.Thread(
         target=lambda: result.update(out=cli(service, "watch", "--duration", "20", *flags)),
         daemon=True,
     )
     thread.start()
     deadline = time.monotonic() + 10
-    while len(watchers) <= before and time.monotonic() < deadline:
+    while service.planner.events.watchers <= before and time.monotonic() < deadline:
         time.sleep(0.02)
     act()
     thread.join(20)

@@ -52,7 +52,7 @@ class InstallLog:
         time.sleep(0.1)  # subscribed before the caller installs anything
 
     def _run(self, svc: PlannerService) -> None:
-        for kind, info in svc.planner.watch(lambda: self._active, poll_s=0.1):
+        for kind, info in svc.planner.events.watch(lambda: self._active, poll_s=0.1):
             if kind == "installed":
                 v = info["plan"].version
                 self.published[v] = bytes(info["digest"])

@@ -81,7 +81,7 @@ def test_a_watch_ends_at_its_deadline_and_frees_its_thread(svc, channel):
             pass
     assert exc.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     assert time.monotonic() - t0 < 1.5
-    assert eventually(lambda: svc.planner._watchers == [], 2.0)
+    assert eventually(lambda: svc.planner.events.watchers == 0, 2.0)
 
 
 def test_health_follows_redis_and_shutdown(redis_server, svc, channel):

@@ -1,0 +1,29 @@
+"""Editing the planner's destination list (UpdateConfig): add, drain, remove, checked."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from planner_svc.errors import Conflict, InvalidRequest
+from router_client.plan import DestinationSpec
+
+
+def edit_destinations(
+    current: list[DestinationSpec], add: list[DestinationSpec], drain: list[str], remove: list[str]
+) -> list[DestinationSpec]:
+    """The list after the edit; a drained destination stays listed (routers see it leave)."""
+    by_id = {d.id: d for d in current}
+    for d in add:
+        if d.id in by_id and not by_id[d.id].draining:
+            raise Conflict(f"destination {d.id!r} already exists")
+        by_id[d.id] = d
+    for ident in [*drain, *remove]:
+        if ident not in by_id:
+            raise InvalidRequest(f"unknown destination {ident!r}")
+    for ident in drain:
+        by_id[ident] = dataclasses.replace(by_id[ident], draining=True)
+    for ident in remove:
+        del by_id[ident]
+    if not by_id:
+        raise InvalidRequest("removing every destination leaves nowhere to route")
+    return list(by_id.values())
