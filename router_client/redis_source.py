@@ -102,8 +102,14 @@ def _hint(message: dict[str, Any] | None) -> Version | None:
     return Version(note.version.epoch, note.version.seq)
 
 
-class RedisPlanSource:
-    """Blocking source for `RouterClient`."""
+class _RedisSourceBase:
+    """What the blocking and asyncio sources share: layout, client options, counters.
+
+    redis-py's own retries are off (`Retry(NoBackoff(), 0)`): they would hide an outage
+    for seconds behind the client's capped backoff.
+    """
+
+    _client_class: Any = redis.Redis
 
     def __init__(
         self,
@@ -117,12 +123,16 @@ class RedisPlanSource:
         self.layout = Layout(namespace)
         self.status_ttl_s = status_ttl_s
         self.reconnects = 0
-        self._redis: Any = redis.Redis.from_url(
+        self._redis: Any = self._client_class.from_url(
             url, **_options(redis_options, timeout_s, Retry(NoBackoff(), 0))
         )
         self._pubsub: Any = None
         self._last_ping = 0.0
         self._deltas = self._redis.register_script(_DELTAS_LUA)
+
+
+class RedisPlanSource(_RedisSourceBase):
+    """Blocking source for `RouterClient`."""
 
     def _call(self, fn: Any, *args: Any) -> Any:
         try:
@@ -195,27 +205,10 @@ class RedisPlanSource:
         self._redis.close()
 
 
-class AsyncRedisPlanSource:
+class AsyncRedisPlanSource(_RedisSourceBase):
     """The same source on redis.asyncio, for `AsyncRouterClient`."""
 
-    def __init__(
-        self,
-        url: str,
-        *,
-        namespace: str = DEFAULT_NAMESPACE,
-        timeout_s: float = 1.0,
-        status_ttl_s: int = ROUTER_STATUS_TTL_S,
-        **redis_options: Any,
-    ) -> None:
-        self.layout = Layout(namespace)
-        self.status_ttl_s = status_ttl_s
-        self.reconnects = 0
-        self._redis: Any = aioredis.Redis.from_url(
-            url, **_options(redis_options, timeout_s, Retry(NoBackoff(), 0))
-        )
-        self._pubsub: Any = None
-        self._last_ping = 0.0
-        self._deltas = self._redis.register_script(_DELTAS_LUA)
+    _client_class = aioredis.Redis
 
     async def _call(self, coro: Any) -> Any:
         try:
