@@ -62,6 +62,8 @@ class HistorySink(Protocol):
 
 class Publisher(Protocol):
     def install(self, plan: RoutingPlan, previous: RoutingPlan | None) -> Any: ...
+    def prepare(self, plan: RoutingPlan, previous: RoutingPlan | None) -> Any: ...
+    def commit(self, prepared: Any) -> Any: ...
     def current(self) -> Any: ...
     def load(self, version: Version) -> RoutingPlan: ...
     def list_versions(self) -> list[Version]: ...
@@ -296,17 +298,22 @@ class Planner:
             return Version(self._epoch, 1)
         return Version(last.epoch, last.seq + 1)
 
-    def _publish(self, plan: RoutingPlan, previous: RoutingPlan | None) -> tuple[RoutingPlan, Any]:
+    def _publish(
+        self, plan: RoutingPlan, previous: RoutingPlan | None
+    ) -> tuple[RoutingPlan, Any, bytes]:
         """Install `plan` under the next free version.
 
         Redis refuses a version it already holds with other bytes, or one behind its
         pointer. Only someone else writing under our names causes that (another planner,
         or tampering): skip past it, count it, and say so, rather than wedge forever.
+        Returns the plan as installed, the published version and its signed blob (which the
+        durable history records without reading it back from Redis).
         """
         version = plan.version
         for _ in range(MAX_VERSION_SKIPS):
             try:
-                return plan, self._publisher.install(plan, previous)
+                prepared = self._publisher.prepare(plan, previous)
+                return plan, self._publisher.commit(prepared), prepared.plan_blob
             except (VersionConflict, VersionRegression) as exc:
                 self.version_conflicts += 1
                 current = self._publisher.current()
@@ -324,10 +331,9 @@ class Planner:
             rates_window_end_ms=self.rates_window_end_ms or plan.rates_window_end_ms,
         )
         failpoint("publish.before_redis")
-        versioned, published = self._publish(versioned, previous)
+        versioned, published, blob = self._publish(versioned, previous)
         failpoint("publish.after_redis")
         if self._history is not None:
-            blob = self._publisher.signed_plan(versioned.version)
             self._history.record_install(versioned.version, blob)
             failpoint("publish.after_history")
         self.installed = Installed(versioned, published.digest, now)
