@@ -100,7 +100,10 @@ class KafkaHistory:
             raise KafkaException("planner history not acknowledged by the broker")
 
     def load(self, timeout_s: float = 10.0) -> History:
-        return read_history(self._bootstrap, self._topic, timeout_s, **self._config)
+        history = read_history(self._bootstrap, self._topic, timeout_s, **self._config)
+        # Keep retiring the oldest plans across restarts, not only this process's own.
+        self._plans = sorted(history.plans)
+        return history
 
     def close(self) -> None:
         self._producer.flush(5)
