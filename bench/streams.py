@@ -404,6 +404,8 @@ def main() -> int:
                 "bootstrap.servers": broker.bootstrap,
                 "group.id": f"b-{tag}",
                 "auto.offset.reset": "latest",
+                # what the planner's SnapshotConsumer uses (planner_svc/snapshots.py)
+                "fetch.wait.max.ms": 100,
             }
         )
         snaps.assign([TopicPartition(snaps_topic, 0, -1)])  # from the end

@@ -1,10 +1,12 @@
-"""Decode one `EventBatch` message into columns (pure).
+"""Event columns, and the reference decoder of `EventBatch` messages (pure).
 
-The hot path of the stream: one pass over the protobuf events pulls every field
-the statistics need into flat Python lists, which the rest of the pipeline turns
-into numpy arrays. Garbage bytes yield `None` (the caller dead-letters the whole
-message); events of an unknown type get kind `KIND_UNKNOWN` and are rejected by
-validation, while the valid events of the same batch are kept.
+`EventColumns` is what the pipeline counts: one numpy array (or `Categorical`
+string column) per field. The fast path that fills it is `streams.wire`; the
+decoder here reads protobuf objects through upb, handles everything upb accepts,
+and is what the fast path falls back to for unusual input. Garbage bytes yield
+`None` (the caller dead-letters the whole message); events of an unknown type get
+kind `KIND_UNKNOWN` and are rejected by validation, while the valid events of the
+same batch are kept.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import numpy as np
 from google.protobuf.message import DecodeError
 
 from cacheroute.v1 import events_pb2
+from streams.categorical import Categorical
 
 KIND_UNKNOWN = 0
 KIND_REQUEST = 1
@@ -25,14 +28,19 @@ KIND_CACHE_HIT = 2
 
 @dataclass
 class EventColumns:
-    """Entry i of every column belongs to event i. -1 marks an absent optional."""
+    """Entry i of every column belongs to event i. -1 marks an absent optional.
+
+    The serialized events are kept as one buffer and a span per event, so a
+    rejected event is dead-lettered with its exact bytes without holding a
+    Python object per event.
+    """
 
     kind: np.ndarray  # int8
-    producer: list[str]
+    producer: Categorical
     sequence: np.ndarray  # uint64
     timestamp_ms: np.ndarray  # int64
-    key: list[str]
-    destination: list[str]
+    key: Categorical
+    destination: Categorical
     prompt_tokens: np.ndarray  # int64
     cached_tokens: np.ndarray  # int64
     prefix_tokens: np.ndarray  # int64
@@ -40,10 +48,16 @@ class EventColumns:
     ttft_ms: np.ndarray  # float64
     e2e_ms: np.ndarray  # float64
     offset: np.ndarray  # int64, source offset of the message carrying the event
-    events: list[events_pb2.Event]  # kept to dead-letter the raw bytes of rejects
+    raw: bytes  # the serialized events, back to back
+    raw_start: np.ndarray  # int64: event i is raw[raw_start[i]:raw_end[i]]
+    raw_end: np.ndarray
 
     def __len__(self) -> int:
-        return len(self.key)
+        return int(self.kind.size)
+
+    def event_bytes(self, i: int) -> bytes:
+        """Event i as serialized (what a dead letter carries)."""
+        return self.raw[int(self.raw_start[i]):int(self.raw_end[i])]
 
 
 _KIND = {"request": KIND_REQUEST, "cache_hit": KIND_CACHE_HIT, None: KIND_UNKNOWN}
@@ -108,13 +122,15 @@ def columns_of(events: list[events_pb2.Event], offsets: list[int]) -> EventColum
         depth[hit] = _optional(hits, "queue_depth")
         ttft[hit] = _column("ttft_ms", hits)
         e2e[hit] = _column("e2e_ms", hits)
+    serialized = [e.SerializeToString() for e in events]
+    raw_end = np.cumsum(np.fromiter(map(len, serialized), dtype=np.int64, count=n))
     return EventColumns(
         kind=kind,
-        producer=_column("producer_id", events),
+        producer=Categorical.of(_column("producer_id", events)),
         sequence=_column("sequence", events, np.uint64),
         timestamp_ms=_column("timestamp_ms", events, np.int64),
-        key=_column("routing_key", bodies),
-        destination=_column("destination", bodies),
+        key=Categorical.of(_column("routing_key", bodies)),
+        destination=Categorical.of(_column("destination", bodies)),
         prompt_tokens=_column("prompt_tokens", bodies, np.int64),
         cached_tokens=cached,
         prefix_tokens=prefix,
@@ -122,19 +138,20 @@ def columns_of(events: list[events_pb2.Event], offsets: list[int]) -> EventColum
         ttft_ms=ttft,
         e2e_ms=e2e,
         offset=np.array(offsets, dtype=np.int64),
-        events=events,
+        raw=b"".join(serialized),
+        raw_start=raw_end - np.fromiter(map(len, serialized), dtype=np.int64, count=n),
+        raw_end=raw_end,
     )
 
 
 def take(cols: EventColumns, idx: np.ndarray) -> EventColumns:
     """The events at positions `idx` (an int array), as new columns."""
-    pick = idx.tolist()
     return EventColumns(
-        kind=cols.kind[idx], producer=[cols.producer[i] for i in pick],
+        kind=cols.kind[idx], producer=cols.producer.take(idx),
         sequence=cols.sequence[idx], timestamp_ms=cols.timestamp_ms[idx],
-        key=[cols.key[i] for i in pick], destination=[cols.destination[i] for i in pick],
+        key=cols.key.take(idx), destination=cols.destination.take(idx),
         prompt_tokens=cols.prompt_tokens[idx], cached_tokens=cols.cached_tokens[idx],
         prefix_tokens=cols.prefix_tokens[idx], depth=cols.depth[idx],
         ttft_ms=cols.ttft_ms[idx], e2e_ms=cols.e2e_ms[idx], offset=cols.offset[idx],
-        events=[cols.events[i] for i in pick],
+        raw=cols.raw, raw_start=cols.raw_start[idx], raw_end=cols.raw_end[idx],
     )

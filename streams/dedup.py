@@ -14,6 +14,8 @@ from collections import OrderedDict
 
 import numpy as np
 
+from streams.categorical import Categorical
+
 
 class Deduplicator:
     """High-water marks of (producer -> last accepted sequence) for one partition."""
@@ -24,13 +26,14 @@ class Deduplicator:
         self.duplicates = 0
         self.forgotten = 0
 
-    def keep(self, producers: list[str], sequences: np.ndarray) -> np.ndarray:
+    def keep(self, producers: Categorical, sequences: np.ndarray) -> np.ndarray:
         """Boolean mask of the events that are new; records them as seen."""
         n = len(producers)
-        if n and producers[0] == producers[-1] and producers.count(producers[0]) == n:
+        codes = producers.codes
+        if n and bool(np.all(codes == codes[0])):
             mask = self._keep_one(producers[0], sequences)
         else:
-            mask = self._keep_mixed(producers, sequences.tolist())
+            mask = self._keep_mixed(producers.tolist(), sequences.tolist())
         self.duplicates += int(n - np.count_nonzero(mask))
         self._bound()
         return mask

@@ -139,6 +139,6 @@ def _rejects(cols: EventColumns, idx: np.ndarray, codes: np.ndarray) -> list[Rej
     for i, code in zip(idx.tolist(), codes.tolist(), strict=True):
         detail = (f"producer={cols.producer[i]!r} seq={int(cols.sequence[i])} "
                   f"ts={int(cols.timestamp_ms[i])} key={cols.key[i][:64]!r}")
-        out.append(Rejected(REASONS[code], detail, cols.events[i].SerializeToString(),
+        out.append(Rejected(REASONS[code], detail, cols.event_bytes(i),
                             int(cols.offset[i])))
     return out

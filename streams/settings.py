@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from streams.config import StreamConfig
+from streams.errors import ConfigError
 
 ENV_PREFIX = "CACHEROUTE_"
 
@@ -40,6 +41,10 @@ class Settings:
     # Extra event-time history replayed on recovery beyond window/eviction + grace,
     # to cover producer linger and clock skew.
     replay_margin_s: float = 30.0
+    # Longest a fetch may wait on the broker when a partition has nothing new.
+    # Faust hard-codes 1,500 ms; a broker that does not answer long polls as soon
+    # as data arrives (Tansu polls its storage) then adds that much delay per hop.
+    fetch_max_wait_ms: int = 100
 
     def stream_config(self) -> StreamConfig:
         """The pure pipeline's config (validates ranges; raises ConfigError)."""
@@ -66,7 +71,7 @@ _OPTIONS: tuple[tuple[str, type], ...] = (
     ("worker_id", str), ("window_s", float), ("hop_s", float), ("grace_s", float),
     ("idle_s", float), ("eviction_s", float), ("ewma_alpha", float),
     ("max_tracked_keys", int), ("max_past_s", float), ("max_future_s", float),
-    ("replay_margin_s", float),
+    ("replay_margin_s", float), ("fetch_max_wait_ms", int),
 )
 
 
@@ -86,4 +91,7 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
             values[name] = kind(from_env)
     settings = Settings(**values)
     settings.stream_config()  # fail fast on bad ranges
+    if not 1 <= settings.fetch_max_wait_ms <= 60_000:
+        raise ConfigError(
+            f"fetch_max_wait_ms must be in [1, 60000], got {settings.fetch_max_wait_ms}")
     return settings

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from streams.categorical import Categorical
 from streams.config import StreamConfig
 from streams.decoding import KIND_CACHE_HIT, KIND_UNKNOWN, EventColumns
 
@@ -46,9 +47,8 @@ def validate(cols: EventColumns, now_ms: int, config: StreamConfig) -> np.ndarra
     reason = np.zeros(len(cols), dtype=np.int8)
     if not len(cols):
         return reason
-    n = len(cols)
-    key_len = np.fromiter(map(len, cols.key), dtype=np.int64, count=n)
-    dest_len = np.fromiter(map(len, cols.destination), dtype=np.int64, count=n)
+    key_len = cols.key.per_row(cols.key.name_lengths())
+    dest_len = cols.destination.per_row(cols.destination.name_lengths())
     # Assign from the lowest precedence up, so higher ones overwrite.
     checks = (
         ("timestamp_past", cols.timestamp_ms < now_ms - config.max_past_ms),
@@ -56,7 +56,7 @@ def validate(cols: EventColumns, now_ms: int, config: StreamConfig) -> np.ndarra
         ("invalid_latency", _bad_latency(cols)),
         ("cached_exceeds_prompt", cols.cached_tokens > cols.prompt_tokens),
         ("absurd_tokens", _absurd_tokens(cols, config.max_tokens)),
-        ("invalid_key", _bad_names(cols, key_len, dest_len, config.max_key_bytes)),
+        ("invalid_key", _bad_names(cols, config.max_key_bytes)),
         ("missing_field", _missing(cols, key_len, dest_len)),
         ("unknown_type", cols.kind == KIND_UNKNOWN),
     )
@@ -81,8 +81,7 @@ def _absurd_tokens(cols: EventColumns, max_tokens: int) -> np.ndarray:
 
 
 def _missing(cols: EventColumns, key_len: np.ndarray, dest_len: np.ndarray) -> np.ndarray:
-    n = len(cols)
-    no_producer = np.fromiter(map(len, cols.producer), dtype=np.int64, count=n) == 0
+    no_producer = cols.producer.per_row(cols.producer.name_lengths()) == 0
     no_key = key_len == 0
     no_dest = dest_len == 0
     hit_without_prompt = (cols.kind == KIND_CACHE_HIT) & (cols.prompt_tokens == 0)
@@ -95,18 +94,19 @@ def _missing(cols: EventColumns, key_len: np.ndarray, dest_len: np.ndarray) -> n
     )
 
 
-def _bad_names(cols: EventColumns, key_len: np.ndarray, dest_len: np.ndarray,
-               max_bytes: int) -> np.ndarray:
-    return (_bad_strings(cols.key, key_len, max_bytes)
-            | _bad_strings(cols.destination, dest_len, max_bytes))
+def _bad_names(cols: EventColumns, max_bytes: int) -> np.ndarray:
+    return _bad_strings(cols.key, max_bytes) | _bad_strings(cols.destination, max_bytes)
 
 
-def _bad_strings(values: list[str], chars: np.ndarray, max_bytes: int) -> np.ndarray:
-    n = len(values)
+def _bad_strings(values: Categorical, max_bytes: int) -> np.ndarray:
+    """Per row: the string is over `max_bytes` in UTF-8, or holds a NUL (judged once
+    per distinct string)."""
+    names = values.names
+    lengths = values.name_lengths()
+    bad = np.zeros(len(names), dtype=bool)
     # A UTF-8 character takes at most 4 bytes: only long strings need encoding.
-    bad = np.zeros(n, dtype=bool)
-    for i in np.flatnonzero(chars * 4 > max_bytes).tolist():
-        bad[i] = len(values[i].encode("utf-8")) > max_bytes
-    if "\0" in "".join(values):  # one C-level scan for the rare NUL
-        bad |= np.fromiter(("\0" in v for v in values), dtype=bool, count=n)
-    return bad
+    for i in np.flatnonzero(lengths * 4 > max_bytes).tolist():
+        bad[i] = len(names[i].encode("utf-8")) > max_bytes
+    if "\0" in "".join(names):  # one C-level scan for the rare NUL
+        bad |= np.fromiter(("\0" in v for v in names), dtype=bool, count=len(names))
+    return values.per_row(bad)

@@ -131,21 +131,22 @@ class PartitionWindows:
         self.first_bucket = lo if self.first_bucket is None else min(self.first_bucket, lo)
         self.last_bucket = hi if self.last_bucket is None else max(self.last_bucket, hi)
         slot = b % self.config.ring_slots
-        names = cols.key if idx.size == len(cols) else [cols.key[i] for i in idx.tolist()]
-        dnames = (cols.destination if idx.size == len(cols)
-                  else [cols.destination[i] for i in idx.tolist()])
-        kslot = self.keys.lookup(names)
-        dslot = self.destinations.lookup(dnames)
+        # One slot lookup per distinct name, in order of first use (slots are
+        # handed out in event order while capacity lasts).
+        knames, kpos = cols.key.take(idx).used()
+        dnames, dpos = cols.destination.take(idx).used()
+        kslot = self.keys.lookup(knames)[kpos]
+        dslot = self.destinations.lookup(dnames)[dpos]
         self.key_ring.ensure(self.keys.high_water)
         self.dest_ring.ensure(self.destinations.high_water)
         kind = cols.kind[idx]
-        self._count_keys(cols, idx, kind, kslot, dslot, slot, ts, names)
+        self._count_keys(cols, idx, kind, kslot, dslot, slot, ts, knames, kpos)
         self.dest_ring.add(kind, dslot, slot, cols.prompt_tokens[idx], cols.cached_tokens[idx],
                            cols.depth[idx], cols.e2e_ms[idx])
 
     def _count_keys(self, cols: EventColumns, idx: np.ndarray, kind: np.ndarray,
                     kslot: np.ndarray, dslot: np.ndarray, slot: np.ndarray,
-                    ts: np.ndarray, names: list[str]) -> None:
+                    ts: np.ndarray, knames: list[str], kpos: np.ndarray) -> None:
         tracked = kslot >= 0
         req = (kind == KIND_REQUEST) & tracked
         hit = (kind == KIND_CACHE_HIT) & tracked
@@ -164,7 +165,7 @@ class PartitionWindows:
         self.key_ring.touch(kslot[tracked], ts[tracked])
         over = (kind == KIND_REQUEST) & ~tracked
         if over.any():
-            over_names = [names[i] for i in np.flatnonzero(over).tolist()]
+            over_names = [knames[i] for i in kpos[over].tolist()]
             self.overflow.add(slot[over], over_names)
         self.overflow_events += int(np.count_nonzero(~tracked))
 

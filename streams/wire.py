@@ -1,60 +1,58 @@
 """Fast columnar decoding of `EventBatch` messages (pure: numpy + protobuf).
 
-The upb parser is fast, but reading a nested body costs a Python wrapper object
-per event, which dominated the stream's profile. Here upb parses only the event
-level, through a private *view* of the same wire format whose bodies are opaque
-bytes (`_RawEvent`: fields 10 and 11 as bytes); the bodies of a whole chunk are
-then joined and parsed in lockstep with numpy (one pass per field position,
-across all events at once).
+upb parses fast, but every field read through a Python message object costs an
+object, and at a few hundred thousand events per second those reads were most
+of the stream's profile. Here upb does only the framing: a private *view* of the
+same wire format declares `EventBatch.events` as `repeated bytes`, so one C call
+per message yields the serialized events. They are joined into one buffer, and
+the fields of all events - then of all bodies, which lie inside the same buffer
+- are read in lockstep with numpy: one pass per field position, across every
+event at once. Strings become `Categorical` columns: each distinct string is
+built once, found by a fingerprint of its bytes and checked byte for byte.
 
-The view decodes exactly the contract's wire format. Anything unusual - a body
-that is not well-formed, field numbers above 15 in a body, a request and a
-cache hit in one event, invalid UTF-8 - makes `fast_columns` return None and the
-caller falls back to `streams.decoding` (the reference), so odd input is never
-decoded differently, only more slowly.
+The lockstep parser reads exactly the contract's wire format. Anything unusual -
+a field number above 15, a body that is not well-formed, a request and a cache
+hit in one event, a body given twice, invalid UTF-8 - makes `fast_columns`
+return None and the caller falls back to `streams.decoding` (the reference), so
+odd input is never decoded differently, only more slowly. Fields the parser does
+not know (a newer body type, `router_id`) are skipped, as upb skips them.
 """
 
 from __future__ import annotations
 
-from operator import attrgetter
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import DecodeError
 
-from cacheroute.v1 import events_pb2
+from streams.categorical import Categorical
 from streams.decoding import KIND_CACHE_HIT, KIND_REQUEST, EventColumns
 
 
-def _view_classes() -> tuple[Any, Any]:
+def _view_batch_class() -> Any:
     f = descriptor_pb2.FileDescriptorProto(name="cacheroute_streams_wire_view.proto",
                                            package="cacheroute.streams.view", syntax="proto3")
-    ev = f.message_type.add(name="RawEvent")
-    t = descriptor_pb2.FieldDescriptorProto
-    for name, number, kind in (("producer_id", 1, t.TYPE_STRING), ("sequence", 2, t.TYPE_UINT64),
-                               ("timestamp_ms", 3, t.TYPE_INT64)):
-        ev.field.add(name=name, number=number, type=kind, label=t.LABEL_OPTIONAL)
-    # bodies keep presence (proto3 `optional`), so an empty body is still a body
-    for i, (name, number) in enumerate((("request", 10), ("cache_hit", 11))):
-        ev.oneof_decl.add(name=f"_{name}")
-        ev.field.add(name=name, number=number, type=t.TYPE_BYTES, label=t.LABEL_OPTIONAL,
-                     oneof_index=i, proto3_optional=True)
     batch = f.message_type.add(name="RawBatch")
-    batch.field.add(name="events", number=1, type=t.TYPE_MESSAGE, label=t.LABEL_REPEATED,
-                    type_name=".cacheroute.streams.view.RawEvent")
+    t = descriptor_pb2.FieldDescriptorProto
+    batch.field.add(name="events", number=1, type=t.TYPE_BYTES, label=t.LABEL_REPEATED)
     pool = descriptor_pool.DescriptorPool()
     pool.Add(f)
-    raw_event = message_factory.GetMessageClass(pool.FindMessageTypeByName(
-        "cacheroute.streams.view.RawEvent"))
-    raw_batch = message_factory.GetMessageClass(pool.FindMessageTypeByName(
-        "cacheroute.streams.view.RawBatch"))
-    return raw_batch, raw_event
+    return message_factory.GetMessageClass(
+        pool.FindMessageTypeByName("cacheroute.streams.view.RawBatch"))
 
 
-_RawBatch, _RawEvent = _view_classes()
-_get = {n: attrgetter(n) for n in ("producer_id", "sequence", "timestamp_ms", "request",
-                                   "cache_hit")}
+_RawBatch = _view_batch_class()
+
+# Field numbers (events.proto). Event: producer_id 1, sequence 2, timestamp_ms 3,
+# request 10, cache_hit 11. Bodies: routing_key 1, destination 2, prompt_tokens 3,
+# reusable_prefix_tokens / cached_tokens 4, inflight / output_tokens 5,
+# (router_id) / queue_depth 6, ttft_ms 7, e2e_ms 8.
+_EVENT = ((2, 3), (1, 10, 11), ())
+_BODY = ((3, 4, 5, 6), (1, 2), (7, 8))
+_MAX_FIELDS = 64  # more fields in one event or body: leave it to upb
+_FINGERPRINT_MAX_BYTES = 256  # longer strings are built per row
 
 
 class _Malformed(Exception):
@@ -63,56 +61,147 @@ class _Malformed(Exception):
 
 def fast_columns(messages: list[tuple[int, bytes]]) -> EventColumns | None:
     """Columns of all events of the (offset, value) messages, or None to fall back."""
-    events: list = []
-    offsets: list[int] = []
-    for offset, raw in messages:
+    chunks: list[bytes] = []
+    counts: list[int] = []
+    for _, raw in messages:
         try:
-            evs = _RawBatch.FromString(raw).events
+            events = _RawBatch.FromString(raw).events
         except (DecodeError, ValueError):
             return None
-        if not len(evs):
-            return None
-        events.extend(evs)
-        offsets.extend([offset] * len(evs))
+        if not len(events):
+            return None  # garbage that parsed as unknown fields, not an empty batch
+        chunks.extend(events)
+        counts.append(len(events))
+    lengths = np.fromiter(map(len, chunks), dtype=np.int64, count=len(chunks))
+    ends = np.cumsum(lengths)
+    offsets = np.repeat(np.fromiter((o for o, _ in messages), dtype=np.int64,
+                                    count=len(messages)), counts)
     try:
-        return _columns(events, offsets)
+        return _columns(b"".join(chunks), ends - lengths, ends, offsets)
     except _Malformed:
         return None
 
 
-def _columns(events: list, offsets: list[int]) -> EventColumns:
-    n = len(events)
-    req = list(map(_get["request"], events))
-    hit = list(map(_get["cache_hit"], events))
-    req_len = np.fromiter(map(len, req), dtype=np.int64, count=n)
-    hit_len = np.fromiter(map(len, hit), dtype=np.int64, count=n)
-    if np.any((req_len > 0) & (hit_len > 0)):
+def _columns(joined: bytes, starts: np.ndarray, ends: np.ndarray,
+             offsets: np.ndarray) -> EventColumns:
+    buf = np.frombuffer(joined, dtype=np.uint8)
+    ev = _parse(buf, starts, ends, *_EVENT)
+    req, hit = ev.seen[10], ev.seen[11]
+    # protobuf merges a body given twice, and keeps the last of a oneof: rare, upb's job
+    if np.any(req > 1) or np.any(hit > 1) or np.any((req > 0) & (hit > 0)):
         raise _Malformed
-    kind = np.where(req_len > 0, KIND_REQUEST, np.where(hit_len > 0, KIND_CACHE_HIT, 0))
-    for i in np.flatnonzero(kind == 0).tolist():  # rare: an empty body is still a body
-        if events[i].HasField("request") and events[i].HasField("cache_hit"):
-            raise _Malformed
-        kind[i] = (KIND_REQUEST if events[i].HasField("request")
-                   else KIND_CACHE_HIT if events[i].HasField("cache_hit") else 0)
-    joined = b"".join(map(bytes.__add__, req, hit))
-    ends = np.cumsum(req_len + hit_len)
-    body = _parse_bodies(joined, ends - req_len - hit_len, ends, kind == KIND_CACHE_HIT)
+    kind = np.where(req > 0, KIND_REQUEST, np.where(hit > 0, KIND_CACHE_HIT, 0)).astype(np.int8)
+    is_hit = kind == KIND_CACHE_HIT
+    body_start = np.where(is_hit, ev.start[11], ev.start[10])
+    body_end = np.where(is_hit, ev.end[11], ev.end[10])
+    body = _parse(buf, body_start, body_end, *_BODY)
+    # uint32 fields keep the low 32 bits of the varint, as protobuf does
+    u32 = {f: (body.varint[f] & np.uint64(0xFFFFFFFF)).astype(np.int64) for f in (3, 4, 5, 6)}
+    depth = np.where(is_hit, np.where(body.seen[6] > 0, u32[6], -1),
+                     np.where(body.seen[5] > 0, u32[5], -1))
+    text = joined.decode("latin-1")  # byte i is character i: slices are cut in C
     return EventColumns(
-        kind=kind.astype(np.int8),
-        producer=list(map(_get["producer_id"], events)),
-        sequence=np.fromiter(map(_get["sequence"], events), dtype=np.uint64, count=n),
-        timestamp_ms=np.fromiter(map(_get["timestamp_ms"], events), dtype=np.int64, count=n),
-        key=body["key"],
-        destination=body["destination"],
-        prompt_tokens=body[3],
-        cached_tokens=np.where(kind == KIND_CACHE_HIT, body[4], 0),
-        prefix_tokens=np.where(kind == KIND_REQUEST, body[4], 0),
-        depth=body["depth"],
-        ttft_ms=np.where(kind == KIND_CACHE_HIT, body[7], 0.0),
-        e2e_ms=np.where(kind == KIND_CACHE_HIT, body[8], 0.0),
-        offset=np.array(offsets, dtype=np.int64),
-        events=events,  # view messages serialize to the same Event bytes
+        kind=kind,
+        producer=_categorical(buf, text, ev.start[1], ev.end[1]),
+        sequence=ev.varint[2],
+        timestamp_ms=ev.varint[3].view(np.int64),
+        key=_categorical(buf, text, body.start[1], body.end[1]),
+        destination=_categorical(buf, text, body.start[2], body.end[2]),
+        prompt_tokens=u32[3],
+        cached_tokens=np.where(is_hit, u32[4], 0),
+        prefix_tokens=np.where(kind == KIND_REQUEST, u32[4], 0),
+        depth=depth,
+        ttft_ms=np.where(is_hit, body.f32[7], 0.0),
+        e2e_ms=np.where(is_hit, body.f32[8], 0.0),
+        offset=offsets,
+        raw=joined,
+        raw_start=starts,
+        raw_end=ends,
     )
+
+
+@dataclass
+class _Fields:
+    """What `_parse` read, per field number, aligned with the messages."""
+
+    varint: dict[int, np.ndarray] = field(default_factory=dict)  # uint64
+    start: dict[int, np.ndarray] = field(default_factory=dict)  # length-delimited spans
+    end: dict[int, np.ndarray] = field(default_factory=dict)
+    f32: dict[int, np.ndarray] = field(default_factory=dict)  # float64
+    seen: dict[int, np.ndarray] = field(default_factory=dict)  # occurrences (int64)
+
+
+def _parse(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray, varints: tuple[int, ...],
+           spans: tuple[int, ...], floats: tuple[int, ...]) -> _Fields:
+    """Read the named fields of the messages buf[starts[i]:ends[i]] (last one wins,
+    as in protobuf); other fields are skipped by their wire type."""
+    n = starts.size
+    out = _Fields()
+    for f in varints:
+        out.varint[f] = np.zeros(n, dtype=np.uint64)
+    for f in spans:
+        out.start[f] = np.zeros(n, dtype=np.int64)
+        out.end[f] = np.zeros(n, dtype=np.int64)
+    for f in floats:
+        out.f32[f] = np.zeros(n, dtype=np.float64)
+    for f in (*varints, *spans, *floats):
+        out.seen[f] = np.zeros(n, dtype=np.int64)
+    pos = starts.copy()
+    for _ in range(_MAX_FIELDS):
+        idx = np.flatnonzero(pos < ends)
+        if not idx.size:
+            return out
+        pos[idx] = _step(buf, pos[idx], ends[idx], idx, out, varints, spans, floats)
+    raise _Malformed
+
+
+def _step(buf: np.ndarray, p: np.ndarray, end: np.ndarray, idx: np.ndarray, out: _Fields,
+          varints: tuple[int, ...], spans: tuple[int, ...],
+          floats: tuple[int, ...]) -> np.ndarray:
+    """Read one field of each message in `idx` (now at `p`); returns the new positions."""
+    tag = buf[p].astype(np.int64)
+    if np.any(tag & 0x80) or np.any(tag < 8):
+        raise _Malformed  # field numbers above 15 (or 0)
+    number, wire = tag >> 3, tag & 7
+    p = p + 1
+    new = np.empty_like(p)
+    v = wire == 0
+    if v.any():
+        val, ln = _varint(buf, p[v])
+        new[v] = p[v] + ln
+        _store(out.varint, out.seen, varints, number[v], idx[v], val)
+    s = wire == 2
+    if s.any():
+        ln, lnlen = _varint(buf, p[s])
+        if np.any(ln > np.uint64(1 << 40)):
+            raise _Malformed
+        data = p[s] + lnlen
+        new[s] = data + ln.astype(np.int64)
+        _store(out.start, out.seen, spans, number[s], idx[s], data)
+        _store(out.end, {}, spans, number[s], idx[s], new[s])
+    f32 = wire == 5
+    if f32.any():
+        new[f32] = p[f32] + 4
+        if np.any(new[f32] > end[f32]):
+            raise _Malformed
+        _store(out.f32, out.seen, floats, number[f32], idx[f32], _floats(buf, p[f32]))
+    f64 = wire == 1
+    new[f64] = p[f64] + 8
+    if np.any(~(v | s | f32 | f64)):
+        raise _Malformed  # groups / invalid wire types
+    if np.any(new > end):
+        raise _Malformed
+    return new
+
+
+def _store(columns: dict[int, np.ndarray], seen: dict[int, np.ndarray], wanted: tuple[int, ...],
+           number: np.ndarray, rows: np.ndarray, values: np.ndarray) -> None:
+    for f in wanted:
+        sel = number == f
+        if sel.any():
+            columns[f][rows[sel]] = values[sel]
+            if f in seen:
+                seen[f][rows[sel]] += 1  # each row reads one field per step: no repeats
 
 
 def _varint(buf: np.ndarray, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -137,96 +226,58 @@ def _floats(buf: np.ndarray, pos: np.ndarray) -> np.ndarray:
         np.float64)
 
 
-def _parse_bodies(joined: bytes, starts: np.ndarray, ends: np.ndarray,
-                  is_hit: np.ndarray) -> dict:
-    """Body fields of every event: 1 key, 2 destination (strings), 3 prompt, 4 prefix or
-    cached, 5 inflight (request), 6 queue depth (cache hit, varint), 7 ttft, 8 e2e."""
-    n = starts.size
-    buf = np.frombuffer(joined, dtype=np.uint8)
-    cols: dict = {f: np.zeros(n, dtype=np.int64) for f in (3, 4, 5, 6)}
-    cols[7] = np.zeros(n)
-    cols[8] = np.zeros(n)
-    has = {5: np.zeros(n, dtype=bool), 6: np.zeros(n, dtype=bool)}
-    spans = {f: (np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)) for f in (1, 2)}
-    pos = starts.copy()
-    for _ in range(64):
-        idx = np.flatnonzero(pos < ends)
-        if not idx.size:
-            break
-        _step(buf, pos, ends, idx, cols, has, spans)
-    else:
-        raise _Malformed
-    if np.any(pos != ends):
-        raise _Malformed
-    depth = np.where(is_hit, np.where(has[6], cols[6], -1), np.where(has[5], cols[5], -1))
-    cols["depth"] = depth
-    text = joined.decode("latin-1")  # bytes 1:1 to characters: slices are cut in C
-    cols["key"], cols["destination"] = _strings(text, spans[1]), _strings(text, spans[2])
-    return cols
+def _categorical(buf: np.ndarray, text: str, start: np.ndarray, end: np.ndarray) -> Categorical:
+    """The strings buf[start:end] as a Categorical column, each distinct one built once.
+
+    Rows are grouped by a 64-bit fingerprint of their (zero-padded) bytes and
+    length; every row is then compared with its group's first row, so a
+    fingerprint collision only costs the slow path, never a wrong string.
+    """
+    n = start.size
+    lengths = end - start
+    width = int(lengths.max()) if n else 0
+    if width == 0:
+        return Categorical([""], np.zeros(n, dtype=np.int64))
+    if width > _FINGERPRINT_MAX_BYTES:
+        return Categorical.of(_strings(text, start, end))
+    words_per_row = -(-width // 8)
+    column = np.arange(words_per_row * 8)
+    padded = buf[np.minimum(start[:, None] + column, buf.size - 1)]
+    padded[column >= lengths[:, None]] = 0
+    words = padded.view("<u8")
+    _, first, inverse = np.unique(_fingerprints(words, lengths), return_index=True,
+                                  return_inverse=True)
+    inverse = inverse.ravel()
+    representative = first[inverse]
+    if not (np.array_equal(lengths, lengths[representative])
+            and np.array_equal(words, words[representative])):
+        return Categorical.of(_strings(text, start, end))  # a fingerprint collision
+    order = np.argsort(first, kind="stable")  # names in order of first appearance
+    rank = np.empty_like(order)
+    rank[order] = np.arange(order.size)
+    names = _strings(text, start[first[order]], end[first[order]])
+    return Categorical(names, rank[inverse])
 
 
-def _step(buf: np.ndarray, pos: np.ndarray, ends: np.ndarray, idx: np.ndarray, cols: dict,
-          has: dict, spans: dict) -> None:
-    """Read one field of every body in `idx` and advance its position."""
-    p = pos[idx]
-    tag = buf[p].astype(np.int64)
-    if np.any(tag & 0x80) or np.any(tag < 8):
-        raise _Malformed  # field numbers above 15 (or 0): leave it to upb
-    field, wire = tag >> 3, tag & 7
-    p = p + 1
-    new = np.empty_like(p)
-    v = wire == 0
-    if v.any():
-        val, ln = _varint(buf, p[v])
-        new[v] = p[v] + ln
-        for f in (3, 4, 5, 6):
-            sel = field[v] == f
-            # uint32 fields keep the low 32 bits, as protobuf does
-            cols[f][idx[v][sel]] = (val[sel] & np.uint64(0xFFFFFFFF)).astype(np.int64)
-            if f in has:
-                has[f][idx[v][sel]] = True
-    s = wire == 2
-    if s.any():
-        ln, lnlen = _varint(buf, p[s])
-        data = p[s] + lnlen
-        new[s] = data + ln.astype(np.int64)
-        for f in (1, 2):
-            sel = field[s] == f
-            spans[f][0][idx[s][sel]] = data[sel]
-            spans[f][1][idx[s][sel]] = data[sel] + ln[sel].astype(np.int64)
-    f32 = wire == 5
-    if f32.any():
-        new[f32] = p[f32] + 4
-        ok = new[f32] <= ends[idx[f32]]
-        if not ok.all():
-            raise _Malformed
-        vals = _floats(buf, p[f32])
-        for f in (7, 8):
-            sel = field[f32] == f
-            cols[f][idx[f32][sel]] = vals[sel]
-    f64 = wire == 1
-    new[f64] = p[f64] + 8
-    if np.any(~(v | s | f32 | f64)):
-        raise _Malformed  # groups / invalid wire types
-    if np.any(new > ends[idx]):
-        raise _Malformed
-    pos[idx] = new
+def _fingerprints(words: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """A 64-bit multiply-xorshift hash per row of `words` (uint64) and its length."""
+    fingerprint = lengths.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    with np.errstate(over="ignore"):
+        for w in range(words.shape[1]):
+            fingerprint = (fingerprint ^ words[:, w]) * np.uint64(0xBF58476D1CE4E5B9)
+            fingerprint ^= fingerprint >> np.uint64(31)
+    return fingerprint
 
 
-def _strings(text: str, span: tuple[np.ndarray, np.ndarray]) -> list[str]:
-    """Slices of the Latin-1 view of the bodies as UTF-8 strings: only the (rare)
+def _strings(text: str, start: np.ndarray, end: np.ndarray) -> list[str]:
+    """Slices of the Latin-1 view of the buffer as UTF-8 strings: only the (rare)
     non-ASCII slices are decoded again."""
-    out = list(map(text.__getitem__, map(slice, span[0].tolist(), span[1].tolist())))
+    out = list(map(text.__getitem__, map(slice, start.tolist(), end.tolist())))
     if not all(map(str.isascii, out)):
         try:
-            for i in np.flatnonzero(~np.fromiter(map(str.isascii, out), dtype=bool,
-                                                 count=len(out))).tolist():
-                out[i] = out[i].encode("latin-1").decode("utf-8")
+            for i, s in enumerate(out):
+                if not s.isascii():
+                    out[i] = s.encode("latin-1").decode("utf-8")
         except UnicodeDecodeError as exc:
             raise _Malformed from exc
     return out
-
-
-def reference_event(view_event: object) -> events_pb2.Event:
-    """The contract's Event for a view event (tests and dead letters)."""
-    return events_pb2.Event.FromString(view_event.SerializeToString())  # type: ignore[attr-defined]

@@ -7,6 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cacheroute.v1 import events_pb2
+from streams.categorical import Categorical
 from streams.config import StreamConfig
 from streams.dedup import Deduplicator
 from streams.keyspace import SlotMap
@@ -76,16 +77,16 @@ def test_windows_before_the_replayed_history_are_marked_incomplete():
 
 def test_dedup_tracks_producers_separately_and_is_bounded():
     d = Deduplicator(max_producers=2)
-    keep = d.keep(["a", "b", "a", "b"], np.array([1, 1, 2, 1], dtype=np.uint64))
+    keep = d.keep(Categorical.of(["a", "b", "a", "b"]), np.array([1, 1, 2, 1], dtype=np.uint64))
     assert keep.tolist() == [True, True, True, False]
-    d.keep(["c"], np.array([1], dtype=np.uint64))  # evicts the least recent ("a")
+    d.keep(Categorical.of(["c"]), np.array([1], dtype=np.uint64))  # evicts the least recent ("a")
     assert len(d) == 2 and d.forgotten == 1
 
 
 @given(st.lists(st.integers(1, 50), max_size=60))
 def test_dedup_keeps_exactly_the_increasing_prefix_maxima(seqs):
     d = Deduplicator()
-    keep = d.keep(["p"] * len(seqs), np.array(seqs, dtype=np.uint64))
+    keep = d.keep(Categorical.of(["p"] * len(seqs)), np.array(seqs, dtype=np.uint64))
     high = 0
     expected = []
     for s in seqs:

@@ -27,6 +27,13 @@ def test_bad_window_geometry_is_refused_at_the_entry_point():
         parse_settings(["--window-s", "10", "--hop-s", "3"], {})
 
 
+def test_fetch_wait_is_configurable_and_bounded():
+    assert Settings().fetch_max_wait_ms == 100  # not Faust's fixed 1,500 ms
+    assert parse_settings([], {"CACHEROUTE_FETCH_MAX_WAIT_MS": "250"}).fetch_max_wait_ms == 250
+    with pytest.raises(ConfigError, match="fetch_max_wait_ms"):
+        parse_settings(["--fetch-max-wait-ms", "0"], {})
+
+
 def test_prometheus_text():
     c = StreamCounters()
     c.events_by_type["request"] += 5

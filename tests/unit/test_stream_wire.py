@@ -55,8 +55,9 @@ def assert_same(a, b):
         assert np.array_equal(getattr(a, name), getattr(b, name)), name
     for name in ("ttft_ms", "e2e_ms"):
         assert np.array_equal(getattr(a, name), getattr(b, name), equal_nan=True), name
-    assert (a.producer, a.key, a.destination) == (b.producer, b.key, b.destination)
-    assert [e.SerializeToString() for e in a.events] == [e.SerializeToString() for e in b.events]
+    for name in ("producer", "key", "destination"):
+        assert getattr(a, name).tolist() == getattr(b, name).tolist(), name
+    assert [a.event_bytes(i) for i in range(len(a))] == [b.event_bytes(i) for i in range(len(b))]
 
 
 @settings(max_examples=150, deadline=None)
@@ -88,3 +89,60 @@ def test_unknown_body_type_and_empty_body():
     assert fast is not None
     assert_same(fast, reference([(3, raw)]))
     assert fast.kind.tolist() == [0, 1]
+
+
+def _batch(*events):
+    return events_pb2.EventBatch(events=list(events)).SerializeToString()
+
+
+def _request(producer, seq, key, dest):
+    e = events_pb2.Event(producer_id=producer, sequence=seq, timestamp_ms=1)
+    e.request.routing_key, e.request.destination = key, dest
+    return e
+
+
+def test_long_and_non_ascii_strings_match_the_reference():
+    long_key = "k" * 300 + "é"  # beyond the fingerprint width: built per row
+    raw = _batch(_request("p", 1, long_key, "d"), _request("p", 2, "ключ", "d"),
+                 _request("p", 3, long_key, "dé"))
+    fast = fast_columns([(0, raw)])
+    assert fast is not None
+    assert_same(fast, reference([(0, raw)]))
+    assert fast.key.tolist() == [long_key, "ключ", long_key]
+
+
+def test_fingerprint_collisions_cost_speed_not_correctness(monkeypatch):
+    import streams.wire as wire
+
+    # every string gets the same fingerprint: the byte check must notice
+    monkeypatch.setattr(wire, "_fingerprints", lambda words, lengths: np.zeros(
+        lengths.size, dtype=np.uint64))
+    raw = _batch(*(_request(f"p{i % 2}", i + 1, f"key-{i % 5}", f"d{i % 3}") for i in range(12)))
+    fast = fast_columns([(0, raw)])
+    assert fast is not None
+    assert_same(fast, reference([(0, raw)]))
+    assert fast.key.tolist() == [f"key-{i % 5}" for i in range(12)]
+
+
+def test_distinct_strings_are_built_once_in_order_of_first_appearance():
+    raw = _batch(*(_request("p", i + 1, f"key-{(7 - i) % 4}", "d") for i in range(10)))
+    fast = fast_columns([(0, raw)])
+    assert fast is not None
+    assert fast.key.names == ["key-3", "key-2", "key-1", "key-0"]
+    assert fast.destination.names == ["d"]
+    assert fast.producer.names == ["p"]
+
+
+def test_invalid_utf8_falls_back_to_the_reference():
+    body = b"\x0a\x02\xc3\x28"  # routing_key with an invalid UTF-8 sequence
+    event = b"\x0a\x01p\x10\x01\x18\x01" + b"\x52" + bytes([len(body)]) + body
+    raw = b"\x0a" + bytes([len(event)]) + event
+    assert fast_columns([(0, raw)]) is None
+
+
+def test_a_body_given_twice_falls_back_to_the_reference():
+    body = b"\x0a\x01k\x12\x01d"
+    event = b"\x0a\x01p\x10\x01\x18\x01" + (b"\x52" + bytes([len(body)]) + body) * 2
+    raw = b"\x0a" + bytes([len(event)]) + event
+    assert fast_columns([(0, raw)]) is None
+    assert decode_batch(raw) is not None  # protobuf merges the two: the reference's job

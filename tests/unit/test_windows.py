@@ -17,6 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from streams.categorical import Categorical
 from streams.config import StreamConfig
 from streams.decoding import KIND_CACHE_HIT, KIND_REQUEST, EventColumns
 from streams.windows import PartitionWindows, WindowResult
@@ -30,11 +31,11 @@ def cols(rows: list[tuple]) -> EventColumns:
     n = len(rows)
     return EventColumns(
         kind=np.array([r[3] for r in rows], dtype=np.int8),
-        producer=["p"] * n,
+        producer=Categorical.of(["p"] * n),
         sequence=np.arange(1, n + 1, dtype=np.uint64),
         timestamp_ms=np.array([r[0] for r in rows], dtype=np.int64),
-        key=[r[1] for r in rows],
-        destination=[r[2] for r in rows],
+        key=Categorical.of([r[1] for r in rows]),
+        destination=Categorical.of([r[2] for r in rows]),
         prompt_tokens=np.array([r[4] for r in rows], dtype=np.int64),
         cached_tokens=np.array([r[5] for r in rows], dtype=np.int64),
         prefix_tokens=np.zeros(n, dtype=np.int64),
@@ -42,7 +43,9 @@ def cols(rows: list[tuple]) -> EventColumns:
         ttft_ms=np.zeros(n),
         e2e_ms=np.zeros(n),
         offset=np.zeros(n, dtype=np.int64),
-        events=[None] * n,  # type: ignore[list-item]
+        raw=b"",
+        raw_start=np.zeros(n, dtype=np.int64),
+        raw_end=np.zeros(n, dtype=np.int64),
     )
 
 
