@@ -3,7 +3,10 @@
 The key layout is `router_client.layout` (one Cluster slot, hash tag ``{plan}``).
 `install` writes the signed plan, the signed delta from the previous plan, the
 version index and the current-version pointer, and PUBLISHes a small
-notification, all in ONE Lua script, so the step is atomic on the server:
+notification, all in ONE Lua script, so the step is atomic on the server.
+`stage` may upload the blobs beforehand (keys with a TTL); the script then
+renames them into place, so the atomic step sends and blocks Redis for no
+megabytes and the routers' clock starts with the pointer move. In that step:
 
 - the pointer never moves backwards (two planners cannot regress it);
 - a version number is never reused for different bytes;
@@ -14,6 +17,7 @@ notification, all in ONE Lua script, so the step is atomic on the server:
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +44,10 @@ class VersionConflict(PublishError):
     """The version was already installed with different bytes."""
 
 
+class _NotStaged(Exception):
+    """A staged install's blobs are no longer in Redis."""
+
+
 @dataclass(frozen=True, slots=True)
 class PublishedVersion:
     version: Version
@@ -54,11 +62,15 @@ class PreparedInstall:
     digest: bytes
     plan_blob: bytes
     delta_blob: bytes  # b"" when there is no usable base
+    staged: bool = False  # the blobs wait in Redis under Layout.staged keys
 
 
-# KEYS: current, versions, plan, delta, digest
+STAGED_TTL_S = 600
+
+# KEYS: current, versions, plan, delta, digest, staged plan, staged delta
 # ARGV: member, digest hex, plan blob, delta blob ('' = none), notification,
-#       channel, retain, version key prefix
+#       channel, retain, version key prefix, '1' = take the blobs from the staged keys
+#       (then ARGV[3] is '' and ARGV[4] is 'delta' when a delta was staged too)
 _INSTALL_LUA = """
 local member, digest = ARGV[1], ARGV[2]
 local cur = redis.call('GET', KEYS[1])
@@ -78,8 +90,22 @@ local old = redis.call('GET', KEYS[5])
 if old and old ~= digest then
   return redis.error_reply('CRCONFLICT ' .. member)
 end
-redis.call('SET', KEYS[3], ARGV[3])
-if ARGV[4] ~= '' then redis.call('SET', KEYS[4], ARGV[4]) end
+if ARGV[9] == '1' then
+  if redis.call('EXISTS', KEYS[6]) == 0 then return redis.error_reply('CRNOTSTAGED') end
+  if ARGV[4] == 'delta' and redis.call('EXISTS', KEYS[7]) == 0 then
+    return redis.error_reply('CRNOTSTAGED')
+  end
+  redis.call('RENAME', KEYS[6], KEYS[3])
+  redis.call('PERSIST', KEYS[3])
+  if ARGV[4] == 'delta' then
+    if redis.call('EXISTS', KEYS[7]) == 0 then return redis.error_reply('CRNOTSTAGED') end
+    redis.call('RENAME', KEYS[7], KEYS[4])
+    redis.call('PERSIST', KEYS[4])
+  end
+else
+  redis.call('SET', KEYS[3], ARGV[3])
+  if ARGV[4] ~= '' then redis.call('SET', KEYS[4], ARGV[4]) end
+end
 redis.call('SET', KEYS[5], digest)
 redis.call('ZADD', KEYS[2], 0, member)
 redis.call('SET', KEYS[1], member .. ' ' .. digest)
@@ -140,29 +166,53 @@ class PlanPublisher:
         delta_blob = self._delta_blob(plan, previous, digest) if previous is not None else b""
         return PreparedInstall(plan.version, digest, plan_blob, delta_blob)
 
+    def stage(self, prepared: PreparedInstall) -> PreparedInstall:
+        """Upload the blobs ahead of `commit` (one round trip; they expire unless
+        committed within STAGED_TTL_S). Returns the install to commit."""
+        v, lay = prepared.version, self.layout
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.set(lay.staged(v, prepared.digest, "plan"), prepared.plan_blob, ex=STAGED_TTL_S)
+        if prepared.delta_blob:
+            pipe.set(lay.staged(v, prepared.digest, "delta"), prepared.delta_blob,
+                     ex=STAGED_TTL_S)
+        pipe.execute()
+        return dataclasses.replace(prepared, staged=True)
+
     def commit(self, prepared: PreparedInstall) -> PublishedVersion:
-        """The atomic half of `install`: one Lua script call."""
+        """The atomic half of `install`: one Lua script call. A staged install whose
+        blobs are gone (expired, evicted) is committed with the blobs inline."""
+        try:
+            self._commit(prepared)
+        except _NotStaged:
+            self._commit(dataclasses.replace(prepared, staged=False))
+        return PublishedVersion(prepared.version, prepared.digest)
+
+    def _commit(self, prepared: PreparedInstall) -> None:
         v, digest = prepared.version, prepared.digest
         note = plan_pb2.PlanNotification(
             version=plan_pb2.PlanVersion(epoch=v.epoch, seq=v.seq), digest=digest
         ).SerializeToString()
         lay = self.layout
-        keys = [lay.current, lay.versions, lay.plan(v), lay.delta(v), lay.digest(v)]
+        keys = [lay.current, lay.versions, lay.plan(v), lay.delta(v), lay.digest(v),
+                lay.staged(v, digest, "plan"), lay.staged(v, digest, "delta")]
+        inline = not prepared.staged
         args = [
             version_member(v),
             digest.hex(),
-            prepared.plan_blob,
-            prepared.delta_blob,
+            prepared.plan_blob if inline else b"",
+            prepared.delta_blob if inline else (b"delta" if prepared.delta_blob else b""),
             note,
             lay.channel,
             self.retain,
             lay.version_prefix(),
+            "0" if inline else "1",
         ]
         try:
             self._install(keys=keys, args=args)
         except redis.ResponseError as exc:
+            if str(exc).startswith("CRNOTSTAGED"):
+                raise _NotStaged from exc
             raise _translate(exc, v) from exc
-        return PublishedVersion(v, digest)
 
     def _delta_blob(self, plan: RoutingPlan, previous: RoutingPlan, digest: bytes) -> bytes:
         if previous.version >= plan.version:

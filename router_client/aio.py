@@ -92,10 +92,13 @@ class AsyncRouterClient(BaseRouterClient):
                 await asyncio.sleep(self._backoff.next_delay())
 
     async def _wait_for_change(self) -> Version | None:
-        # A short first wait, then free the old table (see `_release_retired`).
+        # A short first wait, then free the old table (see `_off_burst_work`).
         first = min(RELEASE_RETIRED_AFTER_S, self.recheck_s)
         hint = await self.source.wait_for_change(first)
-        self._release_retired()
+        self._off_burst_work()
+        now = time.monotonic()
+        if self._status_due(now):
+            await self.source.report(self._status(now))
         if hint is None and self.recheck_s > first:
             hint = await self.source.wait_for_change(self.recheck_s - first)
         return hint
@@ -122,9 +125,6 @@ class AsyncRouterClient(BaseRouterClient):
     async def _housekeeping(self) -> None:
         # Save first: see RouterClient._housekeeping.
         self._save_chain()
-        now = time.monotonic()
-        if self._status_due(now):
-            await self.source.report(self._status(now))
         if self._chain_too_long():
             self._restart_chain(await self.source.fetch_plan(self.version))
             self._save_chain()

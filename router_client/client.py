@@ -104,7 +104,11 @@ class RouterClient(BaseRouterClient):
             if remaining <= 0:
                 return
             hint = self.source.wait_for_change(min(remaining, WAIT_SLICE_S))
-            self._release_retired()  # after the first slice: off the fleet's apply burst
+            # After the first slice: off the fleet's apply burst.
+            self._off_burst_work()
+            now = time.monotonic()
+            if self._status_due(now):
+                self.source.report(self._status(now))
             if hint is not None:
                 self.follower.note_hint(hint)
                 return
@@ -132,9 +136,6 @@ class RouterClient(BaseRouterClient):
         # Save first: the calls below fail when the source just went away, and the disk
         # copy must not lag the applied plan for the whole outage.
         self._save_chain()
-        now = time.monotonic()
-        if self._status_due(now):
-            self.source.report(self._status(now))
         if self._chain_too_long():
             self._restart_chain(self.source.fetch_plan(self.version))
             self._save_chain()

@@ -2,7 +2,8 @@
 
 A delta lists removed keys, keys added or re-assigned (with their whole new
 set, in the target's destination indices), and the target's full destination
-list. Sets are compared by destination *id*, so a delta stays correct when the
+list - or, when that list is the base's, only says so (`same_destinations`).
+Sets are compared by destination *id*, so a delta stays correct when the
 target lists destinations in another order or adds / drops some: the router
 re-indexes the keys the delta does not touch.
 
@@ -22,6 +23,7 @@ from google.protobuf.message import DecodeError
 
 from cacheroute.v1 import plan_pb2
 from router_client.errors import PlanRejected
+from router_client.layered import Members, layer
 from router_client.plan import (
     MAX_PLAN_BYTES,
     SCHEMA,
@@ -40,11 +42,13 @@ from router_client.plan import (
 )
 from router_client.routing import (
     FALLBACK,
-    Members,
     RoutingTable,
     destination_columns,
     lookup_from_columns,
 )
+
+# An overlay is flattened at apply time beyond this many keys (or 1/8 of the base).
+_MIN_OVERLAY_TO_FLATTEN = 4096
 
 
 def _lookup(plan: RoutingPlan) -> dict[str, Members]:
@@ -73,6 +77,7 @@ def make_delta(
     upserts = KeyTable.from_sets(
         [t.keys[i] for i in changed], [t.set_of(i) for i in changed], t.rates[changed].tolist()
     )
+    same_destinations = tuple(base.destinations) == tuple(target.destinations)
     return plan_pb2.PlanDelta(
         schema=SCHEMA,
         base=_version_pb(base.version),
@@ -81,7 +86,8 @@ def make_delta(
         target_digest=target_digest,
         removed_keys=encode_keys(removed),
         upserts=table_to_pb(upserts),
-        destinations=destinations_to_pb(target.destinations),
+        destinations=() if same_destinations else destinations_to_pb(target.destinations),
+        same_destinations=same_destinations,
         created_at_ms=target.created_at_ms,
         config=config_to_pb(target.config),
         stats=stats_to_pb(target.stats),
@@ -108,18 +114,33 @@ def apply_delta(table: RoutingTable, delta: plan_pb2.PlanDelta) -> RoutingTable:
     target = version_from_pb(delta.target)
     if target <= table.version:
         raise PlanRejected("stale", f"delta target {target} is not newer than {table.version}")
-    ids, addresses, draining = destination_columns(delta.destinations)
+    if delta.same_destinations:
+        if len(delta.destinations):
+            raise PlanRejected("malformed", "a delta with same_destinations lists destinations")
+        ids, addresses, draining = table.destination_ids, table.addresses, sorted(table.draining)
+    else:
+        ids, addresses, draining = destination_columns(delta.destinations)
     if ids == table.destination_ids:
         ids = table.destination_ids  # the same object: the router's slot cache hits on `is`
     upserts = table_from_pb(delta.upserts, len(ids))
     if draining:
         check_table(upserts, len(ids), draining)
-    lookup = _carry_over(table, ids)
-    for key in decode_keys(delta.removed_keys):
-        lookup.pop(key, None)
-    lookup.update(lookup_from_columns(upserts.keys, upserts.set_offsets, upserts.members))
-    if ids != table.destination_ids:
-        _check_no_dropped(lookup)
+    removed = decode_keys(delta.removed_keys)
+    upserted = lookup_from_columns(upserts.keys, upserts.set_offsets, upserts.members)
+    lookup: Mapping[str, Members]
+    if ids is table.destination_ids:
+        # The same indices: share the held base dict, layer the changes over it.
+        layered = layer(table.lookup, removed, upserted)
+        lookup = layered
+        if len(layered.overlay) > max(_MIN_OVERLAY_TO_FLATTEN, len(layered.base) // 8):
+            lookup = layered.flatten()  # deltas came faster than the client flattens
+    else:
+        flat_lookup = _reindexed(table, ids)
+        for key in removed:
+            flat_lookup.pop(key, None)
+        flat_lookup.update(upserted)
+        _check_no_dropped(flat_lookup)
+        lookup = flat_lookup
     return RoutingTable(
         version=target,
         destination_ids=ids,
@@ -129,13 +150,15 @@ def apply_delta(table: RoutingTable, delta: plan_pb2.PlanDelta) -> RoutingTable:
         planner_fallback=delta.config.built_by == FALLBACK,
         draining=frozenset(draining),
         addresses=addresses,
+        # the next full plan is an edit from the same base; these keys may differ from it
+        base=table.base,
+        touched=(*table.touched, bytes(delta.removed_keys), bytes(delta.upserts.keys))
+        if table.base is not None else (),
     )
 
 
-def _carry_over(table: RoutingTable, ids: tuple[str, ...]) -> dict[str, Members]:
-    """The base lookup in the target's destination indices (-1: destination gone)."""
-    if ids == table.destination_ids:
-        return dict(table.lookup)  # a C-level copy of the hash table
+def _reindexed(table: RoutingTable, ids: tuple[str, ...]) -> dict[str, Members]:
+    """The held lookup in the target's destination indices (-1: destination gone)."""
     pos = {d: i for i, d in enumerate(ids)}
     index_of = [pos.get(d, -1) for d in table.destination_ids]
     return {k: _reindex(m, index_of) for k, m in table.lookup.items()}

@@ -18,6 +18,8 @@ key                                        type     value
                                                     installed just before it (absent for the first)
 ``{ns}:{plan}:v:<member>:digest``          string   SHA-256 hex of the plan payload: the script
                                                     refuses to reuse a version for other bytes
+``{ns}:{plan}:staged:<member>:<digest>:*``  string   a plan / delta blob uploaded ahead of its
+                                                    install (TTL); the install renames it into place
 ``{ns}:{plan}:router:<router id>``         string   ``RouterStatus`` of one router, with a TTL
 ``{ns}:{plan}:routers``                    zset     router ids scored by last report (ms), so the
                                                     planner can find the status keys without SCAN
@@ -115,6 +117,11 @@ class Layout:
 
     def digest(self, v: Version) -> str:
         return f"{self.version_prefix()}{version_member(v)}:digest"
+
+    def staged(self, v: Version, digest: bytes, part: str) -> str:
+        """Where the publisher uploads `part` ("plan" or "delta") of an install ahead
+        of it; the digest keeps two candidate plans of one version apart."""
+        return f"{self.prefix}staged:{version_member(v)}:{digest.hex()[:16]}:{part}"
 
     def router_status(self, router_id: str) -> str:
         return f"{self.prefix}router:{router_id}"

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from google.protobuf.message import DecodeError
@@ -66,6 +67,24 @@ class PlanConfig:
     byte_aware: bool = False
     imbalance_tolerance: float = 0.03
     built_by: str = "build"
+
+
+@dataclass(eq=False)
+class PlanKeys:
+    """The key columns of a full plan as they came off the wire: NUL-terminated
+    UTF-8 keys and CSR sets over the plan's destination indices. A router keeps
+    them beside the table built from that plan, so the next full plan can be
+    applied as an edit (`router_client.rebase`), which caches what it derives in
+    `derived`."""
+
+    blob: bytes
+    set_offsets: np.ndarray
+    members: np.ndarray
+    destination_ids: tuple[str, ...]
+    derived: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def __len__(self) -> int:
+        return max(int(self.set_offsets.size) - 1, 0)
 
 
 @dataclass(frozen=True)
@@ -293,40 +312,74 @@ def check_table(
     check (the caller has made it).
     """
     n = len(t.keys)
-    offs = t.set_offsets
-    if len(offs) != n + 1 or (n and len(t.rates) not in (0, n)):
+    if key_bytes is None:
+        key_bytes = np.fromiter((len(k.encode()) for k in t.keys), np.int64, count=n)
+    check_columns(t.set_offsets, t.members, len(t.rates), n_destinations, key_bytes, draining)
+    if not unique_keys and len(set(t.keys)) != n:
+        raise PlanRejected("duplicate_key", "a key appears twice")
+
+
+def check_columns(
+    set_offsets: np.ndarray,
+    members: np.ndarray,
+    n_rates: int,
+    n_destinations: int,
+    key_bytes: np.ndarray,
+    draining: Sequence[int] = (),
+) -> None:
+    """The checks of `check_table` that need no key strings (all but uniqueness)."""
+    n = len(key_bytes)
+    offs = set_offsets
+    if len(offs) != n + 1 or (n and n_rates not in (0, n)):
         raise PlanRejected("inconsistent", "key table columns differ in length")
-    if offs[0] != 0 or int(offs[-1]) != len(t.members):
+    if offs[0] != 0 or int(offs[-1]) != len(members):
         raise PlanRejected("inconsistent", "set offsets do not span the member list")
     sizes = np.diff(offs.astype(np.int64))
     if n and sizes.min() <= 0:
         raise PlanRejected("empty_set", "a key has an empty destination set")
-    if len(t.members) and int(t.members.max()) >= n_destinations:
+    if len(members) and int(members.max()) >= n_destinations:
         raise PlanRejected("unknown_destination", "a key names a destination the plan lacks")
-    if not unique_keys and len(set(t.keys)) != n:
-        raise PlanRejected("duplicate_key", "a key appears twice")
-    if key_bytes is None:
-        key_bytes = np.fromiter((len(k.encode()) for k in t.keys), np.int64, count=n)
     if n and (int(key_bytes.min()) == 0 or int(key_bytes.max()) > MAX_KEY_BYTES):
         raise PlanRejected("bad_key", "a key is empty or longer than the limit")
-    _check_distinct_members(t, sizes)
-    if len(draining) and len(t.members) and np.isin(t.members, np.asarray(draining)).any():
+    _check_distinct_members(members, sizes)
+    if len(draining) and len(members) and np.isin(members, np.asarray(draining)).any():
         raise PlanRejected("draining_destination", "a key is placed on a draining destination")
 
 
-def _check_distinct_members(t: KeyTable, sizes: np.ndarray) -> None:
+def plan_keys_from_pb(
+    pb: plan_pb2.KeyTable, destination_ids: tuple[str, ...], draining: Sequence[int] = ()
+) -> PlanKeys:
+    """A plan's key columns, checked like `table_from_pb` but with the keys left as
+    bytes; uniqueness is checked by whoever builds the lookup from them."""
+    blob = pb.keys
+    if blob and not blob.endswith(b"\0"):
+        raise PlanRejected("malformed", "key blob is not NUL-terminated")
+    try:
+        blob.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise PlanRejected("malformed", f"key blob is not UTF-8: {exc}") from exc
+    offsets = _u32(pb.set_offsets_u32le, "set offsets")
+    members = _u32(pb.members_u32le, "members")
+    if len(pb.rates_f32le) % 4:
+        raise PlanRejected("malformed", "rates column is not a whole number of float32")
+    check_columns(offsets, members, len(pb.rates_f32le) // 4, len(destination_ids),
+                  _key_byte_lengths(blob), draining)
+    return PlanKeys(blob, offsets, members, destination_ids)
+
+
+def _check_distinct_members(members: np.ndarray, sizes: np.ndarray) -> None:
     # Vectorised: sort members within each set, then look for equal neighbours
     # that belong to the same set.
     if not len(sizes) or int(sizes.max()) <= 1:
         return
     in_multi = np.repeat(sizes > 1, sizes)
     owner = np.repeat(np.arange(len(sizes)), sizes)[in_multi]
-    span = int(t.members.max()) + 1
-    tagged = np.sort(owner * span + t.members[in_multi].astype(np.int64))
+    span = int(members.max()) + 1
+    tagged = np.sort(owner * span + members[in_multi].astype(np.int64))
     dup = np.nonzero(tagged[1:] == tagged[:-1])[0]
     if len(dup):
-        key = t.keys[int(tagged[dup[0]] // span)]
-        raise PlanRejected("duplicate_member", f"key {key!r} lists a destination twice")
+        row = int(tagged[dup[0]] // span)
+        raise PlanRejected("duplicate_member", f"key #{row} lists a destination twice")
 
 
 def plan_to_pb(plan: RoutingPlan) -> plan_pb2.RoutingPlan:

@@ -57,6 +57,33 @@ def test_pointer_never_moves_back_and_versions_are_never_reused(redis_server, ke
     assert a.current().version == Version(2, 0)
 
 
+def test_staged_installs_move_the_blobs_into_place_and_leave_nothing_behind(redis_server, key):
+    pub = PlanPublisher(redis_server.url, key)
+    r = redis.Redis.from_url(redis_server.url)
+    lay = Layout()
+    base = synthetic_plan(300, 6)
+    pub.commit(pub.stage(pub.prepare(base, None)))
+    nxt = perturb(base, 0.05, version=Version(1, 2), seed=2)
+    prepared = pub.stage(pub.prepare(nxt, base))
+    assert prepared.staged and pub.current().version == Version(1, 1)  # staged, not visible
+    staged = r.keys(lay.prefix + "staged:*")
+    assert len(staged) == 2 and all(0 < r.ttl(k) <= 600 for k in staged)
+    pub.commit(prepared)
+    assert pub.current() == PlanPublisher(redis_server.url, key).current()
+    assert pub.current().version == Version(1, 2)
+    assert r.get(lay.plan(Version(1, 2))) == prepared.plan_blob
+    assert r.get(lay.delta(Version(1, 2))) == prepared.delta_blob
+    assert r.ttl(lay.plan(Version(1, 2))) == -1 and r.ttl(lay.delta(Version(1, 2))) == -1
+    assert r.keys(lay.prefix + "staged:*") == []
+    # blobs gone before the commit (expired, evicted): committed inline instead
+    third = perturb(nxt, 0.05, version=Version(1, 3), seed=3)
+    lost = pub.stage(pub.prepare(third, nxt))
+    r.delete(*r.keys(lay.prefix + "staged:*delta"))
+    pub.commit(lost)
+    assert r.get(lay.delta(Version(1, 3))) == lost.delta_blob
+    assert pub.load(Version(1, 3)).table.as_dict() == third.table.as_dict()
+
+
 def test_a_reader_never_sees_a_pointer_to_a_missing_plan(redis_server, key):
     pub = PlanPublisher(redis_server.url, key, retain=2)
     r = redis.Redis.from_url(redis_server.url)

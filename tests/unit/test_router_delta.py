@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -43,6 +44,33 @@ def test_delta_of_a_perturbed_plan_rebuilds_the_target():
     applied = _round_trip(base, target)
     assert applied.lookup == RoutingTable.from_plan(target).lookup
     assert applied.version == Version(1, 2) and applied.digest == b"T" * 32
+
+
+def test_unchanged_destinations_are_not_resent_and_draining_survives():
+    base = synthetic_plan(500, 8)
+    drained = tuple(DestinationSpec(d.id, d.address, draining=(i == 3))
+                    for i, d in enumerate(base.destinations))
+    base = RoutingPlan(base.config, drained, base.table, base.stats, base.version)
+    # keys on the draining destination must move off it: re-place them first
+    members = base.table.members.copy()
+    members[members == 3] = 4
+    table = KeyTable(base.table.keys, base.table.set_offsets, members, base.table.rates)
+    base = RoutingPlan(base.config, drained, table, base.stats, base.version)
+    target = perturb(base, 0.05, version=Version(1, 2), seed=1)
+    target = RoutingPlan(target.config, drained, KeyTable(
+        target.table.keys, target.table.set_offsets,
+        np.where(target.table.members == 3, 5, target.table.members).astype(np.uint32),
+        target.table.rates), target.stats, target.version)
+    delta = make_delta(base, target, b"B" * 32, b"T" * 32)
+    assert delta.same_destinations and not len(delta.destinations)
+    applied = _round_trip(base, target)
+    assert applied.lookup == RoutingTable.from_plan(target).lookup
+    assert applied.draining == frozenset({3})
+    assert applied.addresses == tuple(d.address for d in drained)
+    # a delta that says "same" but lists destinations is refused
+    delta.destinations.add(id="x")
+    with pytest.raises(PlanRejected):
+        apply_delta(RoutingTable.from_plan(base, b"B" * 32), delta)
 
 
 ids_strategy = st.lists(st.sampled_from("abcdefg"), min_size=1, max_size=7, unique=True)

@@ -94,7 +94,7 @@ class RoutingPlan(_message.Message):
     def __init__(self, schema: _Optional[int] = ..., version: _Optional[_Union[PlanVersion, _Mapping]] = ..., created_at_ms: _Optional[int] = ..., config: _Optional[_Union[PlanConfig, _Mapping]] = ..., destinations: _Optional[_Iterable[_Union[Destination, _Mapping]]] = ..., table: _Optional[_Union[KeyTable, _Mapping]] = ..., stats: _Optional[_Union[PlanStats, _Mapping]] = ..., rates_window_end_ms: _Optional[int] = ...) -> None: ...
 
 class PlanDelta(_message.Message):
-    __slots__ = ("schema", "base", "target", "base_digest", "target_digest", "removed_keys", "upserts", "destinations", "created_at_ms", "config", "stats")
+    __slots__ = ("schema", "base", "target", "base_digest", "target_digest", "removed_keys", "upserts", "destinations", "created_at_ms", "config", "stats", "same_destinations")
     SCHEMA_FIELD_NUMBER: _ClassVar[int]
     BASE_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
@@ -106,6 +106,7 @@ class PlanDelta(_message.Message):
     CREATED_AT_MS_FIELD_NUMBER: _ClassVar[int]
     CONFIG_FIELD_NUMBER: _ClassVar[int]
     STATS_FIELD_NUMBER: _ClassVar[int]
+    SAME_DESTINATIONS_FIELD_NUMBER: _ClassVar[int]
     schema: int
     base: PlanVersion
     target: PlanVersion
@@ -117,7 +118,8 @@ class PlanDelta(_message.Message):
     created_at_ms: int
     config: PlanConfig
     stats: PlanStats
-    def __init__(self, schema: _Optional[int] = ..., base: _Optional[_Union[PlanVersion, _Mapping]] = ..., target: _Optional[_Union[PlanVersion, _Mapping]] = ..., base_digest: _Optional[bytes] = ..., target_digest: _Optional[bytes] = ..., removed_keys: _Optional[bytes] = ..., upserts: _Optional[_Union[KeyTable, _Mapping]] = ..., destinations: _Optional[_Iterable[_Union[Destination, _Mapping]]] = ..., created_at_ms: _Optional[int] = ..., config: _Optional[_Union[PlanConfig, _Mapping]] = ..., stats: _Optional[_Union[PlanStats, _Mapping]] = ...) -> None: ...
+    same_destinations: bool
+    def __init__(self, schema: _Optional[int] = ..., base: _Optional[_Union[PlanVersion, _Mapping]] = ..., target: _Optional[_Union[PlanVersion, _Mapping]] = ..., base_digest: _Optional[bytes] = ..., target_digest: _Optional[bytes] = ..., removed_keys: _Optional[bytes] = ..., upserts: _Optional[_Union[KeyTable, _Mapping]] = ..., destinations: _Optional[_Iterable[_Union[Destination, _Mapping]]] = ..., created_at_ms: _Optional[int] = ..., config: _Optional[_Union[PlanConfig, _Mapping]] = ..., stats: _Optional[_Union[PlanStats, _Mapping]] = ..., same_destinations: _Optional[bool] = ...) -> None: ...
 
 class SignedBlob(_message.Message):
     __slots__ = ("payload", "digest", "signature", "key_id", "kind")
