@@ -2,13 +2,15 @@
 Redis. Histories valid; publish->applied p99 <= 100 ms; every router on the final
 version <= 1 s after the last publication.
 
-The p99 mark is a CPU budget on this 2-core machine: 50 routers applying 20
-plans/s each is 1,000 verified applies/s (~1.5 ms of CPU each, ~1.5 cores), so
-with 50 routers on 2 shared cores the delay is queueing for a core, not the
-protocol. CI tier: 200 publications to 50 routers (5 processes of 10 clients):
-histories valid, all on the final version <= 1 s, p99 bounded at 1 s; and to 10
-routers (5 processes of 2): every mark including p99 <= 100 ms. Slow tier: the
-full 1,000 publications to 50 routers in 25 processes, every mark.
+The p99 mark is a CPU budget on this 2-core machine. A delta apply costs a router
+~1 ms of CPU, but every router *process* that wakes for a publication adds its own
+overhead (thread wake-ups, its sampler, its Redis connections): 50 routers in 5
+processes measured p99 40-55 ms here, the same 50 routers in 25 processes of 2 used
+~1.7 of the 2 cores and measured p99 113-134 ms (queueing for a core, not the
+protocol). CI tier: 200 publications to 50 routers (5 processes of 10 clients) and to
+10 routers (5 processes of 2), every mark. Slow tier: the full 1,000 publications to
+50 routers in 5 processes, every mark; and in 25 processes, the 100 ms mark only on a
+machine with at least 8 cores (else 1 s, printed).
 """
 
 from __future__ import annotations
@@ -122,16 +124,20 @@ def _check(result: dict, routers: int, p99_ms: float = 100.0) -> None:
 
 
 def test_fanout_200_publications_to_50_routers(redis_server):
-    _check(run_fanout(redis_server.url, 200, processes=5, per_process=10), 50, p99_ms=1000.0)
-
-
-# 50 routers x 20 applies/s x ~1.5 ms of CPU = ~1.5 cores for the routers alone, plus
-# the publisher and Redis: the p99 mark needs a machine where that is not contended.
-ENOUGH_CORES = 8
+    _check(run_fanout(redis_server.url, 200, processes=5, per_process=10), 50)
 
 
 @pytest.mark.slow
 def test_fanout_1000_publications_to_50_routers(redis_server):
+    _check(run_fanout(redis_server.url, 1000, processes=5, per_process=10), 50)
+
+
+# 25 router processes on 2 cores use ~1.7 cores between them: see the module docstring.
+ENOUGH_CORES = 8
+
+
+@pytest.mark.slow
+def test_fanout_1000_publications_to_50_routers_in_25_processes(redis_server):
     result = run_fanout(redis_server.url, 1000, processes=25, per_process=2)
     cores = os.cpu_count() or 1
     if cores < ENOUGH_CORES:
