@@ -64,8 +64,9 @@ def test_acl_users_planner_writes_routers_read_default_is_off(tmp_path):
         client.start(initial_wait_s=5)
         assert client.version == Version(1, 1)
         nxt = perturb(plan, 0.1, version=Version(1, 2))
-        pub.install(nxt, plan)  # delta chain via the router's read-only Lua script
-        assert client.wait_for_version(Version(1, 2), 5)
+        # staged first, as the planner publishes: the install script renames the blobs
+        pub.commit(pub.stage(pub.prepare(nxt, plan)))
+        assert client.wait_for_version(Version(1, 2), 5)  # the delta chain: read-only Lua
         assert client.follower.applied_delta == 1
         assert eventually(lambda: [s.state for s in pub.fleet_view()] == [IN_SYNC], 5)
         assert client.unavailable_rounds == 0  # no NOPERM anywhere on the router's path
