@@ -33,6 +33,7 @@ from router_client.plan import PlanKeys
 
 _PREFIX_WORDS = 8  # fingerprints read the first 64 bytes of a key
 _MAX_TOUCHED_BLOBS = 256  # deltas since the base; beyond that, rebuild from scratch
+_CHUNK_KEYS = 8192  # keys fingerprinted per numpy pass
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,17 @@ def _prefix_words(buf: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.nda
 
 def fingerprints(blob: bytes, start: np.ndarray, end: np.ndarray) -> np.ndarray:
     """A 64-bit multiply-xorshift hash of each key's length and first 64 bytes."""
+    if start.size <= _CHUNK_KEYS:
+        return _fingerprints(blob, start, end)
+    # In chunks: the byte gather of 100k keys at once would take ~30 MB of temporaries,
+    # which a router's tuned malloc keeps mapped afterwards.
+    return np.concatenate([
+        _fingerprints(blob, start[i:i + _CHUNK_KEYS], end[i:i + _CHUNK_KEYS])
+        for i in range(0, start.size, _CHUNK_KEYS)
+    ])
+
+
+def _fingerprints(blob: bytes, start: np.ndarray, end: np.ndarray) -> np.ndarray:
     if not start.size:
         return np.zeros(0, dtype=np.uint64)
     words = _prefix_words(np.frombuffer(blob, np.uint8), start, end)
@@ -174,8 +186,11 @@ def _same_bytes(blob: bytes, start: np.ndarray, end: np.ndarray, base: PlanKeys,
     b_start, b_end = spans(base)
     bs, be = b_start[rows], b_end[rows]
     ok = (end - start) == (be - bs)
-    ok &= np.all(_prefix_words(np.frombuffer(blob, np.uint8), start, end)
-                 == _prefix_words(np.frombuffer(base.blob, np.uint8), bs, be), axis=-1)
+    buf, base_buf = np.frombuffer(blob, np.uint8), np.frombuffer(base.blob, np.uint8)
+    for i in range(0, rows.size, _CHUNK_KEYS):  # in chunks: see `fingerprints`
+        part = slice(i, i + _CHUNK_KEYS)
+        ok[part] &= np.all(_prefix_words(buf, start[part], end[part])
+                           == _prefix_words(base_buf, bs[part], be[part]), axis=-1)
     for k in np.flatnonzero(ok & ((end - start) > 8 * _PREFIX_WORDS)).tolist():
         ok[k] = blob[start[k]:end[k]] == base.blob[bs[k]:be[k]]  # the tail past 64 bytes
     return ok

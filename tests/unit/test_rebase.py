@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -131,3 +132,25 @@ def test_reordered_destinations_fall_back_to_a_fresh_build():
     table = built(reordered, held=held)
     assert dict(table.lookup) == {"a": 0, "b": (1, 2)}
     assert table.destination_ids == tuple(d.id for d in DESTS[::-1])
+
+
+def test_fingerprints_and_byte_checks_in_chunks_agree(monkeypatch):
+    import random
+
+    import router_client.rebase as rebase
+
+    base = synthetic_plan(500, 10)
+    keys = list(base.table.keys)
+    random.Random(3).shuffle(keys)  # another key order: the fingerprint path
+    sets = dict(zip(base.table.keys, (base.table.set_of(i) for i in range(len(keys))),
+                    strict=True))
+    shuffled = dataclasses.replace(base, version=Version(1, 2), table=KeyTable.from_sets(
+        keys, [sets[k] for k in keys], [1.0] * len(keys)))
+    whole = built(shuffled, held=built(base))
+    monkeypatch.setattr(rebase, "_CHUNK_KEYS", 7)
+    chunked = built(shuffled, held=built(base))
+    assert dict(chunked.lookup) == dict(whole.lookup) == dict(built(shuffled).lookup)
+    start, end = rebase.spans(chunked.base)
+    small = rebase.fingerprints(chunked.base.blob, start, end)
+    monkeypatch.setattr(rebase, "_CHUNK_KEYS", 1 << 30)
+    assert np.array_equal(small, rebase.fingerprints(chunked.base.blob, start, end))
