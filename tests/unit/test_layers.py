@@ -23,6 +23,8 @@ PURE_MODULES = [
     "router_client/signing.py",
     "router_client/layout.py",
     "router_client/follow.py",
+    "router_client/rebase.py",
+    "router_client/layered.py",
     *(
         f"streams/{m}.py"
         for m in (
@@ -43,6 +45,7 @@ PURE_MODULES = [
             "usage",
             "columns",
             "settings",
+            "categorical",
         )
     ),
 ]
