@@ -318,6 +318,7 @@ class BaseRouterClient:
             rejected_versions=f.rejections,
             ignored_older=f.ignored_older,
             applied_full=f.applied_full,
+            applied_full_edited=f.applied_full_edited,
             applied_delta=f.applied_delta,
             delta_fallbacks=f.delta_fallbacks,
             reconnects=self._reconnects(),
@@ -362,6 +363,8 @@ _HELP = {
     "rejected_versions": ("counter", "Plan versions refused by verification."),
     "ignored_older": ("counter", "Older versions or hints ignored."),
     "applied_full": ("counter", "Full plans applied."),
+    "applied_full_edited": ("counter", "Full plans applied as an edit of the held table "
+                            "(the rest were built from scratch)."),
     "applied_delta": ("counter", "Deltas applied."),
     "delta_fallbacks": ("counter", "Deltas that could not be used (full plan fetched)."),
     "reconnects": ("counter", "Plan-source reconnects."),

@@ -88,6 +88,7 @@ class PlanFollower:
         self.ignored_older = 0
         self.applied_full = 0
         self.applied_delta = 0
+        self.applied_full_edited = 0  # full plans applied as an edit of the held table
         self.delta_fallbacks = 0  # delta unusable, fetched the full plan instead
         self.confirmed = False  # the last round saw the source name our version
 
@@ -148,6 +149,7 @@ class PlanFollower:
         self.confirmed = True
         if applied.kind == FULL:
             self.applied_full += 1
+            self.applied_full_edited += applied.table.edited
         else:
             self.applied_delta += 1
 

@@ -70,6 +70,8 @@ class RoutingTable:
     # as an edit of `lookup` (router_client.rebase). None for tables built otherwise.
     base: PlanKeys | None = field(default=None, repr=False, compare=False)
     touched: tuple[bytes, ...] = field(default=(), repr=False, compare=False)
+    # The lookup was edited from the held table's (True) or built from scratch.
+    edited: bool = field(default=False, repr=False, compare=False)
 
     @classmethod
     def from_plan(cls, plan: RoutingPlan, digest: bytes = b"") -> RoutingTable:
@@ -101,6 +103,7 @@ class RoutingTable:
             ids = held.destination_ids  # the same object: the router's slot cache hits on `is`
         keys = plan_keys_from_pb(pb.table, ids, draining)
         lookup = _edited_lookup(held, keys) if held is not None else None
+        edited = lookup is not None
         if lookup is None:
             lookup = lookup_from_columns(decode_keys(keys.blob), keys.set_offsets, keys.members)
             if len(lookup) != len(keys):
@@ -115,6 +118,7 @@ class RoutingTable:
             draining=frozenset(draining),
             addresses=addresses,
             base=keys,
+            edited=edited,
         )
 
     def __len__(self) -> int:

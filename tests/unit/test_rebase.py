@@ -154,3 +154,22 @@ def test_fingerprints_and_byte_checks_in_chunks_agree(monkeypatch):
     small = rebase.fingerprints(chunked.base.blob, start, end)
     monkeypatch.setattr(rebase, "_CHUNK_KEYS", 1 << 30)
     assert np.array_equal(small, rebase.fingerprints(chunked.base.blob, start, end))
+
+
+def test_the_follower_counts_full_plans_applied_as_edits():
+    from router_client import signing
+    from router_client.follow import FULL, Applied, PlanFollower
+    from router_client.layout import Pointer
+
+    key = signing.generate_private_key()
+    follower = PlanFollower([key.public_key()])
+    plan = synthetic_plan(1_000, 8)
+    for seq in (1, 2, 3):
+        if seq > 1:
+            plan = perturb(plan, 0.05, version=Version(1, seq), seed=seq)
+        blob = signing.sign_blob(encode_plan(plan), signing.PLAN, key)
+        _kind, _payload, digest = signing.verify_blob(blob, follower.public_keys)
+        table = follower.table_from_plan(Pointer(plan.version, digest), blob)
+        assert table.edited == (seq > 1)  # the first has nothing to edit
+        follower.accept(Applied(table, FULL))
+    assert (follower.applied_full, follower.applied_full_edited) == (3, 2)
