@@ -256,17 +256,6 @@ class Loop:
         self.publisher.close()
 
 
-def vm_hwm_mb(pid: int) -> float:
-    """Peak resident set of another process (Linux VmHWM), in MB; 0 if unreadable."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--keys", type=int, default=1_000_000)
@@ -306,7 +295,7 @@ def run(args: argparse.Namespace) -> None:
                 rounds.append(one_round(loop, i, keys, rates, partition_of, args, config))
         finally:
             loop.close()
-        servers = {"redis": vm_hwm_mb(redis.process.pid), "broker": vm_hwm_mb(broker.process.pid)}
+        servers = {"redis": redis.process.peak_rss_mb(), "broker": broker.process.peak_rss_mb()}
     finally:
         redis.process.stop()
         broker.process.stop()

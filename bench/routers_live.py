@@ -204,11 +204,7 @@ class PooledFleet:
         if self.emitter is not None:
             self.emitter.emit_request(key, dest, prompt_tokens=prompt,
                                       reusable_prefix_tokens=prefix, router_id=self.pool.name)
-        t = self.tally
-        t.requests += 1
-        t.prompt_tokens += prompt
-        t.cached_tokens += cached
-        t.per_destination[dest] = t.per_destination.get(dest, 0) + 1
+        self.tally.count(dest, prompt, cached)
 
     def complete(self, now: float, output: int) -> None:
         """Retire finished requests; their routers hear of it with their next batch."""

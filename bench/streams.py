@@ -155,16 +155,6 @@ def metrics(port: int) -> dict[str, float]:
     return out
 
 
-def worker_peak_rss_mb(pid: int) -> float:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return float("nan")
-
-
 def broker_read(bootstrap: str, topic: str, total_messages: int) -> float:
     """Events/s of a bare aiokafka read of the topic (Faust's client): the broker +
     client ceiling, with no processing."""
@@ -415,7 +405,7 @@ def main() -> int:
         produced_rate = lp.sent / live_s
         snaps.close()
         counted = metrics(port)
-        worker_rss = worker_peak_rss_mb(worker.pid)
+        worker_rss = worker.peak_rss_mb() or float("nan")
         recovered_events, recovery_s = recover(worker, port)
         print(f"recovery after SIGKILL: {recovered_events:,.0f} events in {recovery_s:.1f} s",
               flush=True)

@@ -81,6 +81,7 @@ class PlanKeys:
     set_offsets: np.ndarray
     members: np.ndarray
     destination_ids: tuple[str, ...]
+    key_ends: np.ndarray  # offset of each key's NUL in `blob` (found while checking it)
     derived: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def __len__(self) -> int:
@@ -287,8 +288,15 @@ def table_from_pb(
 
 
 def _key_byte_lengths(blob: bytes) -> np.ndarray:
+    return _key_lengths(_key_ends(blob))
+
+
+def _key_ends(blob: bytes) -> np.ndarray:
+    return np.flatnonzero(np.frombuffer(blob, np.uint8) == 0)
+
+
+def _key_lengths(ends: np.ndarray) -> np.ndarray:
     # Key lengths from the NUL positions: far cheaper than len() over 100k strings.
-    ends = np.flatnonzero(np.frombuffer(blob, np.uint8) == 0)
     return np.diff(ends, prepend=-1) - 1
 
 
@@ -363,8 +371,8 @@ def plan_keys_from_pb(
     if len(pb.rates_f32le) % 4:
         raise PlanRejected("malformed", "rates column is not a whole number of float32")
     check_columns(offsets, members, len(pb.rates_f32le) // 4, len(destination_ids),
-                  _key_byte_lengths(blob), draining)
-    return PlanKeys(blob, offsets, members, destination_ids)
+                  _key_lengths(ends := _key_ends(blob)), draining)
+    return PlanKeys(blob, offsets, members, destination_ids, ends)
 
 
 def _check_distinct_members(members: np.ndarray, sizes: np.ndarray) -> None:

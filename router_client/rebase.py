@@ -50,7 +50,7 @@ class Edit:
 def spans(keys: PlanKeys) -> tuple[np.ndarray, np.ndarray]:
     """(start, end) byte offsets of each key in the blob (end: its NUL); cached."""
     if "spans" not in keys.derived:
-        keys.derived["spans"] = _spans(keys.blob)
+        keys.derived["spans"] = (_starts(keys.key_ends), keys.key_ends)
     return keys.derived["spans"]
 
 
@@ -66,10 +66,15 @@ def sorted_fingerprints(keys: PlanKeys) -> tuple[np.ndarray, np.ndarray]:
 
 def _spans(blob: bytes) -> tuple[np.ndarray, np.ndarray]:
     end = np.flatnonzero(np.frombuffer(blob, np.uint8) == 0)
+    return _starts(end), end
+
+
+def _starts(end: np.ndarray) -> np.ndarray:
+    """Where each key starts, from where each one ends (its NUL)."""
     start = np.empty_like(end)
     start[:1] = 0
     start[1:] = end[:-1] + 1
-    return start, end
+    return start
 
 
 def _prefix_words(buf: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:

@@ -123,7 +123,8 @@ def columns_of(events: list[events_pb2.Event], offsets: list[int]) -> EventColum
         ttft[hit] = _column("ttft_ms", hits)
         e2e[hit] = _column("e2e_ms", hits)
     serialized = [e.SerializeToString() for e in events]
-    raw_end = np.cumsum(np.fromiter(map(len, serialized), dtype=np.int64, count=n))
+    raw_len = np.fromiter(map(len, serialized), dtype=np.int64, count=n)
+    raw_end = np.cumsum(raw_len)
     return EventColumns(
         kind=kind,
         producer=Categorical.of(_column("producer_id", events)),
@@ -139,7 +140,7 @@ def columns_of(events: list[events_pb2.Event], offsets: list[int]) -> EventColum
         e2e_ms=e2e,
         offset=np.array(offsets, dtype=np.int64),
         raw=b"".join(serialized),
-        raw_start=raw_end - np.fromiter(map(len, serialized), dtype=np.int64, count=n),
+        raw_start=raw_end - raw_len,
         raw_end=raw_end,
     )
 

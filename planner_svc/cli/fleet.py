@@ -63,6 +63,13 @@ class Tally:
         mean = sum(counts) / len(counts) if counts else 0.0
         return max(counts) / mean if mean else 1.0
 
+    def count(self, dest: str, prompt: int, cached: int) -> None:
+        """One request served by `dest`."""
+        self.requests += 1
+        self.prompt_tokens += prompt
+        self.cached_tokens += cached
+        self.per_destination[dest] = self.per_destination.get(dest, 0) + 1
+
     def add(self, other: Tally) -> None:
         self.prompt_tokens += other.prompt_tokens
         self.cached_tokens += other.cached_tokens
@@ -97,11 +104,7 @@ class EngineFleet:
             self.on_dispatch(key, dest, prompt, prefix)
         self._n += 1
         heapq.heappush(self._pending, (finish, self._n, key, dest, prompt, cached, now))
-        t = self.tally
-        t.requests += 1
-        t.prompt_tokens += prompt
-        t.cached_tokens += cached
-        t.per_destination[dest] = t.per_destination.get(dest, 0) + 1
+        self.tally.count(dest, prompt, cached)
 
     def complete(self, now: float, output: int) -> None:
         pending = self._pending

@@ -88,6 +88,16 @@ class ManagedProcess:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    def peak_rss_mb(self) -> float:
+        """The process's peak resident set (Linux VmHWM) in MiB; 0.0 if unreadable."""
+        try:
+            for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+        except OSError:
+            pass
+        return 0.0
+
     def signal(self, sig: int) -> None:
         if self.alive():
             assert self.proc is not None

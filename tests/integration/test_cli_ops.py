@@ -23,7 +23,6 @@ import pytest
 
 from planner_svc.cli.main import main
 from planner_svc.server import PlannerService, build_service
-from planner_svc.settings import PlannerSettings
 from tests.service.harness import DESTS, OPERATOR, READER, feed, planner_settings
 
 pytestmark = pytest.mark.integration
@@ -280,15 +279,7 @@ def self_signed(tmp_path: Path) -> tuple[Path, Path]:
 
 def test_tls_with_a_pinned_ca(redis_server, tmp_path: Path):
     cert, key = self_signed(tmp_path)
-    settings = PlannerSettings(
-        redis_url=redis_server.url,
-        grpc_port=0,
-        data_dir=str(tmp_path),
-        destinations=DESTS,
-        interval_s=3600.0,
-        tls_cert=str(cert),
-        tls_key=str(key),
-    )
+    settings = planner_settings(redis_server.url, tmp_path, tls_cert=str(cert), tls_key=str(key))
     svc = build_service(settings, consume=False)
     svc.server.start()
     try:

@@ -8,7 +8,6 @@ import multiprocessing as mp
 import signal
 import threading
 import time
-from collections.abc import Callable
 
 import pytest
 import redis
@@ -21,6 +20,7 @@ from router_client.plan import DestinationSpec, KeyTable, PlanConfig, RoutingPla
 from router_client.redis_source import AsyncRedisPlanSource, RedisPlanSource
 from router_client.routing import RoutingTable
 from router_client.testing import perturb, synthetic_plan
+from tests.waiting import eventually, stop_routers
 
 pytestmark = pytest.mark.integration
 
@@ -85,22 +85,6 @@ def _client(url: str, key, rid: str, **kw) -> RouterClient:
     return RouterClient(
         RedisPlanSource(url), router_id=rid, public_keys=signing.pin([key.public_key()]), **kw
     )
-
-
-def _eventually(cond: Callable[[], bool], timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.02)
-    return cond()
-
-
-def _stop_all(clients: list[RouterClient]) -> None:
-    for c in clients:
-        c._stop.set()
-    for c in clients:
-        c.stop()
 
 
 class Routers:
@@ -174,11 +158,11 @@ def test_1000_versions_while_20_subscribers_route(redis_server, key):
         assert sum(c.follower.applied_delta for c in clients) > 0
         assert min(applied) >= 10  # they followed the stream, not just its end
         statuses = {s.router_id: s for s in pub.router_statuses()}
-        assert _eventually(lambda: len(pub.router_statuses()) == 20, 5)
-        assert _eventually(lambda: {v.state for v in pub.fleet_view()} == {"in_sync"}, 5)
+        assert eventually(lambda: len(pub.router_statuses()) == 20, 5)
+        assert eventually(lambda: {v.state for v in pub.fleet_view()} == {"in_sync"}, 5)
         assert all(s.applied.seq >= 1 for s in statuses.values())
     finally:
-        _stop_all(clients)
+        stop_routers(clients)
 
 
 def test_convergence_without_pubsub_within_the_recheck_period(redis_server, key):
@@ -248,7 +232,7 @@ def test_redis_killed_and_restarted_mid_stream(redis_server, key):
         assert sum(c.source.reconnects for c in clients) >= 4
     finally:
         stop.set()
-        _stop_all(clients)
+        stop_routers(clients)
 
 
 def test_hung_redis_is_detected_within_3_s_and_the_client_resyncs(redis_server, key):
@@ -261,7 +245,7 @@ def test_hung_redis_is_detected_within_3_s_and_the_client_resyncs(redis_server, 
         redis_server.process.signal(signal.SIGSTOP)  # sockets stay open, nothing answers
         t0 = time.monotonic()
         try:
-            assert _eventually(lambda: c.unavailable_rounds > 0, 3.0)
+            assert eventually(lambda: c.unavailable_rounds > 0, 3.0)
             detected_s = time.monotonic() - t0
             assert c.route("k00000001") == "d" + c.route("k00000001")[1:]  # still routing
         finally:
@@ -295,15 +279,15 @@ def test_corrupt_and_forged_plans_are_rejected_and_the_last_good_kept(redis_serv
         c.follower.table, c.follower.applied_full = good, 1
         c.core.install(good)
         c.start()
-        assert _eventually(lambda: c.follower.rejections == 1, 5)
+        assert eventually(lambda: c.follower.rejections == 1, 5)
         assert c.version == Version(1, 1) and c.table is good
-        assert _eventually(lambda: any(s.last_rejected.seq == 2 for s in pub.router_statuses()), 5)
+        assert eventually(lambda: any(s.last_rejected.seq == 2 for s in pub.router_statuses()), 5)
         # A plan signed by a key the router does not pin is refused as well.
         forger = PlanPublisher(redis_server.url, signing.generate_private_key())
         forger.install(perturb(plan, 0.2, version=Version(1, 3)), None)
-        assert _eventually(lambda: c.follower.rejections == 2, 5)
+        assert eventually(lambda: c.follower.rejections == 2, 5)
         assert "unknown_key" in c.follower.last_rejection and c.version == Version(1, 1)
-        assert _eventually(lambda: [v.state for v in forger.fleet_view()] == ["rejected"], 5)
+        assert eventually(lambda: [v.state for v in forger.fleet_view()] == ["rejected"], 5)
         time.sleep(0.5)
         assert c.follower.rejections == 2  # a refused version is not fetched again
     finally:
@@ -316,7 +300,7 @@ def test_saved_plan_serves_at_once_when_redis_is_down_at_start(redis_server, key
     pub.install(plan, None)
     with _client(redis_server.url, key, "r", cache_path=tmp_path / "plan.bin") as c:
         assert c.wait_for_version(Version(1, 1), 5)
-        assert _eventually(lambda: (tmp_path / "plan.bin").exists(), 5)
+        assert eventually(lambda: (tmp_path / "plan.bin").exists(), 5)
     redis_server.process.stop()
     c2 = _client(redis_server.url, key, "r", cache_path=tmp_path / "plan.bin").start()
     try:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from planner_svc.publish import PlanPublisher
@@ -11,6 +9,7 @@ from router_client import RouterClient, signing
 from router_client.plan import Version
 from router_client.redis_source import RedisPlanSource
 from router_client.testing import synthetic_plan
+from tests.waiting import eventually, stop_routers
 
 pytestmark = pytest.mark.integration
 
@@ -18,22 +17,6 @@ pytestmark = pytest.mark.integration
 @pytest.fixture()
 def key():
     return signing.generate_private_key()
-
-
-def _eventually(cond, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.02)
-    return cond()
-
-
-def _stop_all(clients: list[RouterClient]) -> None:
-    for c in clients:
-        c._stop.set()
-    for c in clients:
-        c.stop()
 
 
 def test_password_and_acl_user_are_passed_through(tmp_path, key):
@@ -70,10 +53,10 @@ def test_password_and_acl_user_are_passed_through(tmp_path, key):
         ).start()
         try:
             assert ok.wait_for_version(Version(1, 1), 5)
-            assert _eventually(lambda: denied.unavailable_rounds > 0, 3)
+            assert eventually(lambda: denied.unavailable_rounds > 0, 3)
             assert denied.version == Version() and denied.route("x") == "d0000"
         finally:
-            _stop_all([ok, denied])
+            stop_routers([ok, denied])
     finally:
         server.process.stop()
 

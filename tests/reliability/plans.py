@@ -8,8 +8,6 @@ from: a decision that mixed two tables is allowed by neither of them.
 from __future__ import annotations
 
 import functools
-import time
-from collections.abc import Callable
 
 from router_client.plan import DestinationSpec, KeyTable, PlanConfig, RoutingPlan, Version
 from router_client.routing import RoutingTable
@@ -51,12 +49,3 @@ def _allowed(seq: int, key: str, admitted: bool) -> frozenset[str]:
     members = table.members_of(key) if admitted else ()
     ids = table.destination_ids
     return frozenset(ids[m] for m in members) if members else frozenset(ids)
-
-
-def eventually(cond: Callable[[], bool], timeout_s: float, poll_s: float = 0.02) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(poll_s)
-    return cond()

@@ -17,7 +17,7 @@ from router_client.routing import RoutingTable
 from router_client.testing import perturb, synthetic_plan
 from tests.faults.bad_plans import EXPECTED_REASON, bad_blobs, install_raw
 from tests.faults.history import RouterHistory, check_history
-from tests.reliability.plans import eventually
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
 MAX_BYTES = 256 * 1024

@@ -17,7 +17,7 @@ from planner_svc.cli.processes import restart_redis
 from planner_svc.server import SERVICE_NAME
 from tests.faults import signals
 from tests.reliability.harness import feed, planner_service
-from tests.reliability.plans import eventually
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
 OPERATOR, READER = "op-secret", "read-secret"

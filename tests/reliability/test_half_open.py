@@ -16,7 +16,7 @@ from router_client.testing import perturb, synthetic_plan
 from tests.faults.history import RouterHistory, check_histories, propagation_delays_ms
 from tests.faults.proxy import FaultProxy
 from tests.faults.resources import open_fds
-from tests.reliability.plans import eventually
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
 BLACKHOLE_S = 20.0

@@ -23,7 +23,7 @@ from planner_svc.history import KafkaHistory
 from router_client import signing
 from router_client.layout import Layout, Pointer
 from router_client.plan import Version, decode_plan
-from tests.reliability.plans import eventually
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]

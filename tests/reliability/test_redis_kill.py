@@ -27,7 +27,7 @@ from tests.reliability.harness import (
     public_key,
     router,
 )
-from tests.reliability.plans import eventually
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
 INTERVAL_S = 2.0

@@ -21,7 +21,7 @@ from router_client.layout import Layout
 from router_client.plan import MAX_KEY_BYTES, MAX_PLAN_BYTES, Version
 from router_client.redis_source import RedisPlanSource
 from router_client.testing import perturb, synthetic_plan
-from tests.reliability.plans import eventually
+from tests.waiting import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ("router_client", "planner_svc", "streams", "examples", "deploy")

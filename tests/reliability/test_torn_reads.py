@@ -10,7 +10,8 @@ from router_client import RouterClient, StaticPlanSource, signing
 from router_client.layout import Pointer
 from router_client.plan import Version, encode_plan
 from tests.faults.history import RouterHistory, check_history
-from tests.reliability.plans import allowed, eventually, versioned_plan
+from tests.reliability.plans import allowed, versioned_plan
+from tests.waiting import eventually
 
 THREADS = 8
 CALLS = 1_000_000

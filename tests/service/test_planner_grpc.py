@@ -17,7 +17,6 @@ import pytest
 from cacheroute.v1 import plan_pb2, planner_pb2, planner_pb2_grpc
 from planner_svc.replay.rates import paper_like_keys, paper_like_rates
 from planner_svc.server import PlannerService, build_service
-from planner_svc.settings import PlannerSettings
 from router_client import signing
 from router_client.plan import decode_plan
 from tests.service.harness import DESTS, OPERATOR, READER, feed, planner_settings
@@ -222,16 +221,9 @@ def test_history_outlives_redis_and_restart_republishes(broker, redis_server, tm
 
     from planner_svc.cli.processes import restart_redis
 
-    settings = PlannerSettings(
-        bootstrap=broker.bootstrap,
+    settings = planner_settings(
+        redis_server.url, tmp_path, bootstrap=broker.bootstrap,
         state_topic=f"planner-state-{uuid.uuid4().hex[:8]}",
-        redis_url=redis_server.url,
-        grpc_port=0,
-        data_dir=str(tmp_path),
-        destinations=DESTS,
-        q_cap=20.0,
-        warm_slots_per_destination=8,
-        interval_s=3600.0,
     )
     first = build_service(settings, consume=False, durable=True)
     feed(first)
@@ -462,15 +454,8 @@ def test_drift_installs_only_when_staleness_exceeds_rewarm(service):
 
 
 def test_guard_falls_back_outside_the_validated_range_and_resumes(redis_server, tmp_path):
-    settings = PlannerSettings(
-        redis_url=redis_server.url,
-        grpc_port=0,
-        data_dir=str(tmp_path),
-        destinations=DESTS,
-        q_cap=20.0,
-        warm_slots_per_destination=8,
-        interval_s=5.0,
-        validated_hit_rate_min=0.5,
+    settings = planner_settings(
+        redis_server.url, tmp_path, interval_s=5.0, validated_hit_rate_min=0.5
     )
     svc = build_service(settings, consume=False)
     try:

@@ -11,15 +11,7 @@ from router_client.layout import Pointer
 from router_client.plan import Version
 from router_client.routing import FALLBACK, PLANNED
 from router_client.testing import perturb, synthetic_plan
-
-
-def _eventually(cond, timeout_s=5.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.01)
-    return cond()
+from tests.waiting import eventually
 
 
 def _client(source, **kw) -> RouterClient:
@@ -80,11 +72,11 @@ def test_corrupt_version_is_rejected_reported_and_the_last_good_kept():
         assert c.wait_for_version(Version(1, 1), 5)
         good = c.table
         src.put_raw(Version(1, 2), b"\x0a\x03abc", b"\x00" * 32)
-        assert _eventually(lambda: c.follower.rejections == 1)
+        assert eventually(lambda: c.follower.rejections == 1)
         time.sleep(0.2)  # several more rounds: the bad version is not refetched
         assert c.follower.rejections == 1 and c.table is good and c.version == Version(1, 1)
         assert rejections and "1.2" in rejections[0]
-        assert _eventually(lambda: src.reports["r"].last_rejected.seq == 2)
+        assert eventually(lambda: src.reports["r"].last_rejected.seq == 2)
         assert "1.2" in c.source.reports["r"].last_rejection
 
 
@@ -95,7 +87,7 @@ def test_saved_plan_serves_at_start_when_the_source_is_down(tmp_path):
     src.publish(perturb(plan, 0.1, version=Version(1, 2)))
     with _client(src, cache_path=tmp_path / "plan.bin") as c:
         assert c.wait_for_version(Version(1, 2), 5)
-        assert _eventually(lambda: (tmp_path / "plan.bin").exists())
+        assert eventually(lambda: (tmp_path / "plan.bin").exists())
     src.available = False
     c2 = _client(src, cache_path=tmp_path / "plan.bin").start()
     try:
@@ -110,7 +102,7 @@ def test_tampered_saved_plan_is_ignored(tmp_path):
     src.publish(synthetic_plan(50, 4))
     with _client(src, cache_path=tmp_path / "plan.bin") as c:
         assert c.wait_for_version(Version(1, 1), 5)
-        assert _eventually(lambda: (tmp_path / "plan.bin").exists())
+        assert eventually(lambda: (tmp_path / "plan.bin").exists())
     data = bytearray((tmp_path / "plan.bin").read_bytes())
     data[-5] ^= 0xFF
     (tmp_path / "plan.bin").write_bytes(bytes(data))
@@ -128,12 +120,12 @@ def test_plan_older_than_max_age_routes_by_fallback_until_confirmed_again():
     with _client(src, max_plan_age_s=0.3) as c:
         assert c.wait_for_version(Version(1, 1), 5)
         src.available = False
-        assert _eventually(lambda: c.mode == FALLBACK)
+        assert eventually(lambda: c.mode == FALLBACK)
         assert c.fallback_reason == "stale" and c.plan_age_s > 0.3
         c.route("k00000001")
         assert c.core.fallback >= 1
         src.available = True
-        assert _eventually(lambda: c.mode == PLANNED)
+        assert eventually(lambda: c.mode == PLANNED)
 
 
 def test_metrics_are_attributes_and_prometheus_text():
