@@ -2,7 +2,7 @@
 
 Run from the repo root:  .venv/bin/python bench/control_loop.py [--quick] [--seeds N]
 
-Workload: the paper's 128,824 keys (`planner_svc.replay.rates`: lognormal, Gini ≈ 0.756, no key
+Workload: the paper's 128,824 keys (`planner_svc.simulator.rates`: lognormal, Gini ≈ 0.756, no key
 above 0.3 %), 176 QPS over R = 30 destinations with q_cap = 6 (each destination's fair share sits
 just under its knee, as in bench/planning.py), W = 128 warm slots each. Each key has a fixed
 reusable prefix (lognormal, mean ≈ 1,500 tokens). Rates follow a lognormal random walk with
@@ -66,7 +66,7 @@ from planner_svc.control.traffic import (
     new_member_share,
 )
 from planner_svc.planning import PlanningConfig, build_plan, repack
-from planner_svc.replay.rates import lognormal_walk, paper_like_keys, paper_like_rates
+from planner_svc.simulator.rates import lognormal_walk, paper_like_keys, paper_like_rates
 from router_client.plan import RoutingPlan
 
 PAPER_KEYS = 128_824

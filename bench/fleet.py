@@ -44,11 +44,11 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from cryptography.hazmat.primitives import serialization
 
-from planner_svc.cli.processes import Broker, RedisServer, start_broker, start_redis
+from planner_svc.adapters.redis_publisher import PlanPublisher
+from planner_svc.adapters.snapshot_consumer import SnapshotConsumer
+from planner_svc.devstack.processes import Broker, RedisServer, start_broker, start_redis
 from planner_svc.planning import PlanningConfig, build_plan, repack
-from planner_svc.publish import PlanPublisher
-from planner_svc.replay.rates import lognormal_walk, paper_like_keys, paper_like_rates
-from planner_svc.snapshots import SnapshotConsumer
+from planner_svc.simulator.rates import lognormal_walk, paper_like_keys, paper_like_rates
 from router_client import signing
 from router_client.plan import RoutingPlan, Version
 from streams.assembly import CompleteWindow, DestinationStats

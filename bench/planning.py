@@ -29,7 +29,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from planner_svc.planning import PlanningConfig, build_plan, diff, repack
-from planner_svc.replay.rates import (
+from planner_svc.simulator.rates import (
     gini,
     lognormal_walk,
     paper_like_keys,

@@ -32,8 +32,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from planner_svc.cli.processes import start_redis
-from planner_svc.publish import PlanPublisher
+from planner_svc.adapters.redis_publisher import PlanPublisher
+from planner_svc.devstack.processes import start_redis
 from router_client import signing
 from router_client.client import RouterClient
 from router_client.plan import RoutingPlan, Version

@@ -3,9 +3,9 @@
 Run from the repo root:  .venv/bin/python bench/routers_live.py [--quick] [--routers 16]
 
 The local stack (broker, Redis, a stream worker, the planner) runs as `cacheroute demo` runs
-it. The demo's request stream (`planner_svc.cli.fleet.Workload`: paper-like skewed key rates,
+it. The demo's request stream (`planner_svc.devstack.fleet.Workload`: paper-like skewed key rates,
 drifting) is served twice, at the same instants, by two identical fleets of engines (the
-engine model of `planner_svc.replay.engine`):
+engine model of `planner_svc.simulator.engine`):
 - *single*: every request is routed by one `RouterClient` in its own process;
 - *scaled out*: an outer balancer spreads the requests round-robin over N `RouterClient`
   processes; each router counts only the requests it sent (its own in-flight view), as
@@ -35,9 +35,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from planner_svc.cli.fleet import FleetOptions, Tally, Workload, make_engines
-from planner_svc.cli.stack import LocalStack, StackOptions, start_stack
-from planner_svc.replay.engine import Engine
+from planner_svc.devstack.fleet import FleetOptions, Tally, Workload, make_engines
+from planner_svc.devstack.stack import LocalStack, StackOptions, start_stack
+from planner_svc.simulator.engine import Engine
 from router_client import RouterCore
 from streams.emitter import EventEmitter
 

@@ -17,10 +17,10 @@ import time
 
 import numpy as np
 
-from planner_svc.replay.experiment import ReplayConfig, make_workload, policy_factory
-from planner_svc.replay.metrics import run_metrics
-from planner_svc.replay.policies import Policy, PolicyContext
-from planner_svc.replay.simulator import ClusterSpec, simulate
+from planner_svc.simulator.experiment import ReplayConfig, make_workload, policy_factory
+from planner_svc.simulator.metrics import run_metrics
+from planner_svc.simulator.policies import Policy, PolicyContext
+from planner_svc.simulator.simulator import ClusterSpec, simulate
 
 
 class RoundRobin:

@@ -44,8 +44,8 @@ import numpy as np
 import redis
 
 from cacheroute.v1 import planner_pb2, planner_pb2_grpc
-from planner_svc.cli.processes import RedisServer, restart_redis, start_broker, start_redis
-from planner_svc.cli.stack import (
+from planner_svc.devstack.processes import RedisServer, restart_redis, start_broker, start_redis
+from planner_svc.devstack.stack import (
     LocalStack,
     StackOptions,
     create_topics,

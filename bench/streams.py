@@ -45,7 +45,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from cacheroute.v1 import events_pb2, snapshot_pb2
-from planner_svc.cli.processes import ManagedProcess, free_port, start_broker
+from planner_svc.devstack.processes import ManagedProcess, free_port, start_broker
 from streams.config import StreamConfig
 from streams.partitioning import partition_for_key
 from streams.processor import PartitionProcessor
@@ -394,7 +394,7 @@ def main() -> int:
                 "bootstrap.servers": broker.bootstrap,
                 "group.id": f"b-{tag}",
                 "auto.offset.reset": "latest",
-                # what the planner's SnapshotConsumer uses (planner_svc/snapshots.py)
+                # what the planner's SnapshotConsumer uses (adapters/snapshot_consumer.py)
                 "fetch.wait.max.ms": 100,
             }
         )

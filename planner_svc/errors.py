@@ -5,6 +5,10 @@ PlannerError
 ├── NotFound         -> NOT_FOUND          (no such plan version / destination)
 ├── Conflict         -> FAILED_PRECONDITION (valid request, wrong state)
 └── Unavailable      -> UNAVAILABLE        (not ready yet: no rates, Redis down; retry later)
+
+PublishError (the plan store refused an install; raised by the Redis adapter)
+├── VersionRegression
+└── VersionConflict
 """
 
 from __future__ import annotations
@@ -28,3 +32,15 @@ class Conflict(PlannerError):
 
 class Unavailable(PlannerError):
     pass
+
+
+class PublishError(RuntimeError):
+    """Redis refused an install: the message says why (backwards, reused version)."""
+
+
+class VersionRegression(PublishError):
+    """The version is older than the installed one."""
+
+
+class VersionConflict(PublishError):
+    """The version was already installed with different bytes."""

@@ -19,19 +19,22 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from cacheroute.v1 import planner_pb2, planner_pb2_grpc
+from planner_svc.adapters.kafka_history import KafkaHistory
+from planner_svc.adapters.redis_publisher import PlanPublisher
+from planner_svc.adapters.snapshot_consumer import SnapshotConsumer
+from planner_svc.api.interceptors import PlannerInterceptor
+from planner_svc.api.metrics import MetricsServer, planner_registry, start_metrics_server
+from planner_svc.api.servicer import PlannerServicer
 from planner_svc.control import ControlLoop, ValidatedRange
-from planner_svc.history import KafkaHistory
-from planner_svc.interceptors import PlannerInterceptor
-from planner_svc.metrics import MetricsServer, planner_registry, start_metrics_server
-from planner_svc.planner import Planner, Tunables
-from planner_svc.publish import PlanPublisher
-from planner_svc.service import PlannerServicer
+from planner_svc.orchestration.planner import Planner, Tunables
 from planner_svc.settings import PlannerSettings
-from planner_svc.snapshots import SnapshotConsumer
 from router_client import signing
 from router_client.plan import DestinationSpec
 
 log = logging.getLogger("cacheroute.planner")
+# Router reports older than this do not vote on destination health (routers report every
+# second; a router gone for this long is not there to route).
+ROUTER_REPORT_MAX_AGE_S = 10.0
 SERVICE_NAME = planner_pb2.DESCRIPTOR.services_by_name["Planner"].full_name
 
 
@@ -93,6 +96,9 @@ class PlannerService:
         while not self._stop.wait(period):
             try:
                 self.planner.republish_if_missing()
+                self.planner.observe_router_health(
+                    [list(r.unhealthy_destinations)
+                     for r in self.publisher.router_statuses(max_age_s=ROUTER_REPORT_MAX_AGE_S)])
                 self.planner.tick()
                 self._set_health(True)
             except Exception:

@@ -9,23 +9,41 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from router_client.client_base import BaseRouterClient, log
 from router_client.follow import MAX_DELTA_CHAIN, Ask, Backoff, Want, sync_round
 from router_client.layout import Pointer
 from router_client.plan import Version
+from router_client.probe import http_probe
 from router_client.source import AsyncPlanSource, SourceUnavailable
 
 RELEASE_RETIRED_AFTER_S = 0.25
+MAX_CONCURRENT_PROBES = 16
+AsyncProber = Callable[[str, str, float], Awaitable[bool]]
+
+
+async def threaded_http_probe(address: str, path: str, timeout_s: float) -> bool:
+    """`http_probe` in a worker thread (the default when the host has no HTTP client)."""
+    return await asyncio.to_thread(http_probe, address, path, timeout_s)
 
 
 class AsyncRouterClient(BaseRouterClient):
     """Routes with the newest verified plan from an `AsyncPlanSource`."""
 
-    def __init__(self, source: AsyncPlanSource, *, router_id: str, **options: Any) -> None:
+    def __init__(
+        self,
+        source: AsyncPlanSource,
+        *,
+        router_id: str,
+        prober: AsyncProber = threaded_http_probe,
+        **options: Any,
+    ) -> None:
         super().__init__(router_id=router_id, **options)
         self.source = source
+        self._prober = prober
+        self._probe_task: asyncio.Task[None] | None = None
         self._task: asyncio.Task[None] | None = None
         self._applied: asyncio.Event | None = None
         self._backoff = Backoff()
@@ -35,16 +53,20 @@ class AsyncRouterClient(BaseRouterClient):
         self.restore_from_disk()
         self._applied = asyncio.Event()
         self._task = asyncio.create_task(self._follow(), name=f"router-client-{self.router_id}")
+        if self.probe is not None:
+            self._probe_task = asyncio.create_task(
+                self._probe_loop(), name=f"router-probe-{self.router_id}")
         if initial_wait_s > 0:
             await self.wait_for_version(Version(0, 1), initial_wait_s)
         return self
 
     async def stop(self) -> None:
         self._stopping = True
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        for task in (self._task, self._probe_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         await self.source.close()
 
     async def __aenter__(self) -> AsyncRouterClient:
@@ -96,6 +118,7 @@ class AsyncRouterClient(BaseRouterClient):
         first = min(RELEASE_RETIRED_AFTER_S, self.recheck_s)
         hint = await self.source.wait_for_change(first)
         self._off_burst_work()
+        self._health_tick()
         now = time.monotonic()
         if self._status_due(now):
             await self.source.report(self._status(now))
@@ -128,3 +151,21 @@ class AsyncRouterClient(BaseRouterClient):
         if self._chain_too_long():
             self._restart_chain(await self.source.fetch_plan(self.version))
             self._save_chain()
+
+    async def _probe_loop(self) -> None:
+        assert self.probe is not None
+        settings = self.probe
+        limit = asyncio.Semaphore(MAX_CONCURRENT_PROBES)
+
+        async def one(dest: str, address: str) -> None:
+            async with limit:
+                try:
+                    ok = await self._prober(address, settings.path, settings.timeout_s)
+                except Exception:  # a prober bug counts as a failed probe, never a crash
+                    log.exception("router %s: probe of %s failed", self.router_id, dest)
+                    ok = False
+            self.report_probe(dest, ok)
+
+        while not self._stopping:
+            await asyncio.sleep(settings.period_s)
+            await asyncio.gather(*(one(d, a) for d, a in self.probe_targets()))

@@ -17,13 +17,18 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from router_client.client_base import BaseRouterClient, log
 from router_client.follow import MAX_DELTA_CHAIN, Ask, Backoff, Want, sync_round
 from router_client.layout import Pointer
 from router_client.plan import Version
+from router_client.probe import http_probe
 from router_client.source import PlanSource, SourceUnavailable
+
+MAX_PROBE_THREADS = 16
 
 WAIT_SLICE_S = 0.25
 
@@ -31,12 +36,21 @@ WAIT_SLICE_S = 0.25
 class RouterClient(BaseRouterClient):
     """Routes with the newest verified plan from `source`; see the module docstring."""
 
-    def __init__(self, source: PlanSource, *, router_id: str, **options: Any) -> None:
+    def __init__(
+        self,
+        source: PlanSource,
+        *,
+        router_id: str,
+        prober: Callable[[str, str, float], bool] = http_probe,
+        **options: Any,
+    ) -> None:
         super().__init__(router_id=router_id, **options)
         self.source = source
         self._stop = threading.Event()
         self._applied = threading.Condition()
         self._thread: threading.Thread | None = None
+        self._probe_thread: threading.Thread | None = None
+        self._prober = prober
         self._backoff = Backoff()
 
     def start(self, initial_wait_s: float = 0.0) -> RouterClient:
@@ -49,14 +63,19 @@ class RouterClient(BaseRouterClient):
             target=self._follow, name=f"router-client-{self.router_id}", daemon=True
         )
         self._thread.start()
+        if self.probe is not None:
+            self._probe_thread = threading.Thread(
+                target=self._probe_loop, name=f"router-probe-{self.router_id}", daemon=True)
+            self._probe_thread.start()
         if initial_wait_s > 0:
             self.wait_for_version(Version(0, 1), initial_wait_s)
         return self
 
     def stop(self, timeout_s: float = 5.0) -> None:
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
+        for thread in (self._thread, self._probe_thread):
+            if thread is not None:
+                thread.join(timeout_s)
         self.source.close()
 
     def __enter__(self) -> RouterClient:
@@ -106,6 +125,7 @@ class RouterClient(BaseRouterClient):
             hint = self.source.wait_for_change(min(remaining, WAIT_SLICE_S))
             # After the first slice: off the fleet's apply burst.
             self._off_burst_work()
+            self._health_tick()
             now = time.monotonic()
             if self._status_due(now):
                 self.source.report(self._status(now))
@@ -139,3 +159,16 @@ class RouterClient(BaseRouterClient):
         if self._chain_too_long():
             self._restart_chain(self.source.fetch_plan(self.version))
             self._save_chain()
+
+    # --- active probes ------------------------------------------------------------------
+
+    def _probe_loop(self) -> None:
+        assert self.probe is not None
+        settings = self.probe
+        with ThreadPoolExecutor(MAX_PROBE_THREADS, thread_name_prefix="probe") as pool:
+            while not self._stop.wait(settings.period_s):
+                targets = self.probe_targets()
+                verdicts = pool.map(
+                    lambda t: self._prober(t[1], settings.path, settings.timeout_s), targets)
+                for (dest, _address), ok in zip(targets, verdicts, strict=True):
+                    self.report_probe(dest, ok)

@@ -22,6 +22,7 @@ from router_client import cache, memory, rebase, signing
 from router_client.delta import decode_delta
 from router_client.errors import PlanRejected
 from router_client.follow import DELTA, FULL, Applied, Ask, PlanFollower, Want
+from router_client.health import HealthPolicy, HealthTracker, HealthView, Outcome, ProbeSettings
 from router_client.layout import Pointer
 from router_client.plan import MAX_PLAN_BYTES, Version, decode_plan, version_from_pb
 from router_client.routing import FALLBACK, RouterCore, RoutingTable
@@ -53,6 +54,9 @@ class BaseRouterClient:
         on_applied: AppliedHook | None = None,
         on_rejection: Callable[[str], None] | None = None,
         tune_malloc: bool = True,
+        health: HealthPolicy | None = None,
+        probe: ProbeSettings | None = None,
+        addresses: Mapping[str, str] | None = None,
     ) -> None:
         if tune_malloc:  # see router_client.memory: halves a full apply's CPU
             memory.keep_freed_memory()
@@ -89,6 +93,14 @@ class BaseRouterClient:
         # CPU seconds of this thread spent on the round that applied the current plan
         # (fetch, verify, decode, build, swap): separates cost from scheduling delay.
         self.last_apply_cpu_ms = 0.0
+        # Destination health (router_client.health): outcomes reported by the host's request
+        # path, active probes if `probe` is set; applied to the core as mark_down / mark_up.
+        self.health = HealthTracker(health or HealthPolicy())
+        self._health_lock = threading.Lock()
+        self.probe = probe
+        self._addresses = dict(addresses or {})  # overrides the plan's addresses
+        self.ejections = 0
+        self.readmissions = 0
 
     # --- the hot path -------------------------------------------------------------
 
@@ -124,6 +136,72 @@ class BaseRouterClient:
 
     def mark_up(self, destination_id: str) -> None:
         self.core.mark_up(destination_id)
+
+    # --- destination health -------------------------------------------------------------
+
+    def report(self, destination_id: str, outcome: Outcome) -> None:
+        """How a request to `destination_id` ended: feeds passive outlier detection."""
+        with self._health_lock:
+            changes = self.health.record(destination_id, outcome, time.monotonic())
+        self._apply_health(changes)
+
+    def report_probe(self, destination_id: str, healthy: bool) -> None:
+        """One active probe's verdict (the client's own prober calls this too)."""
+        with self._health_lock:
+            changes = self.health.probed(destination_id, healthy, time.monotonic())
+        self._apply_health(changes)
+
+    def health_views(self) -> list[HealthView]:
+        with self._health_lock:
+            return self.health.views(time.monotonic())
+
+    def address_of(self, destination_id: str) -> str:
+        """Where to send requests for `destination_id` ("" if unknown): the `addresses`
+        given to the client win over the plan's."""
+        given = self._addresses.get(destination_id)
+        if given:
+            return given
+        table = self.follower.table
+        return table.address_of(destination_id) if table is not None else ""
+
+    def probe_targets(self) -> list[tuple[str, str]]:
+        """(destination id, address) of every destination of the plan with an address."""
+        table = self.follower.table
+        ids = table.destination_ids if table is not None else tuple(self._addresses)
+        out = []
+        for i, dest in enumerate(ids):
+            address = self._addresses.get(dest) or (
+                table.addresses[i] if table is not None and i < len(table.addresses) else "")
+            if address:
+                out.append((dest, address))
+        return out
+
+    def _health_tick(self) -> None:
+        with self._health_lock:
+            table = self.follower.table
+            now = time.monotonic()
+            if table is not None:
+                self.health.track(table.destination_ids, now)
+            changes = self.health.tick(now)
+        self._apply_health(changes)
+
+    def _apply_health(self, changes: list[tuple[str, bool]]) -> None:
+        for dest, routable in changes:
+            if routable:
+                self.readmissions += 1
+                log.info("router %s: destination %s is routable again", self.router_id, dest)
+                self.core.mark_up(dest)
+            else:
+                self.ejections += 1
+                log.warning("router %s: destination %s is unhealthy (%s): skipped",
+                            self.router_id, dest, self.health_reason(dest))
+                self.core.mark_down(dest)
+
+    def health_reason(self, destination_id: str) -> str:
+        for view in self.health_views():
+            if view.destination == destination_id:
+                return "probe failed" if view.probed_down else (view.last_failure or "ejected")
+        return ""
 
     def set_fallback(self, on: bool) -> None:
         """Operator override: route everything by P2C until released."""
@@ -296,12 +374,15 @@ class BaseRouterClient:
         self._last_report = now
         self._reported_version = self.follower.version
         self._reported_rejections = self.follower.rejections
+        with self._health_lock:
+            unhealthy = self.health.unroutable()
         return self.follower.status(
             self.router_id,
             int(time.time() * 1000),
             self._applied_at_ms,
             self.core.counters(),
             self.mode,
+            unhealthy,
         )
 
     # --- metrics -----------------------------------------------------------------
@@ -324,6 +405,9 @@ class BaseRouterClient:
             reconnects=self._reconnects(),
             unavailable_rounds=self.unavailable_rounds,
             failed_rounds=self.failed_rounds,
+            destinations_unhealthy=len(self.core.unhealthy()),
+            ejections=self.ejections,
+            readmissions=self.readmissions,
         )
         return m
 
@@ -370,6 +454,9 @@ _HELP = {
     "reconnects": ("counter", "Plan-source reconnects."),
     "unavailable_rounds": ("counter", "Sync rounds that found the source unreachable."),
     "failed_rounds": ("counter", "Sync rounds that failed unexpectedly (see the log)."),
+    "destinations_unhealthy": ("gauge", "Destinations currently skipped as unhealthy."),
+    "ejections": ("counter", "Destinations marked unhealthy (outlier detection or probes)."),
+    "readmissions": ("counter", "Destinations readmitted after being unhealthy."),
 }
 
 

@@ -118,8 +118,9 @@ def apply_delta(table: RoutingTable, delta: plan_pb2.PlanDelta) -> RoutingTable:
         if len(delta.destinations):
             raise PlanRejected("malformed", "a delta with same_destinations lists destinations")
         ids, addresses, draining = table.destination_ids, table.addresses, sorted(table.draining)
+        weights = table.weights
     else:
-        ids, addresses, draining = destination_columns(delta.destinations)
+        ids, addresses, draining, weights = destination_columns(delta.destinations)
     if ids == table.destination_ids:
         ids = table.destination_ids  # the same object: the router's slot cache hits on `is`
     upserts = table_from_pb(delta.upserts, len(ids))
@@ -150,6 +151,7 @@ def apply_delta(table: RoutingTable, delta: plan_pb2.PlanDelta) -> RoutingTable:
         planner_fallback=delta.config.built_by == FALLBACK,
         draining=frozenset(draining),
         addresses=addresses,
+        weights=weights,
         # the next full plan is an edit from the same base; these keys may differ from it
         base=table.base,
         touched=(*table.touched, bytes(delta.removed_keys), bytes(delta.upserts.keys))

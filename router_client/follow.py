@@ -165,6 +165,7 @@ class PlanFollower:
         applied_at_ms: int,
         counters: Mapping[str, int],
         mode: str,
+        unhealthy: Iterable[str] = (),
     ) -> plan_pb2.RouterStatus:
         s = plan_pb2.RouterStatus(
             router_id=router_id,
@@ -174,6 +175,7 @@ class PlanFollower:
             decisions_planned=counters.get("planned", 0),
             decisions_fallback=sum(v for k, v in counters.items() if k != "planned"),
             mode=mode,
+            unhealthy_destinations=list(unhealthy),
         )
         s.applied.epoch, s.applied.seq = self.version.epoch, self.version.seq
         if self.rejected is not None:

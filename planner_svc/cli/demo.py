@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 from types import FrameType
 
-from planner_svc.cli.fleet import (
+from planner_svc.devstack.fleet import (
     EngineFleet,
     FleetOptions,
     Tally,
@@ -18,7 +18,7 @@ from planner_svc.cli.fleet import (
     make_engines,
     run_fleets,
 )
-from planner_svc.cli.stack import LocalStack, StackOptions, start_stack
+from planner_svc.devstack.stack import LocalStack, StackOptions, start_stack
 from router_client import RouterClient, RouterCore, signing
 from router_client.redis_source import RedisPlanSource
 from streams.emitter import EventEmitter

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import numpy as np
 
-from planner_svc.replay.arrivals import ArrivalSpec
-from planner_svc.replay.diagnose import diagnose
-from planner_svc.replay.engine import EngineModel
-from planner_svc.replay.experiment import (
+from planner_svc.simulator.arrivals import ArrivalSpec
+from planner_svc.simulator.diagnose import diagnose
+from planner_svc.simulator.engine import EngineModel
+from planner_svc.simulator.experiment import (
     ENGINES,
     PAPER_POLICIES,
     POLICY_NAMES,
@@ -27,9 +27,9 @@ from planner_svc.replay.experiment import (
     run_experiment,
     scenario_model,
 )
-from planner_svc.replay.report import write_report
-from planner_svc.replay.trace import TraceError, load_trace, write_trace
-from planner_svc.replay.workload import SCENARIOS, WHALE_SHARE, WHALES
+from planner_svc.simulator.report import write_report
+from planner_svc.simulator.trace import TraceError, load_trace, write_trace
+from planner_svc.simulator.workload import SCENARIOS, WHALE_SHARE, WHALES
 
 
 def add_commands(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -195,7 +195,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def _router_sweep(args: argparse.Namespace, cfg: ReplayConfig, stem: str) -> int:
-    from planner_svc.replay.routers import router_sweep, write_router_report
+    from planner_svc.simulator.routers import router_sweep, write_router_report
 
     counts = tuple(int(n) for n in _floats(args.router_sweep))
     rows = router_sweep(cfg, counts)

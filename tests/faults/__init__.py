@@ -7,7 +7,7 @@
   checker that validates them afterwards (pure).
 - `resources`: open file descriptors and resident memory of a process.
 
-Failpoints in the planner's publish path live in `planner_svc.failpoints`
+Failpoints in the planner's publish path live in `planner_svc.orchestration.failpoints`
 (environment variable `CACHEROUTE_FAILPOINTS`); `planner_proc` runs a planner
 in a subprocess with them.
 """

@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from planner_svc.api.metrics import planner_registry, start_metrics_server
 from planner_svc.control.guard import Mode
-from planner_svc.metrics import planner_registry, start_metrics_server
-from planner_svc.replay.rates import lognormal_walk, paper_like_keys, paper_like_rates
 from planner_svc.server import PlannerService, build_service
+from planner_svc.simulator.rates import lognormal_walk, paper_like_keys, paper_like_rates
 from tests.service.harness import DESTS, planner_settings
 from tests.service.windows import make_window
 

@@ -1,6 +1,6 @@
 """The whole pipeline on real servers: Kafka client -> Faust worker -> planner -> Redis -> router.
 
-The stack is started exactly as `cacheroute up` starts it (planner_svc.cli.stack).
+The stack is started exactly as `cacheroute up` starts it (planner_svc.devstack.stack).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from cacheroute.v1 import events_pb2, planner_pb2, planner_pb2_grpc
-from planner_svc.cli.stack import LocalStack, StackOptions, start_stack
+from planner_svc.devstack.stack import LocalStack, StackOptions, start_stack
 from router_client import RouterClient, signing
 from router_client.plan import Version
 from router_client.redis_source import RedisPlanSource

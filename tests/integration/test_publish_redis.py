@@ -7,7 +7,7 @@ import threading
 import pytest
 import redis
 
-from planner_svc.publish import PlanPublisher, VersionConflict, VersionRegression
+from planner_svc.adapters.redis_publisher import PlanPublisher, VersionConflict, VersionRegression
 from router_client import signing
 from router_client.layout import Layout, Pointer
 from router_client.plan import Version

@@ -12,8 +12,8 @@ import time
 import pytest
 import redis
 
-from planner_svc.cli.processes import restart_redis
-from planner_svc.publish import PlanPublisher
+from planner_svc.adapters.redis_publisher import PlanPublisher
+from planner_svc.devstack.processes import restart_redis
 from router_client import AsyncRouterClient, RouterClient, signing
 from router_client.layout import Layout
 from router_client.plan import DestinationSpec, KeyTable, PlanConfig, RoutingPlan, Version

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from planner_svc.publish import PlanPublisher
+from planner_svc.adapters.redis_publisher import PlanPublisher
 from router_client import RouterClient, signing
 from router_client.plan import Version
 from router_client.redis_source import RedisPlanSource
@@ -20,7 +20,7 @@ def key():
 
 
 def test_password_and_acl_user_are_passed_through(tmp_path, key):
-    from planner_svc.cli.processes import start_redis
+    from planner_svc.devstack.processes import start_redis
 
     server = start_redis(
         tmp_path,
@@ -116,7 +116,7 @@ def _self_signed(tmp_path):
 
 
 def test_tls_connection_options_are_passed_through(tmp_path, key):
-    from planner_svc.cli.processes import free_port, start_redis
+    from planner_svc.devstack.processes import free_port, start_redis
 
     ca = _self_signed(tmp_path)
     port = free_port()

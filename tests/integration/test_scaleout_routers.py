@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 
 from bench.routers_live import run_live
-from planner_svc.cli.fleet import FleetOptions
-from planner_svc.cli.stack import StackOptions, start_stack
+from planner_svc.devstack.fleet import FleetOptions
+from planner_svc.devstack.stack import StackOptions, start_stack
 
 pytestmark = pytest.mark.integration
 

@@ -29,7 +29,7 @@ from confluent_kafka import Consumer, TopicPartition
 from test_stream_support import make_topics, read_all, recount_requests, start_worker
 
 from cacheroute.v1 import snapshot_pb2
-from planner_svc.cli.processes import ManagedProcess
+from planner_svc.devstack.processes import ManagedProcess
 from streams.assembly import CompleteWindow, WindowAssembler
 from streams.emitter import EventEmitter
 

@@ -15,7 +15,7 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from cacheroute.v1 import events_pb2, snapshot_pb2
-from planner_svc.cli.processes import ManagedProcess, free_port
+from planner_svc.devstack.processes import ManagedProcess, free_port
 from streams.assembly import CompleteWindow, merge_parts
 
 

@@ -8,7 +8,7 @@ import time
 import pytest
 import redis
 
-from planner_svc.publish import REJECTED, PlanPublisher
+from planner_svc.adapters.redis_publisher import REJECTED, PlanPublisher
 from router_client import RouterClient, signing
 from router_client.layout import Layout
 from router_client.plan import Version

@@ -23,7 +23,7 @@ from collections.abc import Collection
 import pytest
 from cryptography.hazmat.primitives import serialization
 
-from planner_svc.publish import PlanPublisher
+from planner_svc.adapters.redis_publisher import PlanPublisher
 from router_client import signing
 from router_client.plan import RoutingPlan, Version
 from router_client.routing import RoutingTable

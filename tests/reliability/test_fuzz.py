@@ -246,7 +246,7 @@ CALLS = st.one_of(
 
 @pytest.fixture(scope="module")
 def planner_stub(tmp_path_factory):
-    from planner_svc.cli.processes import start_redis
+    from planner_svc.devstack.processes import start_redis
     from tests.reliability.harness import feed, planner_service
 
     workdir = tmp_path_factory.mktemp("fuzz")

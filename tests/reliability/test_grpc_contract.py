@@ -12,8 +12,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from cacheroute.v1 import plan_pb2, planner_pb2, planner_pb2_grpc
-from planner_svc import failpoints
-from planner_svc.cli.processes import restart_redis
+from planner_svc.devstack.processes import restart_redis
+from planner_svc.orchestration import failpoints
 from planner_svc.server import SERVICE_NAME
 from tests.faults import signals
 from tests.reliability.harness import feed, planner_service

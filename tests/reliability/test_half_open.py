@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from planner_svc.publish import PlanPublisher
+from planner_svc.adapters.redis_publisher import PlanPublisher
 from router_client import RouterClient, signing
 from router_client.plan import Version
 from router_client.redis_source import RedisPlanSource

@@ -19,8 +19,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from planner_svc.cli.processes import RedisServer, restart_redis, start_redis
-from planner_svc.publish import PlanPublisher
+from planner_svc.adapters.redis_publisher import PlanPublisher
+from planner_svc.devstack.processes import RedisServer, restart_redis, start_redis
 from router_client import RouterClient, signing
 from router_client.layout import Layout
 from router_client.plan import RoutingPlan, Version

@@ -9,7 +9,7 @@ import pytest
 import redis
 
 from cacheroute.v1 import plan_pb2
-from planner_svc.publish import PlanPublisher
+from planner_svc.adapters.redis_publisher import PlanPublisher
 from router_client import RouterClient, signing
 from router_client.layout import Layout
 from router_client.plan import Version

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 import redis
 
-from planner_svc.cli.processes import restart_redis
-from planner_svc.history import KafkaHistory
+from planner_svc.adapters.kafka_history import KafkaHistory
+from planner_svc.devstack.processes import restart_redis
 from router_client import signing
 from router_client.layout import Layout, Pointer
 from router_client.plan import Version, decode_plan

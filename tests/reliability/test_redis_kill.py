@@ -13,7 +13,7 @@ import time
 import pytest
 import redis
 
-from planner_svc.cli.processes import restart_redis, start_redis
+from planner_svc.devstack.processes import restart_redis, start_redis
 from router_client.client_base import STALE
 from router_client.layout import Layout
 from tests.faults import signals

@@ -12,8 +12,8 @@ import pytest
 import redis
 
 from cacheroute.v1 import events_pb2, plan_pb2
-from planner_svc.cli.processes import start_redis
-from planner_svc.publish import IN_SYNC, PlanPublisher, PublishError
+from planner_svc.adapters.redis_publisher import IN_SYNC, PlanPublisher, PublishError
+from planner_svc.devstack.processes import start_redis
 from planner_svc.settings import PlannerSettings
 from router_client import RouterClient, signing
 from router_client.errors import PlanRejected

@@ -6,9 +6,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from planner_svc.replay.rates import paper_like_keys, paper_like_rates
 from planner_svc.server import PlannerService
 from planner_svc.settings import PlannerSettings
+from planner_svc.simulator.rates import paper_like_keys, paper_like_rates
 from tests.service.windows import make_window
 
 DESTS = tuple(f"d{i}" for i in range(6))

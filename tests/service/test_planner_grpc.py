@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from cacheroute.v1 import plan_pb2, planner_pb2, planner_pb2_grpc
-from planner_svc.replay.rates import paper_like_keys, paper_like_rates
 from planner_svc.server import PlannerService, build_service
+from planner_svc.simulator.rates import paper_like_keys, paper_like_rates
 from router_client import signing
 from router_client.plan import decode_plan
 from tests.service.harness import DESTS, OPERATOR, READER, feed, planner_settings
@@ -219,7 +219,7 @@ def test_numpy_rates_survive(service):
 def test_history_outlives_redis_and_restart_republishes(broker, redis_server, tmp_path):
     import uuid
 
-    from planner_svc.cli.processes import restart_redis
+    from planner_svc.devstack.processes import restart_redis
 
     settings = planner_settings(
         redis_server.url, tmp_path, bootstrap=broker.bootstrap,
@@ -410,7 +410,7 @@ def test_decisions_name_what_they_installed_and_retried_config_acts_once(service
 
 def test_drift_installs_only_when_staleness_exceeds_rewarm(service):
     """σ = 0.3 lognormal random walk, one step per interval, through the real loop."""
-    from planner_svc.replay.rates import lognormal_walk
+    from planner_svc.simulator.rates import lognormal_walk
 
     keys = paper_like_keys(400)
     rates = paper_like_rates(400, 300.0, seed=5)

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from planner_svc.cli.stack import StackOptions
+from planner_svc.devstack.stack import StackOptions
 from planner_svc.settings import PlannerSettings, from_env
 from router_client.client_base import _HELP as ROUTER_HELP
 from router_client.client_base import render_prometheus
@@ -270,7 +270,7 @@ def queries() -> list[str]:
 
 def test_dashboard_and_alert_queries_name_metrics_that_exist():
     streams_and_routers = exported_names()
-    planner_source = (ROOT / "planner_svc" / "metrics.py").read_text()
+    planner_source = (ROOT / "planner_svc" / "api" / "metrics.py").read_text()
     for expr in queries():
         for name in re.findall(r"\bcacheroute_\w+", expr):
             if name.startswith("cacheroute_planner_"):

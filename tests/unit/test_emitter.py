@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from planner_svc.cli.processes import free_port
+from planner_svc.devstack.processes import free_port
 from streams.emitter import EventEmitter
 
 

@@ -7,7 +7,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from planner_svc.replay.engine import Engine, EngineModel, PrefixCache
+from planner_svc.simulator.engine import Engine, EngineModel, PrefixCache
 
 
 def test_cache_hit_is_limited_by_reusable_prefix_and_grows_per_turn() -> None:

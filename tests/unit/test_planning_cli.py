@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from planner_svc.cli.plan_cmd import add_offline_commands, read_rates
-from planner_svc.replay.rates import paper_like_keys, paper_like_rates
+from planner_svc.simulator.rates import paper_like_keys, paper_like_rates
 from router_client.plan import decode_plan
 
 

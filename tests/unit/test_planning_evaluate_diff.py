@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from planner_svc.planning import PlanningConfig, build_plan, diff, evaluate
-from planner_svc.replay.rates import (
+from planner_svc.simulator.rates import (
     cap_shares,
     gini,
     lognormal_walk,

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from planner_svc.planning import PlanningConfig, build_plan, diff, repack
 from planner_svc.planning.admission import admit
-from planner_svc.replay.rates import lognormal_walk, paper_like_keys, paper_like_rates
+from planner_svc.simulator.rates import lognormal_walk, paper_like_keys, paper_like_rates
 from router_client.plan import DestinationSpec, RoutingPlan, decode_plan, encode_plan
 
 

@@ -6,11 +6,11 @@ from collections import Counter
 
 import numpy as np
 
-from planner_svc.replay.engine import Engine, EngineModel
-from planner_svc.replay.hashring import HashRing, stable_hash
-from planner_svc.replay.policies import CHWBL, FlatP2C, PolicyContext, Sticky
-from planner_svc.replay.preble import PrebleLike
-from planner_svc.replay.reactive import DualMapLike, SGLangCacheAware
+from planner_svc.simulator.engine import Engine, EngineModel
+from planner_svc.simulator.hashring import HashRing, stable_hash
+from planner_svc.simulator.policies import CHWBL, FlatP2C, PolicyContext, Sticky
+from planner_svc.simulator.preble import PrebleLike
+from planner_svc.simulator.reactive import DualMapLike, SGLangCacheAware
 
 KEYS = [f"tenant-{i:05d}" for i in range(200)]
 

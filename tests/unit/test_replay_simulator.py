@@ -11,27 +11,27 @@ import pytest
 
 from planner_svc.cli.replay_cmd import add_commands, config_from_args
 from planner_svc.cli.replay_cmd import main as replay_main
-from planner_svc.replay import arrivals
-from planner_svc.replay.cacheroute_policy import CacheRoutePolicy, CacheRouteSettings, cacheroute
-from planner_svc.replay.diagnose import diagnose
-from planner_svc.replay.engine import EngineModel
-from planner_svc.replay.experiment import (
+from planner_svc.simulator import arrivals
+from planner_svc.simulator.cacheroute_policy import CacheRoutePolicy, CacheRouteSettings, cacheroute
+from planner_svc.simulator.diagnose import diagnose
+from planner_svc.simulator.engine import EngineModel
+from planner_svc.simulator.experiment import (
     MODEL_8B,
     SIM_MODEL,
     ReplayConfig,
     make_workload,
     run_experiment,
 )
-from planner_svc.replay.metrics import run_metrics, slo_capacity
-from planner_svc.replay.policies import PolicyContext, flat_lb
-from planner_svc.replay.simulator import ClusterSpec, simulate
-from planner_svc.replay.trace import (
+from planner_svc.simulator.metrics import run_metrics, slo_capacity
+from planner_svc.simulator.policies import PolicyContext, flat_lb
+from planner_svc.simulator.simulator import ClusterSpec, simulate
+from planner_svc.simulator.trace import (
     load_trace,
     rows_from_event_batches,
     workload_from_rows,
     write_trace,
 )
-from planner_svc.replay.workload import ScenarioSpec, paper_like, turn_index, whales
+from planner_svc.simulator.workload import ScenarioSpec, paper_like, turn_index, whales
 from router_client.plan import RoutingPlan
 from router_client.routing import RouterCore
 

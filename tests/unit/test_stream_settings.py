@@ -10,7 +10,7 @@ from streams.errors import ConfigError
 from streams.metrics import StreamCounters
 from streams.partitioning import partition_for_key
 from streams.settings import Settings, parse_settings
-from streams.usage import CacheHitCounts, emit_counts, from_openai_usage, from_sglang_meta
+from router_client.usage import CacheHitCounts, emit_counts, from_openai_usage, from_sglang_meta
 
 
 def test_cli_beats_env_beats_default():

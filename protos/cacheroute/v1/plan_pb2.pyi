@@ -152,7 +152,7 @@ class PlanNotification(_message.Message):
     def __init__(self, version: _Optional[_Union[PlanVersion, _Mapping]] = ..., digest: _Optional[bytes] = ...) -> None: ...
 
 class RouterStatus(_message.Message):
-    __slots__ = ("router_id", "applied", "applied_at_ms", "last_rejection", "last_rejected", "reported_at_ms", "decisions_planned", "decisions_fallback", "mode")
+    __slots__ = ("router_id", "applied", "applied_at_ms", "last_rejection", "last_rejected", "reported_at_ms", "decisions_planned", "decisions_fallback", "mode", "unhealthy_destinations")
     ROUTER_ID_FIELD_NUMBER: _ClassVar[int]
     APPLIED_FIELD_NUMBER: _ClassVar[int]
     APPLIED_AT_MS_FIELD_NUMBER: _ClassVar[int]
@@ -162,6 +162,7 @@ class RouterStatus(_message.Message):
     DECISIONS_PLANNED_FIELD_NUMBER: _ClassVar[int]
     DECISIONS_FALLBACK_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
+    UNHEALTHY_DESTINATIONS_FIELD_NUMBER: _ClassVar[int]
     router_id: str
     applied: PlanVersion
     applied_at_ms: int
@@ -171,4 +172,5 @@ class RouterStatus(_message.Message):
     decisions_planned: int
     decisions_fallback: int
     mode: str
-    def __init__(self, router_id: _Optional[str] = ..., applied: _Optional[_Union[PlanVersion, _Mapping]] = ..., applied_at_ms: _Optional[int] = ..., last_rejection: _Optional[str] = ..., last_rejected: _Optional[_Union[PlanVersion, _Mapping]] = ..., reported_at_ms: _Optional[int] = ..., decisions_planned: _Optional[int] = ..., decisions_fallback: _Optional[int] = ..., mode: _Optional[str] = ...) -> None: ...
+    unhealthy_destinations: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, router_id: _Optional[str] = ..., applied: _Optional[_Union[PlanVersion, _Mapping]] = ..., applied_at_ms: _Optional[int] = ..., last_rejection: _Optional[str] = ..., last_rejected: _Optional[_Union[PlanVersion, _Mapping]] = ..., reported_at_ms: _Optional[int] = ..., decisions_planned: _Optional[int] = ..., decisions_fallback: _Optional[int] = ..., mode: _Optional[str] = ..., unhealthy_destinations: _Optional[_Iterable[str]] = ...) -> None: ...

@@ -1,0 +1,329 @@
+"""Publish signed, versioned plans to Redis for the routers (the planner's side).
+
+The key layout is `router_client.layout` (one Cluster slot, hash tag ``{plan}``).
+`install` writes the signed plan, the signed delta from the previous plan, the
+version index and the current-version pointer, and PUBLISHes a small
+notification, all in ONE Lua script, so the step is atomic on the server.
+`stage` may upload the blobs beforehand (keys with a TTL); the script then
+renames them into place, so the atomic step sends and blocks Redis for no
+megabytes and the routers' clock starts with the pointer move. In that step:
+
+- the pointer never moves backwards (two planners cannot regress it);
+- a version number is never reused for different bytes;
+- re-installing the very same version and bytes is a no-op (safe retries);
+- no reader ever sees the pointer name a version whose blobs are missing;
+- the last `retain` versions are kept; older ones are trimmed in the same step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from google.protobuf.message import DecodeError
+
+from cacheroute.v1 import plan_pb2
+from planner_svc.errors import PublishError, VersionConflict, VersionRegression
+from router_client import signing
+from router_client.delta import make_delta
+from router_client.layout import DEFAULT_NAMESPACE, Layout, Pointer, parse_member, version_member
+from router_client.plan import RoutingPlan, Version, decode_plan, encode_plan
+
+__all__ = ["PlanPublisher", "PublishError", "VersionConflict", "VersionRegression"]
+
+
+class _NotStaged(Exception):
+    """A staged install's blobs are no longer in Redis."""
+
+
+@dataclass(frozen=True, slots=True)
+class PublishedVersion:
+    version: Version
+    digest: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedInstall:
+    """Signed blobs ready to install (see `PlanPublisher.prepare`)."""
+
+    version: Version
+    digest: bytes
+    plan_blob: bytes
+    delta_blob: bytes  # b"" when there is no usable base
+    staged: bool = False  # the blobs wait in Redis under Layout.staged keys
+
+
+STAGED_TTL_S = 600
+
+# KEYS: current, versions, plan, delta, digest, staged plan, staged delta
+# ARGV: member, digest hex, plan blob, delta blob ('' = none), notification,
+#       channel, retain, version key prefix, '1' = take the blobs from the staged keys
+#       (then ARGV[3] is '' and ARGV[4] is 'delta' when a delta was staged too)
+_INSTALL_LUA = """
+local member, digest = ARGV[1], ARGV[2]
+local cur = redis.call('GET', KEYS[1])
+-- a pointer that is not ours (tampered, junk) does not hold versions back
+if cur and not string.find(cur, '^' .. string.rep('%x', 32) .. ' ') then cur = nil end
+if cur then
+  local cur_member = string.sub(cur, 1, 32)
+  if member < cur_member then
+    return redis.error_reply('CRBACKWARDS ' .. cur_member)
+  end
+  if member == cur_member then
+    if string.sub(cur, 34) == digest then return 0 end
+    return redis.error_reply('CRCONFLICT ' .. cur_member)
+  end
+end
+local old = redis.call('GET', KEYS[5])
+if old and old ~= digest then
+  return redis.error_reply('CRCONFLICT ' .. member)
+end
+if ARGV[9] == '1' then
+  if redis.call('EXISTS', KEYS[6]) == 0 then return redis.error_reply('CRNOTSTAGED') end
+  if ARGV[4] == 'delta' and redis.call('EXISTS', KEYS[7]) == 0 then
+    return redis.error_reply('CRNOTSTAGED')
+  end
+  redis.call('RENAME', KEYS[6], KEYS[3])
+  redis.call('PERSIST', KEYS[3])
+  if ARGV[4] == 'delta' then
+    if redis.call('EXISTS', KEYS[7]) == 0 then return redis.error_reply('CRNOTSTAGED') end
+    redis.call('RENAME', KEYS[7], KEYS[4])
+    redis.call('PERSIST', KEYS[4])
+  end
+else
+  redis.call('SET', KEYS[3], ARGV[3])
+  if ARGV[4] ~= '' then redis.call('SET', KEYS[4], ARGV[4]) end
+end
+redis.call('SET', KEYS[5], digest)
+redis.call('ZADD', KEYS[2], 0, member)
+redis.call('SET', KEYS[1], member .. ' ' .. digest)
+redis.call('PUBLISH', ARGV[6], ARGV[5])
+local retain = tonumber(ARGV[7])
+local n = redis.call('ZCARD', KEYS[2])
+if n > retain then
+  local gone = redis.call('ZRANGE', KEYS[2], 0, n - retain - 1)
+  for _, m in ipairs(gone) do
+    if m ~= member then
+      local k = ARGV[8] .. m
+      redis.call('DEL', k .. ':plan', k .. ':delta', k .. ':digest')
+      redis.call('ZREM', KEYS[2], m)
+    end
+  end
+end
+return 1
+"""
+
+
+class PlanPublisher:
+    """Writes plans for routers; every method is one or a few Redis round trips."""
+
+    def __init__(
+        self,
+        redis_url: str,
+        private_key: Ed25519PrivateKey,
+        *,
+        namespace: str = DEFAULT_NAMESPACE,
+        retain: int = 50,
+        **redis_options: Any,
+    ) -> None:
+        if retain < 2:
+            raise ValueError("retain must keep at least 2 versions (the current and its base)")
+        options = {"socket_timeout": 5.0, "socket_connect_timeout": 2.0, **redis_options}
+        options["decode_responses"] = False  # blobs are bytes
+        self._redis: Any = redis.Redis.from_url(redis_url, **options)
+        self._key = private_key
+        self._keys = signing.pin([private_key.public_key()])
+        self.layout = Layout(namespace)
+        self.retain = retain
+        self.junk_router_statuses = 0  # status values that did not parse (skipped)
+        self._install = self._redis.register_script(_INSTALL_LUA)
+
+    def install(self, plan: RoutingPlan, previous: RoutingPlan | None) -> PublishedVersion:
+        """Publish `plan` (its version set by the caller) with a delta from `previous`.
+
+        Raises VersionRegression if the pointer is already past `plan.version`, and
+        VersionConflict if that version was installed with other bytes. Installing
+        the same version with the same bytes again is a no-op.
+        """
+        return self.commit(self.prepare(plan, previous))
+
+    def prepare(self, plan: RoutingPlan, previous: RoutingPlan | None) -> PreparedInstall:
+        """The CPU half of `install` (encode, sign, delta): no write yet."""
+        payload = encode_plan(plan)
+        plan_blob = signing.sign_blob(payload, signing.PLAN, self._key)
+        digest = _digest_of(plan_blob)
+        delta_blob = self._delta_blob(plan, previous, digest) if previous is not None else b""
+        return PreparedInstall(plan.version, digest, plan_blob, delta_blob)
+
+    def stage(self, prepared: PreparedInstall) -> PreparedInstall:
+        """Upload the blobs ahead of `commit` (one round trip; they expire unless
+        committed within STAGED_TTL_S). Returns the install to commit."""
+        v, lay = prepared.version, self.layout
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.set(lay.staged(v, prepared.digest, "plan"), prepared.plan_blob, ex=STAGED_TTL_S)
+        if prepared.delta_blob:
+            pipe.set(lay.staged(v, prepared.digest, "delta"), prepared.delta_blob,
+                     ex=STAGED_TTL_S)
+        pipe.execute()
+        return dataclasses.replace(prepared, staged=True)
+
+    def commit(self, prepared: PreparedInstall) -> PublishedVersion:
+        """The atomic half of `install`: one Lua script call. A staged install whose
+        blobs are gone (expired, evicted) is committed with the blobs inline."""
+        try:
+            self._commit(prepared)
+        except _NotStaged:
+            self._commit(dataclasses.replace(prepared, staged=False))
+        return PublishedVersion(prepared.version, prepared.digest)
+
+    def _commit(self, prepared: PreparedInstall) -> None:
+        v, digest = prepared.version, prepared.digest
+        note = plan_pb2.PlanNotification(
+            version=plan_pb2.PlanVersion(epoch=v.epoch, seq=v.seq), digest=digest
+        ).SerializeToString()
+        lay = self.layout
+        keys = [lay.current, lay.versions, lay.plan(v), lay.delta(v), lay.digest(v),
+                lay.staged(v, digest, "plan"), lay.staged(v, digest, "delta")]
+        inline = not prepared.staged
+        args = [
+            version_member(v),
+            digest.hex(),
+            prepared.plan_blob if inline else b"",
+            prepared.delta_blob if inline else (b"delta" if prepared.delta_blob else b""),
+            note,
+            lay.channel,
+            self.retain,
+            lay.version_prefix(),
+            "0" if inline else "1",
+        ]
+        try:
+            self._install(keys=keys, args=args)
+        except redis.ResponseError as exc:
+            if str(exc).startswith("CRNOTSTAGED"):
+                raise _NotStaged from exc
+            raise _translate(exc, v) from exc
+
+    def _delta_blob(self, plan: RoutingPlan, previous: RoutingPlan, digest: bytes) -> bytes:
+        if previous.version >= plan.version:
+            raise VersionRegression(f"previous {previous.version} is not older than {plan.version}")
+        base_digest = self._stored_digest(previous.version)
+        if base_digest is None:  # base no longer retained: routers will fetch the full plan
+            return b""
+        delta = make_delta(previous, plan, base_digest, digest)
+        return signing.sign_blob(delta.SerializeToString(), signing.DELTA, self._key)
+
+    def _stored_digest(self, v: Version) -> bytes | None:
+        raw = self._redis.get(self.layout.digest(v))
+        return bytes.fromhex(raw.decode()) if raw else None
+
+    def current(self) -> PublishedVersion | None:
+        raw = self._redis.get(self.layout.current)
+        if raw is None:
+            return None
+        p = Pointer.decode(raw)
+        return PublishedVersion(p.version, p.digest)
+
+    def load(self, version: Version) -> RoutingPlan:
+        """The retained plan of `version`, verified; KeyError if it is not retained."""
+        return self.decode_signed(self.signed_plan(version))
+
+    def signed_plan(self, version: Version) -> bytes:
+        """The stored SignedBlob bytes of `version` (what routers fetch); KeyError if gone."""
+        raw = self._redis.get(self.layout.plan(version))
+        if raw is None:
+            raise KeyError(f"plan version {version} is not retained")
+        return bytes(raw)
+
+    def decode_signed(self, blob: bytes) -> RoutingPlan:
+        """Verify a SignedBlob of ours (e.g. from the durable history) and decode its plan."""
+        _kind, payload, _digest = signing.verify_blob(blob, self._keys)
+        return decode_plan(payload)
+
+    def list_versions(self) -> list[Version]:
+        """Retained versions, oldest first."""
+        return [parse_member(m) for m in self._redis.zrange(self.layout.versions, 0, -1)]
+
+    def router_statuses(self, max_age_s: float = 60.0) -> list[plan_pb2.RouterStatus]:
+        """The status each router reported recently (expired keys are skipped)."""
+        since = int((time.time() - max_age_s) * 1000)
+        lay = self.layout
+        self._redis.zremrangebyscore(lay.routers, "-inf", f"({since}")
+        ids = [r.decode() for r in self._redis.zrange(lay.routers, 0, -1)]
+        if not ids:
+            return []
+        out = []
+        for raw in self._redis.mget([lay.router_status(i) for i in ids]):
+            if raw is None:
+                continue
+            status = plan_pb2.RouterStatus()
+            try:  # a router's own ACL user may write its key: junk must not hide the fleet
+                status.ParseFromString(raw)
+            except DecodeError:
+                self.junk_router_statuses += 1
+                continue
+            out.append(status)
+        return out
+
+    def fleet_view(self, stale_after_s: float = 5.0) -> list[RouterSync]:
+        """Each recently reporting router with its sync state against the current pointer."""
+        cur = self.current()
+        now_ms = int(time.time() * 1000)
+        current = cur.version if cur is not None else Version()
+        return [sync_state(s, current, now_ms, stale_after_s) for s in self.router_statuses()]
+
+    def ping(self) -> bool:
+        return bool(self._redis.ping())
+
+    def close(self) -> None:
+        self._redis.close()
+
+
+IN_SYNC = "in_sync"
+STALE = "stale"
+REJECTED = "rejected"
+
+
+@dataclass(frozen=True, slots=True)
+class RouterSync:
+    router_id: str
+    state: str  # IN_SYNC, STALE or REJECTED
+    applied: Version
+    report_age_s: float
+    last_rejection: str
+    mode: str
+
+
+def sync_state(
+    status: plan_pb2.RouterStatus, current: Version, now_ms: int, stale_after_s: float
+) -> RouterSync:
+    """Classify one router (pure): rejected the current version, behind it, or on it."""
+    applied = Version(status.applied.epoch, status.applied.seq)
+    rejected = Version(status.last_rejected.epoch, status.last_rejected.seq)
+    age_s = max(0.0, (now_ms - status.reported_at_ms) / 1000)
+    if rejected == current and applied < current:
+        state = REJECTED
+    elif applied < current or age_s > stale_after_s:
+        state = STALE
+    else:
+        state = IN_SYNC
+    return RouterSync(status.router_id, state, applied, age_s, status.last_rejection, status.mode)
+
+
+def _digest_of(blob: bytes) -> bytes:
+    pb = plan_pb2.SignedBlob()
+    pb.ParseFromString(blob)
+    return bytes(pb.digest)
+
+
+def _translate(exc: redis.ResponseError, v: Version) -> PublishError:
+    text = str(exc)
+    if "CRBACKWARDS" in text:
+        held = parse_member(text.split("CRBACKWARDS ")[1][:32])
+        return VersionRegression(f"refused to move the plan pointer back from {held} to {v}")
+    if "CRCONFLICT" in text:
+        return VersionConflict(f"version {v} was already installed with different bytes")
+    return PublishError(f"install of {v} failed: {text}")

@@ -1,0 +1,257 @@
+"""gRPC servicer for `cacheroute.v1.Planner`: validate, convert, delegate to `Planner`.
+
+Handlers stay thin: they check fields (raising `InvalidRequest`), convert protobuf to
+core types with `planner_svc.api.convert`, call the planner, and convert back. Domain
+errors become status codes in `planner_svc.api.interceptors`, not here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+
+from cacheroute.v1 import plan_pb2, planner_pb2, planner_pb2_grpc
+from planner_svc.api import convert
+from planner_svc.errors import InvalidRequest, NotFound
+from planner_svc.orchestration.planner import Planner
+from planner_svc.planning import diff
+from router_client.plan import DestinationSpec, RoutingPlan, Version
+
+CHUNK_BYTES = 1024 * 1024
+MAX_LIST = 10_000
+
+
+def _check_finite_positive(name: str, value: float) -> None:
+    if not (math.isfinite(value) and value > 0):
+        raise InvalidRequest(f"{name} must be a positive finite number, got {value}")
+
+
+def _check_limit(limit: int) -> int:
+    if limit > MAX_LIST:
+        raise InvalidRequest(f"limit must be at most {MAX_LIST}, got {limit}")
+    return limit or 100
+
+
+def _version_arg(pb: plan_pb2.PlanVersion, name: str, *, required: bool) -> Version | None:
+    v = convert.version_from(pb)
+    if v == Version():
+        if required:
+            raise InvalidRequest(f"{name} is required (epoch and seq)")
+        return None
+    if v.seq == 0:
+        raise InvalidRequest(f"{name}.seq must be >= 1")
+    return v
+
+
+class PlannerServicer(planner_pb2_grpc.PlannerServicer):
+    def __init__(self, planner: Planner, publisher: Any) -> None:
+        self._planner = planner
+        self._publisher = publisher
+
+    def _decision(self, d: Any) -> planner_pb2.Decision:
+        return convert.decision_pb(d, self._planner.decision_meta.get(d.id))
+
+    # --- reads ---------------------------------------------------------------
+
+    def GetStatus(self, request: Any, context: grpc.ServicerContext) -> planner_pb2.PlannerStatus:
+        s = self._planner.status()
+        installed = s["installed"]
+        last = s["last_decision"]
+        drift = s["figures"].drift if s["figures"] is not None else None
+        return planner_pb2.PlannerStatus(
+            mode=convert.MODE_TO_PB[s["mode"]],
+            installed=convert.version_pb(installed.plan.version) if installed else None,
+            installed_age_s=s["installed_age_s"],
+            drift=convert.drift_pb(drift) if drift is not None else None,
+            penalties=convert.penalties_pb(s["figures"], s["accumulated"]),
+            last_decision=self._decision(last) if last is not None else None,
+            rates_age_s=s["rates_age_s"] if math.isfinite(s["rates_age_s"]) else -1.0,
+            rates_recovering=s["rates_recovering"],
+            config=convert.config_pb(s["tunables"], s["destinations"]),
+            pinned=s["pinned"],
+            mode_reason=s["mode_reason"],
+        )
+
+    def GetCurrentVersion(
+        self, request: Any, context: grpc.ServicerContext
+    ) -> planner_pb2.CurrentVersion:
+        installed = self._planner.current()
+        if installed is None:
+            raise NotFound("no plan installed yet")
+        return planner_pb2.CurrentVersion(
+            version=convert.version_pb(installed.plan.version),
+            digest=installed.digest,
+            created_at_ms=installed.plan.created_at_ms,
+        )
+
+    def GetPlan(
+        self, request: planner_pb2.GetPlanRequest, context: grpc.ServicerContext
+    ) -> Iterator[planner_pb2.PlanChunk]:
+        version = _version_arg(request.version, "version", required=False)
+        plan = self._planner.plan(version)
+        blob = self._publisher.signed_plan(plan.version)
+        count = max(1, -(-len(blob) // CHUNK_BYTES))
+        for i in range(count):
+            yield planner_pb2.PlanChunk(
+                payload=blob[i * CHUNK_BYTES : (i + 1) * CHUNK_BYTES], index=i, count=count
+            )
+
+    def ListPlanVersions(
+        self, request: planner_pb2.ListPlanVersionsRequest, context: grpc.ServicerContext
+    ) -> planner_pb2.ListPlanVersionsResponse:
+        limit = _check_limit(request.limit)
+        current = self._planner.current()
+        infos = []
+        for plan in self._planner.list_versions(limit):
+            is_current = current is not None and current.plan.version == plan.version
+            digest = current.digest if is_current and current else b""
+            infos.append(convert.version_info_pb(plan, digest, is_current))
+        return planner_pb2.ListPlanVersionsResponse(versions=infos)
+
+    def DiffPlans(
+        self, request: planner_pb2.DiffPlansRequest, context: grpc.ServicerContext
+    ) -> planner_pb2.PlanDiff:
+        a = self._planner.plan(_version_arg(request.a, "a", required=True))
+        b = self._planner.plan(_version_arg(request.b, "b", required=True))
+        return convert.diff_pb(diff(a, b))
+
+    def WatchPlans(
+        self, request: Any, context: grpc.ServicerContext
+    ) -> Iterator[planner_pb2.PlannerEvent]:
+        for kind, payload in self._planner.events.watch(active=context.is_active):
+            if kind == "decision":
+                yield planner_pb2.PlannerEvent(decision=self._decision(payload))
+            else:
+                plan: RoutingPlan = payload["plan"]
+                info = convert.version_info_pb(plan, payload["digest"], payload["current"])
+                yield planner_pb2.PlannerEvent(installed=info)
+
+    def ListDecisions(
+        self, request: planner_pb2.ListDecisionsRequest, context: grpc.ServicerContext
+    ) -> planner_pb2.ListDecisionsResponse:
+        limit = _check_limit(request.limit)
+        decisions = list(self._planner.decisions)[-limit:]
+        return planner_pb2.ListDecisionsResponse(
+            decisions=[self._decision(d) for d in reversed(decisions)]
+        )
+
+    def ListRouters(
+        self, request: Any, context: grpc.ServicerContext
+    ) -> planner_pb2.ListRoutersResponse:
+        current = self._planner.current()
+        routers = []
+        for status in self._publisher.router_statuses():
+            routers.append(
+                planner_pb2.RouterSync(status=status, state=_sync_state(status, current))
+            )
+        return planner_pb2.ListRoutersResponse(routers=routers)
+
+    # --- mutations (the auth interceptor requires the operator role) ----------------
+
+    def Replan(
+        self, request: planner_pb2.ReplanRequest, context: grpc.ServicerContext
+    ) -> planner_pb2.ReplanResponse:
+        result = self._planner.replan(
+            fresh=request.fresh,
+            force=request.force,
+            dry_run=request.dry_run,
+            request_id=request.request_id,
+        )
+        current = result.installed
+        return planner_pb2.ReplanResponse(
+            candidate=convert.version_info_pb(
+                current.plan if current else result.candidate,
+                current.digest if current else b"",
+                current is not None,
+            ),
+            diff=convert.diff_pb(result.diff) if result.diff is not None else None,
+            penalties=convert.penalties_pb(result.figures, self._planner.loop.accumulated),
+            installed=current is not None,
+            decision=self._decision(result.decision) if result.decision else None,
+        )
+
+    def Rollback(
+        self, request: planner_pb2.RollbackRequest, context: grpc.ServicerContext
+    ) -> planner_pb2.RollbackResponse:
+        if request.release:
+            self._planner.release_pin()
+            return planner_pb2.RollbackResponse(pinned=False)
+        version = _version_arg(request.version, "version", required=True)
+        assert version is not None
+        installed = self._planner.rollback(version, request_id=request.request_id)
+        return planner_pb2.RollbackResponse(
+            installed=convert.version_info_pb(installed.plan, installed.digest, True), pinned=True
+        )
+
+    def SetMode(
+        self, request: planner_pb2.SetModeRequest, context: grpc.ServicerContext
+    ) -> planner_pb2.SetModeResponse:
+        if request.mode not in (
+            planner_pb2.PLANNED,
+            planner_pb2.FALLBACK,
+            planner_pb2.MODE_UNSPECIFIED,
+        ):
+            raise InvalidRequest(f"unknown mode {request.mode}")
+        if len(request.reason) > 1000:
+            raise InvalidRequest("reason must be at most 1000 characters")
+        mode = convert.MODE_FROM_PB.get(request.mode)  # UNSPECIFIED releases the override
+        new_mode = self._planner.set_mode(mode, request.reason)
+        return planner_pb2.SetModeResponse(mode=convert.MODE_TO_PB[new_mode])
+
+    def UpdateConfig(
+        self, request: planner_pb2.UpdateConfigRequest, context: grpc.ServicerContext
+    ) -> planner_pb2.UpdateConfigResponse:
+        tunables = _tunable_changes(request)
+        add = [_destination(d) for d in request.add_destinations]
+        tun = self._planner.update_config(
+            tunables=tunables,
+            add=add,
+            drain=list(request.drain_destinations),
+            remove=list(request.remove_destinations),
+            request_id=request.request_id,
+        )
+        return planner_pb2.UpdateConfigResponse(
+            config=convert.config_pb(tun, self._planner.destinations)
+        )
+
+
+def _tunable_changes(request: planner_pb2.UpdateConfigRequest) -> dict[str, Any]:
+    changes: dict[str, Any] = {}
+    for name in ("q_cap", "interval_s"):
+        if request.HasField(name):
+            _check_finite_positive(name, getattr(request, name))
+            changes[name] = getattr(request, name)
+    for name in ("hysteresis", "min_dwell_s", "imbalance_tolerance"):
+        if request.HasField(name):
+            value = getattr(request, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise InvalidRequest(f"{name} must be >= 0, got {value}")
+            changes[name] = value
+    if request.HasField("warm_slots_per_destination"):
+        if not 1 <= request.warm_slots_per_destination <= 1_000_000:
+            raise InvalidRequest("warm_slots_per_destination must be in [1, 1000000]")
+        changes["warm_slots_per_destination"] = request.warm_slots_per_destination
+    return changes
+
+
+def _destination(pb: plan_pb2.Destination) -> DestinationSpec:
+    if not pb.id or len(pb.id) > 256 or "\0" in pb.id:
+        raise InvalidRequest("destination id must be 1-256 characters without NUL")
+    weight = pb.capacity_weight or 1.0
+    _check_finite_positive("capacity_weight", weight)
+    return DestinationSpec(pb.id, pb.address, weight, pb.draining)
+
+
+def _sync_state(status: plan_pb2.RouterStatus, current: Any) -> str:
+    if (
+        status.last_rejection
+        and current is not None
+        and (convert.version_from(status.last_rejected) == current.plan.version)
+    ):
+        return "rejected"
+    if current is not None and convert.version_from(status.applied) == current.plan.version:
+        return "in_sync"
+    return "stale"

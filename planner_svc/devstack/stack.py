@@ -1,0 +1,213 @@
+"""The local stack on loopback: broker, Redis, stream worker(s) and the planner.
+
+`cacheroute up` runs it until Ctrl-C; `cacheroute demo` runs it under the demo fleet;
+the end-to-end tests run it exactly the same way. Every process is a child in its own
+process group and `LocalStack.stop` ends them all (also on errors and signals), so
+nothing outlives the command.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from cacheroute.v1 import planner_pb2, planner_pb2_grpc
+from planner_svc.devstack.processes import (
+    Broker,
+    ManagedProcess,
+    RedisServer,
+    ServerStartError,
+    free_port,
+    start_broker,
+    start_redis,
+)
+
+
+@dataclass(frozen=True)
+class StackOptions:
+    destinations: int = 8
+    event_partitions: int = 4
+    workers: int = 1
+    window_s: float = 10.0
+    hop_s: float = 2.0
+    interval_s: float = 5.0
+    q_cap: float = 60.0
+    warm_slots_per_destination: int = 64
+    events_topic: str = "cacheroute.events"
+    snapshots_topic: str = "cacheroute.snapshots"
+    deadletter_topic: str = "cacheroute.deadletter"
+    workdir: str = ""  # empty: a fresh temporary directory, removed at stop
+    operator_token: str = ""
+
+    @property
+    def destination_ids(self) -> list[str]:
+        return [f"engine-{i:02d}" for i in range(self.destinations)]
+
+
+@dataclass
+class LocalStack:
+    options: StackOptions
+    workdir: Path
+    broker: Broker | None = None
+    redis: RedisServer | None = None
+    workers: list[ManagedProcess] = field(default_factory=list)
+    planner: ManagedProcess | None = None
+    grpc_port: int = 0
+    metrics_port: int = 0
+    _owns_workdir: bool = False
+
+    @property
+    def bootstrap(self) -> str:
+        assert self.broker is not None
+        return self.broker.bootstrap
+
+    @property
+    def redis_url(self) -> str:
+        assert self.redis is not None
+        return self.redis.url
+
+    @property
+    def grpc_target(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def public_key_path(self) -> Path:
+        return self.workdir / "planner" / "planner-signing-key.pub.pem"
+
+    def processes(self) -> list[ManagedProcess]:
+        procs = [p for p in (self.planner, *self.workers) if p is not None]
+        procs += [s.process for s in (self.redis, self.broker) if s is not None]
+        return procs
+
+    def stop(self) -> None:
+        for proc in self.processes():
+            proc.stop()
+        if self._owns_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def start_stack(options: StackOptions) -> LocalStack:
+    """Start everything; on any failure stop what was started and re-raise."""
+    owns = not options.workdir
+    workdir = Path(options.workdir or tempfile.mkdtemp(prefix="cacheroute-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    stack = LocalStack(options, workdir, _owns_workdir=owns)
+    try:
+        stack.broker = start_broker(workdir)
+        stack.redis = start_redis(workdir)
+        create_topics(stack.bootstrap, options)
+        stack.workers = [start_worker(stack, i) for i in range(options.workers)]
+        stack.planner = start_planner(stack)
+        wait_for_planner(stack)
+    except BaseException:
+        stack.stop()
+        raise
+    return stack
+
+
+def create_topics(bootstrap: str, options: StackOptions) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    wanted = [
+        NewTopic(
+            options.events_topic, num_partitions=options.event_partitions, replication_factor=1
+        ),
+        NewTopic(options.snapshots_topic, num_partitions=1, replication_factor=1),
+        NewTopic(options.deadletter_topic, num_partitions=1, replication_factor=1),
+    ]
+    for topic, future in admin.create_topics(wanted).items():
+        try:
+            future.result(15)
+        except Exception as exc:
+            if "TOPIC_ALREADY_EXISTS" not in str(exc):
+                raise ServerStartError(f"could not create topic {topic}: {exc}") from exc
+
+
+def start_worker(stack: LocalStack, index: int) -> ManagedProcess:
+    o = stack.options
+    argv = [
+        sys.executable,
+        "-m",
+        "streams",
+        "worker",
+        "--bootstrap",
+        stack.bootstrap,
+        "--web-port",
+        str(free_port()),
+        "--events-topic",
+        o.events_topic,
+        "--snapshots-topic",
+        o.snapshots_topic,
+        "--deadletter-topic",
+        o.deadletter_topic,
+        "--window-s",
+        str(o.window_s),
+        "--hop-s",
+        str(o.hop_s),
+        "--data-dir",
+        str(stack.workdir / f"worker-{index}"),
+    ]
+    proc = ManagedProcess(f"worker-{index}", argv, stack.workdir / f"worker-{index}.log")
+    proc.start()
+    return proc
+
+
+def start_planner(stack: LocalStack) -> ManagedProcess:
+    o = stack.options
+    stack.grpc_port = free_port()
+    stack.metrics_port = free_port()
+    argv = [
+        sys.executable,
+        "-m",
+        "planner_svc",
+        "--bootstrap",
+        stack.bootstrap,
+        "--snapshots-topic",
+        o.snapshots_topic,
+        "--redis-url",
+        stack.redis_url,
+        "--grpc-port",
+        str(stack.grpc_port),
+        "--metrics-port",
+        str(stack.metrics_port),
+        "--data-dir",
+        str(stack.workdir / "planner"),
+        "--destinations",
+        ",".join(o.destination_ids),
+        "--q-cap",
+        str(o.q_cap),
+        "--warm-slots-per-destination",
+        str(o.warm_slots_per_destination),
+        "--interval-s",
+        str(o.interval_s),
+        "--operator-token",
+        o.operator_token,
+    ]
+    proc = ManagedProcess("planner", argv, stack.workdir / "planner.log")
+    proc.start()
+    return proc
+
+
+def wait_for_planner(stack: LocalStack, timeout_s: float = 30.0) -> None:
+    """Until the planner answers gRPC (its status, not yet a plan)."""
+    deadline = time.monotonic() + timeout_s
+    assert stack.planner is not None
+    with grpc.insecure_channel(stack.grpc_target) as channel:
+        stub = planner_pb2_grpc.PlannerStub(channel)
+        while time.monotonic() < deadline:
+            if not stack.planner.alive():
+                raise ServerStartError(f"the planner exited:\n{stack.planner.log_tail()}")
+            try:
+                stub.GetStatus(planner_pb2.GetStatusRequest(), timeout=1.0)
+                return
+            except grpc.RpcError:
+                time.sleep(0.2)
+    raise ServerStartError(
+        f"the planner did not answer in {timeout_s:.0f} s:\n{stack.planner.log_tail()}"
+    )

@@ -1,0 +1,670 @@
+"""The planner: rates in, decisions made, plans published. The service's one stateful object.
+
+It glues the pure parts together and owns nothing clever itself:
+- `planner_svc.planning` builds (`build_plan`) and repacks (`repack`) candidates;
+- `planner_svc.control.ControlLoop` prices them and decides (staleness vs rewarm);
+- a publisher (`planner_svc.adapters.redis_publisher.PlanPublisher`) makes an install
+  visible to routers.
+
+Thread-safety: one re-entrant lock guards all state; gRPC handlers, the snapshot
+consumer and the interval timer call in from their own threads. Publishing happens
+under the lock so that versions are assigned and installed in order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from planner_svc.control import ControlLoop
+from planner_svc.control.decision import Action, Decision, Penalties
+from planner_svc.control.drift import Drift
+from planner_svc.control.guard import Mode
+from planner_svc.control.loop import Figures
+from planner_svc.control.telemetry import Telemetry
+from planner_svc.control.traffic import Traffic
+from planner_svc.errors import NotFound, Unavailable, VersionConflict, VersionRegression
+from planner_svc.orchestration.broadcast import Broadcast, RequestCache
+from planner_svc.orchestration.destinations import edit_destinations
+from planner_svc.orchestration.failpoints import failpoint
+from planner_svc.orchestration.fleet_health import reported_down, with_reported_down
+from planner_svc.orchestration.window_view import telemetry_from_window, traffic_from_window
+from planner_svc.planning import PlanDiff, PlanningConfig, build_plan, diff, repack
+from router_client.plan import (
+    DestinationSpec,
+    KeyTable,
+    PlanStats,
+    RoutingPlan,
+    Version,
+)
+
+log = logging.getLogger("cacheroute.planner")
+_timer = time.perf_counter  # plans record how long they took to build
+MAX_VERSION_SKIPS = 16
+
+
+class HistorySink(Protocol):
+    """The durable record (planner_svc.adapters.kafka_history.KafkaHistory); optional."""
+
+    def record_install(self, version: Version, signed_blob: bytes) -> None: ...
+    def record_decision(self, decision: dict[str, Any]) -> None: ...
+    def record_config(self, config: dict[str, Any]) -> None: ...
+    def record_loop(self, snapshot: dict[str, Any]) -> None: ...
+    def load(self) -> Any: ...
+    def close(self) -> None: ...
+
+
+class Publisher(Protocol):
+    def install(self, plan: RoutingPlan, previous: RoutingPlan | None) -> Any: ...
+    def prepare(self, plan: RoutingPlan, previous: RoutingPlan | None) -> Any: ...
+    def stage(self, prepared: Any) -> Any: ...
+    def commit(self, prepared: Any) -> Any: ...
+    def current(self) -> Any: ...
+    def load(self, version: Version) -> RoutingPlan: ...
+    def list_versions(self) -> list[Version]: ...
+    def router_statuses(self, max_age_s: float = 60.0) -> list[Any]: ...
+    def decode_signed(self, blob: bytes) -> RoutingPlan: ...
+
+
+@dataclass(frozen=True)
+class Installed:
+    plan: RoutingPlan
+    digest: bytes
+    installed_at_s: float
+
+
+@dataclass(frozen=True)
+class ReplanResult:
+    candidate: RoutingPlan
+    diff: PlanDiff | None
+    figures: Figures | None
+    installed: Installed | None
+    decision: Decision | None
+
+
+@dataclass(frozen=True)
+class Tunables:
+    """What `UpdateConfig` may change at run time."""
+
+    q_cap: float
+    warm_slots_per_destination: int
+    interval_s: float
+    hysteresis: float
+    min_dwell_s: float
+    imbalance_tolerance: float
+    max_plan_age_s: float
+
+
+class Planner:
+    """See the module docstring. `clock` returns seconds (wall clock: plans carry times)."""
+
+    def __init__(
+        self,
+        *,
+        publisher: Publisher,
+        destinations: list[DestinationSpec],
+        tunables: Tunables,
+        loop: ControlLoop | None = None,
+        clock: Callable[[], float] = time.time,
+        rate_column: str = "rate",
+        epoch: int = 1,
+        history: HistorySink | None = None,
+    ) -> None:
+        self._lock = threading.RLock()
+        self._publisher = publisher
+        self._clock = clock
+        self._destinations = list(destinations)
+        # Destinations most routers report unhealthy: planned as draining until they recover.
+        self.reported_down: frozenset[str] = frozenset()
+        self.tunables = tunables
+        self._loop = loop or ControlLoop()
+        self._apply_decision_settings()
+        self._rate_column = rate_column
+        self._epoch = epoch
+        self.installed: Installed | None = None
+        self.traffic: Traffic | None = None
+        self.telemetry: Telemetry | None = None
+        self.rates_window_end_ms = 0
+        self.pinned = False
+        self.mode_reason = ""
+        self.decisions: deque[Decision] = deque(maxlen=1000)
+        # decision id -> (version it installed, operator request id), for the API's records.
+        self.decision_meta: dict[int, tuple[Version | None, str]] = {}
+        self._last_tick_s = -math.inf
+        self._once = RequestCache()  # request id -> result: a retried mutation acts once
+        self.events = Broadcast()  # installs and decisions, for WatchPlans
+        self._plans: OrderedDict[Version, RoutingPlan] = OrderedDict()
+        self._history = history
+        self.version_conflicts = 0  # installs that found their version taken in Redis
+        # The stream's first windows may cover only part of a window of traffic (it just
+        # started): the first plan waits until one full window length has passed since.
+        self._first_window_end_ms: int | None = None
+        self._window_ms = 0
+
+    # --- start-up ---------------------------------------------------------------
+
+    def resume(self) -> None:
+        """Adopt the newest installed plan (Redis or the durable history) without re-planning.
+
+        If the history is ahead of Redis (Redis lost its data), the plan is republished.
+        """
+        with self._lock:
+            durable = self._history.load() if self._history is not None else None
+            if durable is not None:
+                self._restore_durable(durable)
+            current = self._publisher.current()
+            if (
+                durable is not None
+                and durable.current is not None
+                and (current is None or current.version < durable.current)
+            ):
+                plan = self._publisher.decode_signed(durable.plans[durable.current])
+                current = self._publisher.install(plan, None)
+                log.warning("Redis was behind the history: republished %s", durable.current)
+            if current is None:
+                return
+            plan = self._publisher.load(current.version)
+            self._epoch = max(self._epoch, current.version.epoch)
+            self.installed = Installed(plan, current.digest, self._clock())
+            self._remember(plan)
+            log.info("resumed at plan version %s", current.version)
+
+    def _restore_durable(self, durable: Any) -> None:
+        if durable.config is not None:
+            self.tunables = Tunables(**durable.config["tunables"])
+            self._destinations = [DestinationSpec(**d) for d in durable.config["destinations"]]
+            self._apply_decision_settings()
+        if durable.loop is not None:
+            settings, validated = self._loop.settings, self._loop.validated
+            self._loop = ControlLoop.restore(durable.loop, settings)
+            self._loop.set_validated_range(validated)  # configuration, not state
+        for record in durable.decisions[-self.decisions.maxlen :]:  # type: ignore[operator]
+            self.decisions.append(Decision.from_dict(record))
+
+    def republish_if_missing(self) -> bool:
+        """Redis came back empty or behind: publish the installed plan again."""
+        with self._lock:
+            if self.installed is None:
+                return False
+            current = self._publisher.current()
+            if current is not None and current.version >= self.installed.plan.version:
+                return False
+            self._publisher.install(self.installed.plan, None)
+            log.warning(
+                "republished plan %s: Redis was empty or behind", self.installed.plan.version
+            )
+            return True
+
+    # --- inputs ------------------------------------------------------------------
+
+    def on_window(self, window: Any) -> None:
+        """A complete stream window (streams.assembly.CompleteWindow) arrived."""
+        with self._lock:
+            self.traffic = traffic_from_window(window, self._rate_column)
+            self.rates_window_end_ms = int(window.window_end_ms)
+            if self._first_window_end_ms is None:
+                self._first_window_end_ms = int(window.window_end_ms)
+            self._window_ms = int(window.window_end_ms - window.window_start_ms)
+            self.telemetry = telemetry_from_window(window, self._admitted_keys())
+
+    def _admitted_keys(self) -> set[str]:
+        if self.installed is None:
+            return set()
+        return set(self.installed.plan.table.keys)
+
+    # --- the control step ---------------------------------------------------------
+
+    def tick(self, now_s: float | None = None) -> Decision | None:
+        """Run a control step if an interval has passed; the timer thread calls this."""
+        now = self._clock() if now_s is None else now_s
+        with self._lock:
+            if self.installed is None:  # no interval to wait for: plan as soon as rates allow
+                ready = self.traffic is not None and self._rates_cover_a_window()
+                return self._install_first(now) if ready else None
+            if now - self._last_tick_s < self.tunables.interval_s or self.traffic is None:
+                return None
+            self._last_tick_s = now
+            if self.pinned:
+                return None
+            return self._control_step(now)
+
+    def _rates_cover_a_window(self) -> bool:
+        if self._first_window_end_ms is None:
+            return True  # rates were given directly, not by the stream
+        return self.rates_window_end_ms - self._first_window_end_ms >= self._window_ms
+
+    def _install_first(self, now: float) -> Decision:
+        assert self.traffic is not None
+        plan = self._candidate(fresh=True)
+        self._install(plan, now, forced=False)
+        self._last_tick_s = now
+        return self._record(now, Action.INSTALL, "first plan: nothing was installed", None)
+
+    def _control_step(self, now: float) -> Decision:
+        assert self.installed is not None and self.traffic is not None
+        installed = self.installed.plan
+        candidate = None if self.mode == Mode.FALLBACK else self._candidate(fresh=False)
+        moved = self._drain_changed()
+        if moved and candidate is not None:
+            # A destination left (drained, or reported down by most routers) or came back:
+            # its keys must move now, whatever the staleness account says.
+            self._install(candidate, now, forced=False)
+            return self._record(now, Action.INSTALL, moved, None)
+        decision = self._loop.step(
+            now,
+            installed=self._serving_plan(),
+            traffic=self.traffic,
+            candidate=candidate,
+            telemetry=self.telemetry,
+            fleet=self._fleet(),
+        )
+        if decision.action is Action.INSTALL and candidate is not None:
+            self._install(candidate, now, forced=False)
+        elif decision.action is Action.FALLBACK:
+            self._install(self._fallback_plan(installed), now, forced=False)
+        elif decision.action is Action.RESUME:
+            self._install(self._candidate(fresh=False), now, forced=False)
+        return self._log(decision)
+
+    def _drain_changed(self) -> str:
+        """Why the serving plan's draining destinations are not the fleet's ("" if they are)."""
+        planned = {d.id for d in self._serving_plan().destinations if d.draining}
+        wanted = {d.id for d in self._fleet() if d.draining}
+        if planned == wanted:
+            return ""
+        parts = []
+        if wanted - planned:
+            down = sorted((wanted - planned) & self.reported_down)
+            drained = sorted(wanted - planned - self.reported_down)
+            if drained:
+                parts.append(f"drained {', '.join(drained)}")
+            if down:
+                parts.append(f"reported down by most routers: {', '.join(down)}")
+        if planned - wanted:
+            parts.append(f"back in service: {', '.join(sorted(planned - wanted))}")
+        return "fleet changed: " + "; ".join(parts)
+
+    def _serving_plan(self) -> RoutingPlan:
+        """The planned table routers follow (in fallback: the last planned one)."""
+        assert self.installed is not None
+        plan = self.installed.plan
+        if plan.config.built_by == "fallback":
+            for older in reversed(self._plans.values()):
+                if older.config.built_by != "fallback":
+                    return older
+        return plan
+
+    def _candidate(self, *, fresh: bool) -> RoutingPlan:
+        assert self.traffic is not None
+        config = self.planning_config()
+        t = self.traffic
+        if fresh or self.installed is None:
+            return build_plan(t.keys, t.rates, config, prefix_tokens=t.prefix_tokens, clock=_timer)
+        return repack(
+            self._serving_plan(),
+            t.keys,
+            t.rates,
+            config,
+            prefix_tokens=t.prefix_tokens,
+            clock=_timer,
+        )
+
+    # --- installs -------------------------------------------------------------------
+
+    def _next_version(self, after: Version | None = None) -> Version:
+        last = self.installed.plan.version if self.installed else Version(self._epoch, 0)
+        last = max(last, after) if after is not None else last
+        if last.epoch < self._epoch:
+            return Version(self._epoch, 1)
+        return Version(last.epoch, last.seq + 1)
+
+    def _publish(
+        self, plan: RoutingPlan, previous: RoutingPlan | None
+    ) -> tuple[RoutingPlan, Any, bytes]:
+        """Install `plan` under the next free version.
+
+        Redis refuses a version it already holds with other bytes, or one behind its
+        pointer. Only someone else writing under our names causes that (another planner,
+        or tampering): skip past it, count it, and say so, rather than wedge forever.
+        Returns the plan as installed, the published version and its signed blob (which the
+        durable history records without reading it back from Redis).
+        """
+        version = plan.version
+        for _ in range(MAX_VERSION_SKIPS):
+            try:
+                # staged first: the atomic install then moves no megabytes
+                prepared = self._publisher.stage(self._publisher.prepare(plan, previous))
+                return plan, self._publisher.commit(prepared), prepared.plan_blob
+            except (VersionConflict, VersionRegression) as exc:
+                self.version_conflicts += 1
+                current = self._publisher.current()
+                version = self._next_version(max(version, current.version if current else version))
+                log.error("plan version taken in Redis (%s): publishing as %s", exc, version)
+                plan = dataclasses.replace(plan, version=version)
+        raise Unavailable(f"could not find a free plan version after {MAX_VERSION_SKIPS} tries")
+
+    def _install(self, plan: RoutingPlan, now: float, *, forced: bool) -> Installed:
+        previous = self.installed.plan if self.installed else None
+        versioned = dataclasses.replace(
+            plan,
+            version=self._next_version(),
+            created_at_ms=int(now * 1000),
+            rates_window_end_ms=self.rates_window_end_ms or plan.rates_window_end_ms,
+        )
+        failpoint("publish.before_redis")
+        versioned, published, blob = self._publish(versioned, previous)
+        failpoint("publish.after_redis")
+        if self._history is not None:
+            self._history.record_install(versioned.version, blob)
+            failpoint("publish.after_history")
+        self.installed = Installed(versioned, published.digest, now)
+        self._remember(versioned)
+        if versioned.config.built_by not in ("fallback",):
+            self._loop.record_install(now, forced=forced)
+        self.events.publish("installed", self.version_info(versioned, published.digest))
+        log.info(
+            "installed plan %s (%s, %d keys)",
+            versioned.version,
+            versioned.config.built_by,
+            len(versioned.table),
+        )
+        return self.installed
+
+    def _remember(self, plan: RoutingPlan) -> None:
+        self._plans[plan.version] = plan
+        while len(self._plans) > 64:
+            self._plans.popitem(last=False)
+
+    def _fallback_plan(self, base: RoutingPlan) -> RoutingPlan:
+        """Flat-LB for every key: the same destinations and an empty key table."""
+        config = dataclasses.replace(base.config, built_by="fallback")
+        stats = PlanStats(cold_tail_rate_per_s=self.traffic.total_rate if self.traffic else 0.0)
+        return RoutingPlan(
+            config=config, destinations=base.destinations, table=KeyTable.empty(), stats=stats
+        )
+
+    # --- operator actions -------------------------------------------------------------
+
+    def replan(
+        self, *, fresh: bool, force: bool, dry_run: bool, request_id: str = ""
+    ) -> ReplanResult:
+        with self._lock:
+            cached = self._once.get(request_id)
+            if cached is not None:
+                return cached  # type: ignore[no-any-return]
+            if self.traffic is None:
+                raise Unavailable("no complete rate window yet: nothing to plan on")
+            candidate = self._candidate(fresh=fresh)
+            base = self.installed.plan if self.installed else None
+            figures = self._price(candidate)
+            plan_diff = diff(self._serving_plan(), candidate) if base is not None else None
+            result = ReplanResult(candidate, plan_diff, figures, None, None)
+            if not dry_run:
+                result = self._operator_install(result, force=force, request_id=request_id)
+            return self._once.remember(request_id, result)
+
+    def _price(self, candidate: RoutingPlan) -> Figures | None:
+        if self.installed is None or self.traffic is None:
+            return None
+        return self._loop.price(
+            self._serving_plan(), self.traffic, candidate, self.telemetry, fleet=self._fleet()
+        )
+
+    def _operator_install(
+        self, result: ReplanResult, *, force: bool, request_id: str
+    ) -> ReplanResult:
+        now = self._clock()
+        figures = result.figures
+        worth_it = figures is None or (
+            self._loop.accumulated >= figures.rewarm_cost * (1 + self.tunables.hysteresis)
+        )
+        if not (force or worth_it):
+            reason = "operator replan not installed: staleness below rewarm (use force)"
+            return dataclasses.replace(
+                result,
+                decision=self._record(now, Action.KEEP, reason, figures, request_id=request_id),
+            )
+        installed = self._install(result.candidate, now, forced=force)
+        self.pinned = False
+        reason = "operator replan" + (" (forced)" if force else "")
+        decision = self._record(now, Action.INSTALL, reason, figures, request_id=request_id)
+        return dataclasses.replace(result, installed=installed, decision=decision)
+
+    def rollback(self, version: Version, request_id: str = "") -> Installed:
+        """Install the retained `version` again as a new version, and pin it."""
+        with self._lock:
+            cached = self._once.get(request_id)
+            if cached is not None:
+                return cached  # type: ignore[no-any-return]
+            target = self.plan(version)
+            now = self._clock()
+            installed = self._install(
+                dataclasses.replace(
+                    target,
+                    config=dataclasses.replace(target.config, built_by=f"rollback:{version}"),
+                ),
+                now,
+                forced=True,
+            )
+            self.pinned = True
+            self._record(
+                now,
+                Action.INSTALL,
+                f"operator rollback to {version}; plan pinned",
+                None,
+                request_id=request_id,
+            )
+            return self._once.remember(request_id, installed)  # type: ignore[no-any-return]
+
+    def release_pin(self) -> None:
+        with self._lock:
+            self.pinned = False
+            self._record(self._clock(), Action.KEEP, "operator released the rollback pin", None)
+
+    def set_mode(self, mode: Mode | None, reason: str) -> Mode:
+        """Force `mode` (None releases the override). Installs the matching table."""
+        with self._lock:
+            if self.installed is None:
+                raise Unavailable("no plan installed yet")
+            now = self._clock()
+            decision = self._loop.force_mode(now, mode, reason or "no reason given")
+            if decision.action is Action.FALLBACK:
+                self._install(self._fallback_plan(self.installed.plan), now, forced=True)
+            elif decision.action is Action.RESUME:
+                self._install(self._serving_plan(), now, forced=True)
+            self._log(decision)
+            self.mode_reason = reason
+            return self.mode
+
+    def update_config(
+        self,
+        *,
+        tunables: dict[str, Any],
+        add: list[DestinationSpec],
+        drain: list[str],
+        remove: list[str],
+        request_id: str = "",
+    ) -> Tunables:
+        """Change tunables and destinations together, or not at all (validated first)."""
+        with self._lock:
+            cached = self._once.get(request_id)
+            if cached is not None:
+                return cached  # type: ignore[no-any-return]
+            new_tunables = dataclasses.replace(self.tunables, **tunables)
+            new_destinations = edit_destinations(self._destinations, add, drain, remove)
+            self._planning_config(new_tunables, new_destinations)  # refuse a bad edit now
+            self.tunables, self._destinations = new_tunables, new_destinations
+            self._apply_decision_settings()
+            if self._history is not None:
+                self._history.record_config(
+                    {
+                        "tunables": dataclasses.asdict(self.tunables),
+                        "destinations": [dataclasses.asdict(d) for d in self._destinations],
+                    }
+                )
+            self._last_tick_s = -math.inf  # act on the change at the next tick
+            return self._once.remember(request_id, self.tunables)  # type: ignore[no-any-return]
+
+    def _apply_decision_settings(self) -> None:
+        s = self._loop.settings
+        decision = dataclasses.replace(
+            s.decision, hysteresis=self.tunables.hysteresis, min_dwell_s=self.tunables.min_dwell_s
+        )
+        self._loop.settings = dataclasses.replace(s, decision=decision)
+
+    # --- views --------------------------------------------------------------------------
+
+    def current(self) -> Installed | None:
+        """The installed plan, consistent with Redis (waits for an install in progress)."""
+        with self._lock:
+            return self.installed
+
+    @property
+    def mode(self) -> Mode:
+        return self._loop.guard.mode
+
+    @property
+    def destinations(self) -> list[DestinationSpec]:
+        return list(self._destinations)
+
+    @property
+    def history(self) -> HistorySink | None:
+        return self._history
+
+    @property
+    def loop(self) -> ControlLoop:
+        return self._loop
+
+    def planning_config(self) -> PlanningConfig:
+        return self._planning_config(self.tunables, self._fleet())
+
+    def _fleet(self) -> list[DestinationSpec]:
+        """The configured destinations as planning sees them (reported-down ones draining)."""
+        return with_reported_down(self._destinations, self.reported_down)
+
+    def observe_router_health(self, reports: list[list[str]]) -> frozenset[str]:
+        """Each recently reporting router's unhealthy destinations; returns the ones planned
+        as draining from now on. A change makes the next tick act on it."""
+        with self._lock:
+            down = reported_down(reports, (d.id for d in self._destinations))
+            if down != self.reported_down:
+                log.warning("routers report destinations down: %s (was %s)",
+                            sorted(down), sorted(self.reported_down))
+                self.reported_down = down
+                self._last_tick_s = -math.inf
+            return down
+
+    @staticmethod
+    def _planning_config(t: Tunables, destinations: list[DestinationSpec]) -> PlanningConfig:
+        return PlanningConfig(
+            destinations=tuple(destinations),
+            q_cap=t.q_cap,
+            warm_slots_per_destination=t.warm_slots_per_destination,
+            imbalance_tolerance=t.imbalance_tolerance,
+        )
+
+    def plan(self, version: Version | None = None) -> RoutingPlan:
+        with self._lock:
+            if version is None or version == Version():
+                if self.installed is None:
+                    raise NotFound("no plan installed yet")
+                return self.installed.plan
+            if version in self._plans:
+                return self._plans[version]
+            try:
+                return self._publisher.load(version)
+            except Exception as exc:
+                raise NotFound(f"plan version {version} is not retained") from exc
+
+    def list_versions(self, limit: int) -> list[RoutingPlan]:
+        versions = sorted(self._publisher.list_versions(), reverse=True)[: limit or None]
+        return [self.plan(v) for v in versions]
+
+    def version_info(self, plan: RoutingPlan, digest: bytes = b"") -> dict[str, Any]:
+        current = self.installed is not None and self.installed.plan.version == plan.version
+        return {
+            "plan": plan,
+            "digest": digest or (self.installed.digest if current and self.installed else b""),
+            "current": current,
+        }
+
+    def status(self) -> dict[str, Any]:
+        with self._lock:
+            now = self._clock()
+            figures = self._loop.last_figures
+            return {
+                "mode": self.mode,
+                "mode_reason": self.mode_reason or self._loop.guard.reason,
+                "installed": self.installed,
+                "installed_age_s": now - self.installed.installed_at_s if self.installed else 0.0,
+                "figures": figures,
+                "accumulated": self._loop.accumulated,
+                "last_decision": self.decisions[-1] if self.decisions else None,
+                "rates_age_s": now - self.traffic.window_end_s if self.traffic else math.inf,
+                "rates_recovering": bool(self.telemetry and self.telemetry.recovering),
+                "pinned": self.pinned,
+                "tunables": self.tunables,
+                "destinations": self.destinations,
+            }
+
+    # --- decisions and watchers ------------------------------------------------------------
+
+    def _record(
+        self,
+        now: float,
+        action: Action,
+        reason: str,
+        figures: Figures | None,
+        *,
+        request_id: str = "",
+    ) -> Decision:
+        f = figures or Figures()
+        decision = Decision(
+            id=0,  # assigned by _log
+            at_s=now,
+            action=action,
+            reason=reason,
+            drift=f.drift or Drift(),
+            penalties=Penalties(
+                staleness_rate_modelled=f.staleness_rate_modelled,
+                staleness_rate_measured=f.staleness_rate_measured,
+                staleness_accumulated=self._loop.accumulated,
+                rewarm_cost=f.rewarm_cost,
+                measured_used=f.measured_used,
+            ),
+            moved_traffic_share=f.moved_traffic_share,
+            mode=str(self.mode),
+        )
+        return self._log(decision, request_id=request_id)
+
+    def _log(self, decision: Decision, *, request_id: str = "") -> Decision:
+        """Number, keep, persist and broadcast a decision (the loop's and the operator's alike).
+
+        Call it after any install the decision caused, so the record names that version.
+        """
+        last = self.decisions[-1].id if self.decisions else 0
+        decision = dataclasses.replace(decision, id=last + 1)
+        installed_now = (
+            self.installed is not None and self.installed.installed_at_s == decision.at_s
+        )
+        if decision.action in (Action.INSTALL, Action.FALLBACK, Action.RESUME) and installed_now:
+            assert self.installed is not None
+            self.decision_meta[decision.id] = (self.installed.plan.version, request_id)
+        elif request_id:
+            self.decision_meta[decision.id] = (None, request_id)
+        while len(self.decision_meta) > (self.decisions.maxlen or 1000):
+            self.decision_meta.pop(next(iter(self.decision_meta)))
+        self.decisions.append(decision)
+        if self._history is not None:
+            self._history.record_decision(decision.to_dict())
+            self._history.record_loop(self._loop.snapshot())
+        self.events.publish("decision", decision)
+        log.info("decision %s: %s", decision.action, decision.reason)
+        return decision

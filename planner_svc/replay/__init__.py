@@ -1,1 +1,0 @@
-"""planner_svc/replay"""

@@ -1,0 +1,1 @@
+"""The shadow-replay simulator: engine model, workloads, routing policies (pure, virtual time)."""

@@ -1,0 +1,182 @@
+"""CacheRoute in the simulator: production plans, production routing decisions.
+
+Plans come from `planner_svc.planning.build_plan` / `repack`; every request is routed by
+`router_client.routing.RouterCore` with the plan installed through `RoutingTable.from_plan`,
+exactly as an edge router does. Nothing here re-implements a decision.
+
+Rates: by default *measured* the way production measures them, by counting arrivals: the
+first plan is built from the key counts of the simulator's unscored warm-up window and
+installed from the start of the run, as if the planner had watched that window of the same
+traffic before the replay began (without this, the plan-less P2C start builds a backlog
+that says nothing about CacheRoute). With
+`replan="repack"` the policy then repacks (churn-aware, production `repack`) every control
+interval after the warm-up on the cumulative mean rates it counted, so keys first seen later
+get admitted; `"repack-ewma"` uses an EWMA of the interval rates instead (drifting rates).
+Only past arrivals are ever counted. `rates="known"` plans from the generator's true rates
+instead (an oracle, for comparison).
+
+Ablation variants (the paper's table; admission and plan assembly are the production code,
+only placement differs): "affinity" = every admitted key k_b = 1 on its consistent-hash
+owner (no LPT); "replication" = k_b from eq. 2 on the first k_b distinct ring owners (no
+LPT); "full" = `build_plan` (LPT).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from planner_svc.planning import PlanningConfig, admit, build_plan, repack
+from planner_svc.planning.build import assemble
+from planner_svc.planning.placement import cold_tail_loads
+from planner_svc.simulator.hashring import HashRing
+from planner_svc.simulator.policies import Policy, PolicyContext, PolicyFactory
+from router_client.plan import RoutingPlan
+from router_client.routing import RouterCore, RoutingTable
+
+VARIANTS = ("full", "affinity", "replication")
+_NO_REPLICATION_Q_CAP = 1e18
+
+
+@dataclass(frozen=True, slots=True)
+class CacheRouteSettings:
+    q_cap: float  # per-destination capacity knee, req/s
+    warm_slots_per_destination: int
+    variant: str = "full"
+    rates: str = "measured"  # or "known"
+    plan_at_s: float = 0.0  # without a warm-up window: first plan once this much is counted
+    replan: str = "repack"  # "once", "repack" (cumulative rates) or "repack-ewma" (drift)
+    ewma_alpha: float = 0.5  # weight of the newest interval in the "repack-ewma" rates
+    balance_effort: float = 1.0  # PlanningConfig.balance_effort for repack (churn vs balance)
+
+    def label(self) -> str:
+        names = {"full": "CacheRoute", "affinity": "+ affinity", "replication": "+ replication"}
+        return names[self.variant]
+
+
+def planning_config(n_destinations: int, s: CacheRouteSettings) -> PlanningConfig:
+    q_cap = s.q_cap if s.variant != "affinity" else _NO_REPLICATION_Q_CAP
+    return PlanningConfig.uniform(
+        n_destinations, q_cap, s.warm_slots_per_destination, balance_effort=s.balance_effort
+    )
+
+
+def hashed_plan(keys: list[str], rates: np.ndarray, config: PlanningConfig) -> RoutingPlan:
+    """Production admission, members on the first k_b distinct consistent-hash owners."""
+    adm = admit(rates, config)
+    ring = HashRing(len(config.destinations), vnodes=160)
+    members: list[int] = []
+    for idx, k in zip(adm.index.tolist(), adm.replicas.tolist(), strict=True):
+        members.extend(_ring_owners(ring, keys[idx], k))
+    flat = np.asarray(members, np.int64)
+    shares = np.repeat(rates[adm.index] / adm.replicas, adm.replicas)
+    w = config.weights
+    loads = cold_tail_loads(max(0.0, float(rates.sum() - rates[adm.index].sum())), w)
+    loads += np.bincount(flat, weights=shares, minlength=len(w))
+    return assemble(keys, rates, config, adm, flat, loads, "hashed", 0.0)
+
+
+def _ring_owners(ring: HashRing, key: str, k: int) -> list[int]:
+    pos, out, n = ring.start_index(key), [], len(ring.owners)
+    for j in range(n):
+        r = ring.owners[(pos + j) % n]
+        if r not in out:
+            out.append(r)
+            if len(out) == k:
+                break
+    return sorted(out)
+
+
+class CacheRoutePolicy:
+    """One edge router following CacheRoute plans (see module doc)."""
+
+    def __init__(self, ctx: PolicyContext, settings: CacheRouteSettings) -> None:
+        self.name = settings.label()
+        self.settings = settings
+        self.keys = list(ctx.keys)
+        self.config = planning_config(ctx.n_destinations, settings)
+        self.core = RouterCore([d.id for d in self.config.destinations], seed=ctx.seed)
+        self._shared: dict[object, RoutingPlan] = ctx.extra.setdefault("plans", {})  # type: ignore[assignment]
+        self._known = ctx.extra.get("known_rates")
+        self._warmup = ctx.extra.get("warmup_keys")
+        warmup_s = ctx.extra.get("warmup_s", 0.0)
+        self.warmup_s = warmup_s if isinstance(warmup_s, float) else 0.0
+        self.counts = np.zeros(len(self.keys))
+        self.counted_s = 0.0
+        self.ewma: np.ndarray | None = None
+        self.plan: RoutingPlan | None = None
+        self.installs = 0
+        if settings.rates == "known" and isinstance(self._known, np.ndarray):
+            self._install(0.0, self._known[0])
+        elif isinstance(self._warmup, np.ndarray) and isinstance(warmup_s, float) and warmup_s > 0:
+            counts = np.bincount(self._warmup, minlength=len(self.keys))
+            self._install(0.0, counts / warmup_s)
+
+    def route(self, i: int, key: int, prompt: int, prefix: int, output: int, now: float) -> int:
+        core = self.core
+        slot = core.route_index(self.keys[key])
+        core.started(slot)
+        return slot
+
+    def finished(self, i: int, dest: int, now: float) -> None:
+        self.core.finished(dest)
+
+    def control(self, now: float, window_keys: np.ndarray, window_s: float) -> None:
+        if window_s <= 0:
+            return
+        counts = np.bincount(window_keys, minlength=len(self.keys)).astype(np.float64)
+        s = self.settings
+        if s.rates == "known":
+            if s.replan != "once" and isinstance(self._known, np.ndarray):
+                row = self._known[min(len(self._known) - 1, int(now // max(window_s, 1e-9)))]
+                self._install(now, row)
+            return
+        self._count(counts, window_s)
+        if self.plan is None:  # no warm-up window given: plan once enough has been counted
+            if now >= s.plan_at_s:
+                self._install(now, self.counts / self.counted_s)
+        elif s.replan != "once" and now > self.warmup_s:
+            self._install(now, self._rates())
+
+    def _count(self, counts: np.ndarray, window_s: float) -> None:
+        a = self.settings.ewma_alpha
+        rate = counts / window_s
+        self.ewma = rate if self.ewma is None else a * rate + (1 - a) * self.ewma
+        self.counts += counts
+        self.counted_s += window_s
+
+    def _rates(self) -> np.ndarray:
+        """Cumulative mean rates (`replan="repack"`) or the EWMA (`replan="repack-ewma"`)."""
+        if self.settings.replan == "repack-ewma" and self.ewma is not None:
+            return self.ewma
+        return self.counts / max(self.counted_s, 1e-9)
+
+    def _install(self, now: float, rates: np.ndarray) -> None:
+        key = (round(now, 6), self.settings)
+        plan = self._shared.get(key)
+        if plan is None:
+            plan = self._plan(rates)
+            self._shared.clear()  # routers of one run share a plan per control tick
+            self._shared[key] = plan
+        self.plan = plan
+        self.core.install(RoutingTable.from_plan(plan))
+        self.installs += 1
+
+    def _plan(self, rates: np.ndarray) -> RoutingPlan:
+        s, cfg = self.settings, self.config
+        if s.variant == "full":
+            if self.plan is not None and s.replan != "once":
+                return repack(self.plan, self.keys, rates, cfg)
+            return build_plan(self.keys, rates, cfg)
+        return hashed_plan(self.keys, rates, cfg)
+
+
+def cacheroute(settings: CacheRouteSettings) -> PolicyFactory:
+    if settings.variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {VARIANTS}")
+
+    def build(ctx: PolicyContext) -> Policy:
+        return CacheRoutePolicy(ctx, settings)
+
+    return build

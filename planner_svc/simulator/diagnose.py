@@ -1,0 +1,121 @@
+"""A cheap win / tie / lose prediction for affinity routing, from a trace alone.
+
+The statistic the paper's notes ask for: the fraction of requests whose key reappears within
+the eviction window. The eviction window of an LRU cache of C tokens is its characteristic
+time T (Che's approximation): the T at which the keys touched within T fill the cache,
+Σ_b s_b·(1 − exp(−λ_b·T)) = C, with λ_b the key's rate *at that cache* and s_b its prompt
+size. Under a cache-blind balancer each replica sees every key at λ_b / R; under affinity the
+R caches split the keys, so T solves the same equation cluster-wide with capacity R·C.
+
+From the trace (measured gaps, not the model): a request is reusable under affinity if its
+key's previous request came within T_affinity; under Flat-LB, with n same-key requests in
+the last T_flat, the chance one of them went to the same replica is 1 − (1 − 1/R)^n. Both are
+weighted by the request's reusable prefix tokens, giving predicted served hit rates. The
+verdict: win if affinity recovers ≥ 15 pp more prompt tokens, lose if < 5 pp (too little
+prefix work to pay for the imbalance affinity brings), tie between.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from planner_svc.simulator.workload import Workload
+
+WIN_GAIN, LOSE_GAIN = 0.15, 0.05
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    verdict: str  # "win", "tie" or "lose"
+    requests: int
+    keys: int
+    offered_qps: float
+    recoverable_share: float  # Σ reusable prefix / Σ prompt tokens
+    eviction_window_flat_s: float
+    eviction_window_affinity_s: float
+    reuse_within_window: float  # request share whose key reappears within T_affinity
+    predicted_hit_flat: float
+    predicted_hit_affinity: float
+    hottest_key_share: float
+
+    @property
+    def gain(self) -> float:
+        return self.predicted_hit_affinity - self.predicted_hit_flat
+
+    def evidence(self, n_destinations: int) -> list[str]:
+        return [
+            f"{self.requests} requests over {self.keys} keys at {self.offered_qps:.1f} req/s",
+            f"recoverable prefix work: {self.recoverable_share:.1%} of prompt tokens",
+            f"eviction window: {self.eviction_window_flat_s:.1f} s per replica under Flat-LB, "
+            f"{self.eviction_window_affinity_s:.1f} s under affinity",
+            f"requests whose key reappears within the affinity window: "
+            f"{self.reuse_within_window:.1%}",
+            f"predicted served hit rate: Flat-LB {self.predicted_hit_flat:.1%}, "
+            f"affinity {self.predicted_hit_affinity:.1%} (gain {self.gain * 100:+.1f} pp)",
+            f"hottest key: {self.hottest_key_share:.2%} of requests "
+            f"(one replica's fair share is {1 / n_destinations:.2%})",
+        ]
+
+
+def characteristic_time(rates: np.ndarray, sizes: np.ndarray, capacity: float) -> float:
+    """Che's T for an LRU of `capacity` tokens; inf if every key fits."""
+    if float(sizes.sum()) <= capacity:
+        return float("inf")
+    lo, hi = 0.0, 1.0
+    while float(np.dot(sizes, -np.expm1(-rates * hi))) < capacity and hi < 1e12:
+        hi *= 2.0
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        if float(np.dot(sizes, -np.expm1(-rates * mid))) < capacity:
+            lo = mid
+        else:
+            hi = mid
+    return 0.5 * (lo + hi)
+
+
+def recent_counts(key: np.ndarray, t: np.ndarray, window_s: float) -> np.ndarray:
+    """For each request, how many earlier requests of its key arrived within `window_s`."""
+    t_range = float(t.max() - t.min()) if len(t) else 0.0
+    window = min(window_s, t_range + 1.0)
+    span = t_range + window + 1.0  # keys are spread this far apart on one axis
+    code = key.astype(np.float64) * span + (t - t.min())
+    order = np.argsort(code, kind="stable")
+    sorted_code = code[order]
+    first = np.searchsorted(sorted_code, sorted_code - window, side="left")
+    counts = np.empty(len(key), np.int64)
+    counts[order] = np.arange(len(key)) - first
+    return counts
+
+
+def diagnose(w: Workload, n_destinations: int, cache_capacity_tokens: int) -> Diagnosis:
+    """Predict whether affinity wins on `w` with R destinations of the given cache size."""
+    duration = max(float(w.t[-1] - w.t[0]), 1e-9)
+    n_keys = len(w.keys)
+    counts = np.bincount(w.key, minlength=n_keys).astype(np.float64)
+    sizes = np.bincount(w.key, weights=w.prompt, minlength=n_keys) / np.maximum(counts, 1)
+    rates = counts / duration
+    t_flat = characteristic_time(rates / n_destinations, sizes, cache_capacity_tokens)
+    t_aff = characteristic_time(rates, sizes, cache_capacity_tokens * n_destinations)
+    prefix, prompt = w.prefix.astype(np.float64), float(w.prompt.sum())
+    aff_reuse = recent_counts(w.key, w.t, t_aff) > 0
+    n_flat = recent_counts(w.key, w.t, t_flat)
+    p_flat = 1.0 - (1.0 - 1.0 / n_destinations) ** n_flat
+    hit_aff = float(prefix[aff_reuse].sum() / prompt)
+    hit_flat = float(np.dot(prefix, p_flat) / prompt)
+    gain = hit_aff - hit_flat
+    verdict = "win" if gain >= WIN_GAIN else "lose" if gain < LOSE_GAIN else "tie"
+    return Diagnosis(
+        verdict=verdict,
+        requests=len(w),
+        keys=int((counts > 0).sum()),
+        offered_qps=len(w) / duration,
+        recoverable_share=float(prefix.sum() / prompt),
+        eviction_window_flat_s=t_flat,
+        eviction_window_affinity_s=t_aff,
+        reuse_within_window=float(aff_reuse.mean()),
+        predicted_hit_flat=hit_flat,
+        predicted_hit_affinity=hit_aff,
+        hottest_key_share=float(counts.max() / len(w)),
+    )

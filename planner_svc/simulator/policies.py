@@ -1,0 +1,174 @@
+"""The routing-policy interface of the simulator and the cache-blind / hashing baselines.
+
+Every policy (baselines here and in `reactive`, CacheRoute in `cacheroute_policy`) is one
+object per edge router that sees only what that router sees:
+
+- `route(i, key, prompt, prefix, output, now) -> destination index` for request `i`
+  (key is an index into the workload's key names); the policy counts the request in flight
+  at dispatch, synchronously, before the next arrival (baselines.md §1);
+- `finished(i, dest, now)` when request `i`, which this router sent to `dest`, completes;
+- `control(now, window_keys, window_s)` once per control interval with the keys that
+  arrived in the interval (what the stream would have counted); most policies ignore it.
+
+Baselines follow `shared/reference/baselines.md`: Flat-LB is power-of-two-choices over two
+*distinct* replicas with random ties; Sticky is a 160-vnode md5 ring; CHWBL is KubeAI's
+`PrefixHash` (c = 1.25, 256 vnodes, walk the ring, fall back to the hashed endpoint).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from planner_svc.simulator.engine import Engine, EngineModel
+from planner_svc.simulator.hashring import HashRing
+
+
+class Policy(Protocol):
+    name: str
+
+    def route(self, i: int, key: int, prompt: int, prefix: int, output: int, now: float) -> int:
+        """Destination for request `i`; counts it in flight."""
+        ...
+
+    def finished(self, i: int, dest: int, now: float) -> None:
+        """Request `i` that this router sent to `dest` completed at `now`."""
+        ...
+
+    def control(self, now: float, window_keys: np.ndarray, window_s: float) -> None:
+        """Once per control interval: the keys that arrived in the last `window_s` seconds."""
+        ...
+
+
+@dataclass
+class PolicyContext:
+    """What a policy may be built from. `engines` is the true engine state (see each policy)."""
+
+    n_destinations: int
+    keys: Sequence[str]
+    model: EngineModel
+    engines: Sequence[Engine]
+    seed: int
+    router: int = 0
+    n_routers: int = 1
+    extra: dict[str, object] = field(default_factory=dict)
+
+
+PolicyFactory = Callable[[PolicyContext], Policy]
+
+
+class _NoControl:
+    def control(self, now: float, window_keys: np.ndarray, window_s: float) -> None:
+        return None
+
+
+class FlatP2C(_NoControl):
+    """Power of two choices on router-local in-flight counts (Mitzenmacher; Envoy, SGLang)."""
+
+    name = "Flat-LB"
+
+    def __init__(self, ctx: PolicyContext) -> None:
+        self.n = ctx.n_destinations
+        self.inflight = [0] * self.n
+        self._rand = random.Random(ctx.seed).random
+
+    def route(self, i: int, key: int, prompt: int, prefix: int, output: int, now: float) -> int:
+        n, rand, inflight = self.n, self._rand, self.inflight
+        a = int(rand() * n)
+        b = int(rand() * (n - 1))
+        if b >= a:  # two distinct replicas, sampled without replacement
+            b += 1
+        la, lb = inflight[a], inflight[b]
+        d = a if la < lb else b if lb < la else (a if rand() < 0.5 else b)
+        inflight[d] += 1
+        return d
+
+    def finished(self, i: int, dest: int, now: float) -> None:
+        self.inflight[dest] -= 1
+
+
+class _KeyOwners:
+    """Lazily memoised ring positions per key index (md5 once per distinct key)."""
+
+    def __init__(self, ring: HashRing, keys: Sequence[str]) -> None:
+        self.ring = ring
+        self.keys = keys
+        self.pos = np.full(len(keys), -1, np.int64).tolist()
+
+    def position(self, key: int) -> int:
+        p = self.pos[key]
+        if p < 0:
+            p = self.pos[key] = self.ring.start_index(self.keys[key])
+        return p
+
+    def owner(self, key: int) -> int:
+        return self.ring.owners[self.position(key)]
+
+
+class Sticky(_NoControl):
+    """Consistent hashing of the routing key; load-blind by design (Karger et al.; ketama)."""
+
+    name = "Sticky"
+
+    def __init__(self, ctx: PolicyContext, *, vnodes: int = 160) -> None:
+        self._owners = _KeyOwners(HashRing(ctx.n_destinations, vnodes=vnodes), ctx.keys)
+
+    def route(self, i: int, key: int, prompt: int, prefix: int, output: int, now: float) -> int:
+        return self._owners.owner(key)
+
+    def finished(self, i: int, dest: int, now: float) -> None:
+        return None
+
+
+class CHWBL(_NoControl):
+    """KubeAI `PrefixHash`: walk the ring from the key's successor to the first endpoint with
+    in-flight <= c·(total+1)/R (OK when total is 0); none passes -> the hashed endpoint."""
+
+    def __init__(self, ctx: PolicyContext, *, c: float = 1.25, vnodes: int = 256) -> None:
+        self.name = f"CHWBL c={c:g}"
+        ring = HashRing(ctx.n_destinations, vnodes=vnodes, salt="chwbl")
+        self._owners = _KeyOwners(ring, ctx.keys)
+        self._ring_owners = ring.owners
+        self.c = c
+        self.n = ctx.n_destinations
+        self.inflight = [0] * self.n
+        self.total = 0
+
+    def route(self, i: int, key: int, prompt: int, prefix: int, output: int, now: float) -> int:
+        start = self._owners.position(key)
+        owners, inflight = self._ring_owners, self.inflight
+        d = owners[start]
+        if self.total:
+            bound = self.c * (self.total + 1) / self.n
+            size = len(owners)
+            for j in range(size):
+                r = owners[(start + j) % size]
+                if inflight[r] <= bound:
+                    d = r
+                    break
+        inflight[d] += 1
+        self.total += 1
+        return d
+
+    def finished(self, i: int, dest: int, now: float) -> None:
+        self.inflight[dest] -= 1
+        self.total -= 1
+
+
+def flat_lb(ctx: PolicyContext) -> Policy:
+    return FlatP2C(ctx)
+
+
+def sticky(ctx: PolicyContext) -> Policy:
+    return Sticky(ctx)
+
+
+def chwbl(c: float = 1.25) -> PolicyFactory:
+    def build(ctx: PolicyContext) -> Policy:
+        return CHWBL(ctx, c=c)
+
+    return build

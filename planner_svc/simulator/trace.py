@@ -1,0 +1,150 @@
+"""Recorded traffic as a replay workload: CSV / JSONL trace files and Kafka event exports.
+
+A trace row is one request: `timestamp` (seconds; or `timestamp_ms`), `key`, `prompt_tokens`,
+and optionally `prefix_tokens` (the reusable prefix; alias `reusable_prefix_tokens`) and
+`output_tokens`. Without `prefix_tokens` the reusable prefix is taken to be the key's previous
+prompt (capped at this prompt), the multi-turn assumption; without `output_tokens` a default
+is used. Events exported from the `cacheroute.events` topic (serialized `EventBatch` values)
+convert to the same rows with `rows_from_event_batches`: every `RequestEvent` is a row.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from cacheroute.v1 import events_pb2
+from planner_svc.simulator.workload import Workload
+
+DEFAULT_OUTPUT_TOKENS = 32
+FIELDS = ("timestamp", "key", "prompt_tokens", "prefix_tokens", "output_tokens")
+
+
+class TraceError(ValueError):
+    """A trace file or row cannot be read; the message says which row and why."""
+
+
+def read_rows(path: Path) -> list[dict[str, object]]:
+    """Rows of a `.csv` or `.jsonl` trace file as dicts."""
+    text = path.read_text()
+    if path.suffix == ".jsonl" or text.lstrip().startswith("{"):
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+    return list(csv.DictReader(text.splitlines()))
+
+
+def workload_from_rows(rows: Sequence[dict[str, object]], name: str = "trace") -> Workload:
+    """A Workload from trace rows (sorted by time; keys interned in first-seen order)."""
+    if not rows:
+        raise TraceError("the trace has no rows")
+    t, names, prompt, prefix, output = [], [], [], [], []
+    for n, row in enumerate(rows):
+        try:
+            t.append(_timestamp(row))
+            names.append(str(row["key"]))
+            prompt.append(int(float(str(row["prompt_tokens"]))))
+            prefix.append(_optional_int(row, ("prefix_tokens", "reusable_prefix_tokens")))
+            output.append(_optional_int(row, ("output_tokens",)))
+        except (KeyError, ValueError) as exc:
+            raise TraceError(f"row {n + 1}: {exc!r}") from exc
+    order = np.argsort(np.asarray(t, np.float64), kind="stable")
+    return _assemble(name, order, t, names, prompt, prefix, output)
+
+
+def _timestamp(row: dict[str, object]) -> float:
+    if row.get("timestamp") not in (None, ""):
+        return float(str(row["timestamp"]))
+    return float(str(row["timestamp_ms"])) / 1000.0
+
+
+def _optional_int(row: dict[str, object], names: Sequence[str]) -> int:
+    for name in names:
+        value = row.get(name)
+        if value not in (None, ""):
+            return int(float(str(value)))
+    return -1
+
+
+def _assemble(
+    name: str,
+    order: np.ndarray,
+    t: list[float],
+    names: list[str],
+    prompt: list[int],
+    prefix: list[int],
+    output: list[int],
+) -> Workload:
+    ids: dict[str, int] = {}
+    key = np.fromiter((ids.setdefault(names[i], len(ids)) for i in order), np.int64, len(order))
+    p = np.asarray(prompt, np.int64)[order]
+    pre = np.asarray(prefix, np.int64)[order]
+    out = np.asarray(output, np.int64)[order]
+    pre = np.where(pre >= 0, np.minimum(pre, p), _previous_prompt(key, p))
+    out = np.where(out >= 0, out, DEFAULT_OUTPUT_TOKENS)
+    times = np.asarray(t, np.float64)[order]
+    return Workload(
+        name=name,
+        t=times - times[0],
+        key=key.astype(np.int32),
+        prompt=p.astype(np.int32),
+        prefix=pre.astype(np.int32),
+        output=out.astype(np.int32),
+        keys=list(ids),
+        interval_s=300.0,
+        notes={"source": "recorded trace", "requests": str(len(order))},
+    )
+
+
+def _previous_prompt(key: np.ndarray, prompt: np.ndarray) -> np.ndarray:
+    """For each request, its key's previous prompt length capped at its own (0 for the first)."""
+    last: dict[int, int] = {}
+    out = np.zeros(len(key), np.int64)
+    for i, (k, p) in enumerate(zip(key.tolist(), prompt.tolist(), strict=True)):
+        out[i] = min(last.get(k, 0), p)
+        last[k] = p
+    return out
+
+
+def load_trace(path: Path) -> Workload:
+    return workload_from_rows(read_rows(path), name=path.stem)
+
+
+def write_trace(w: Workload, path: Path) -> None:
+    """Write `w` as a CSV trace (the format `load_trace` reads)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(FIELDS)
+        for t, k, p, pre, o in zip(
+            w.t.tolist(),
+            w.key.tolist(),
+            w.prompt.tolist(),
+            w.prefix.tolist(),
+            w.output.tolist(),
+            strict=True,
+        ):
+            writer.writerow((f"{t:.6f}", w.keys[k], p, pre, o))
+
+
+def rows_from_event_batches(payloads: Iterable[bytes]) -> list[dict[str, object]]:
+    """Trace rows from serialized `EventBatch` values exported from the events topic."""
+    rows: list[dict[str, object]] = []
+    for payload in payloads:
+        batch = events_pb2.EventBatch()
+        batch.ParseFromString(payload)
+        for ev in batch.events:
+            if ev.WhichOneof("body") != "request":
+                continue
+            r = ev.request
+            rows.append(
+                {
+                    "timestamp_ms": ev.timestamp_ms,
+                    "key": r.routing_key,
+                    "prompt_tokens": r.prompt_tokens,
+                    "prefix_tokens": r.reusable_prefix_tokens,
+                }
+            )
+    return rows

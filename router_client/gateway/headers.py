@@ -1,0 +1,56 @@
+"""Which headers cross the gateway, and the request id and trace context it adds (pure).
+
+Hop-by-hop headers (RFC 9110 §7.6.1, plus every name listed in `Connection`) belong to
+one connection and are dropped in both directions; so are the framing headers the
+gateway recomputes (`Content-Length`, `Host`) and `Accept-Encoding`/`Content-Encoding`
+(the gateway reads usage from response bodies, so it asks engines for identity
+encoding). Everything else — Authorization, custom headers, `retry-after`, rate-limit
+headers — passes through unchanged.
+
+Trace context (W3C `traceparent`): the gateway is a hop of its own, so it keeps the
+trace id and the sampling flags and gives the upstream request a new parent (span) id;
+a missing or malformed `traceparent` starts a new trace. `x-request-id` is kept when
+the client sent a sane one, else made up, and returned to the client.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from collections.abc import Iterable, Mapping
+
+HOP_BY_HOP = frozenset({
+    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection",
+    "te", "trailer", "transfer-encoding", "upgrade",
+})
+RECOMPUTED = frozenset({"content-length", "host", "accept-encoding", "content-encoding"})
+REQUEST_ID = "x-request-id"
+TRACEPARENT = "traceparent"
+_TRACEPARENT = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
+_SANE_ID = re.compile(r"^[\x21-\x7e]{1,128}$")
+
+
+def forwarded(headers: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The end-to-end headers of a message, in order (repeated names kept)."""
+    items = list(headers)
+    listed = {
+        name.strip().lower()
+        for key, value in items if key.lower() == "connection"
+        for name in value.split(",")
+    }
+    drop = HOP_BY_HOP | RECOMPUTED | listed
+    return [(k, v) for k, v in items if k.lower() not in drop]
+
+
+def request_id(headers: Mapping[str, str]) -> str:
+    given = headers.get(REQUEST_ID, "")
+    return given if _SANE_ID.match(given) else secrets.token_hex(16)
+
+
+def child_traceparent(given: str | None) -> str:
+    """The traceparent for the upstream request (see the module doc)."""
+    m = _TRACEPARENT.match(given or "")
+    span = secrets.token_hex(8)
+    if m and m.group(1) != "ff" and set(m.group(2)) != {"0"} and set(m.group(3)) != {"0"}:
+        return f"00-{m.group(2)}-{span}-{m.group(4)}"
+    return f"00-{secrets.token_hex(16)}-{span}-01"

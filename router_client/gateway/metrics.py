@@ -1,0 +1,75 @@
+"""The gateway's Prometheus metrics (prometheus_client), in a registry of its own.
+
+cacheroute_gateway_requests_total{route,code}          answered requests
+cacheroute_gateway_request_seconds{route}              time to the last byte (histogram)
+cacheroute_gateway_ttft_seconds                        streamed: time to the first event
+cacheroute_gateway_upstream_failures_total{kind}       connect_error, reset, http_5xx, timeout
+cacheroute_gateway_retries_total{kind}                 attempts sent elsewhere, by failure
+cacheroute_gateway_saturated_total                     503s: every destination at its cap
+cacheroute_gateway_streams_broken_total                streams cut short (upstream failure)
+cacheroute_gateway_inflight{destination}               requests in flight (at scrape time)
+plus the router client's cacheroute_router_* (router_client.prom).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from router_client.prom import RouterCollector
+
+if TYPE_CHECKING:
+    from router_client.aio import AsyncRouterClient
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+
+class _Inflight(Collector):
+    def __init__(self, client: AsyncRouterClient) -> None:
+        self.client = client
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily("cacheroute_gateway_inflight",
+                                   "Requests in flight per destination.", labels=["destination"])
+        core = self.client.core
+        for dest, n in zip(core.destination_ids, core.inflight, strict=False):
+            family.add_metric([dest], n)
+        yield family
+
+
+class GatewayMetrics:
+    def __init__(self, client: AsyncRouterClient) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("cacheroute_gateway_requests", "Answered requests.",
+                                ["route", "code"], registry=r)
+        self.seconds = Histogram("cacheroute_gateway_request_seconds",
+                                 "Time from request to last byte.", ["route"],
+                                 buckets=_LATENCY_BUCKETS, registry=r)
+        self.ttft = Histogram("cacheroute_gateway_ttft_seconds",
+                              "Streamed requests: time to the first event.",
+                              buckets=_LATENCY_BUCKETS, registry=r)
+        self.failures = Counter("cacheroute_gateway_upstream_failures",
+                                "Upstream failures by kind.", ["kind"], registry=r)
+        self.retries = Counter("cacheroute_gateway_retries",
+                               "Attempts sent to another destination, by the failure before.",
+                               ["kind"], registry=r)
+        self.saturated = Counter("cacheroute_gateway_saturated",
+                                 "Requests refused because every destination was at its cap.",
+                                 registry=r)
+        self.broken = Counter("cacheroute_gateway_streams_broken",
+                              "Streams cut short by an upstream failure.", registry=r)
+        r.register(_Inflight(client))
+        r.register(RouterCollector(client))
+        self._answered: dict[tuple[str, int], Counter] = {}
+
+    def answered(self, route: str, code: int, seconds: float) -> None:
+        child = self._answered.get((route, code))
+        if child is None:  # label lookups cost a lock and a dict: cache the children
+            child = self._answered[(route, code)] = self.requests.labels(route, str(code))
+        child.inc()
+        self.seconds.labels(route).observe(seconds)

@@ -1,0 +1,44 @@
+"""What a gateway operator can configure (one frozen object, built at the entry point)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from router_client.keys import KeyRule
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GatewaySettings:
+    host: str = "127.0.0.1"
+    port: int = 0  # 0: the OS picks; `Gateway.port` tells which
+    router_id: str = "gateway"
+    keys: KeyRule = field(default_factory=KeyRule)
+    # Upstream timeouts: connecting; the first byte of the response (for a non-streamed
+    # request that is the whole generation); then the longest silence between chunks.
+    connect_timeout_s: float = 2.0
+    first_byte_timeout_s: float = 300.0
+    idle_timeout_s: float = 60.0
+    # At most this many requests in flight to one destination (and keep-alive connections
+    # kept open to it); past it the gateway picks another or answers 503.
+    max_inflight_per_destination: int = 256
+    # Extra attempts on another destination, only when nothing can have been generated.
+    max_retries: int = 2
+    max_body_bytes: int = 8 << 20
+    shutdown_grace_s: float = 30.0
+    models_cache_s: float = 5.0
+    # Answer with `x-cacheroute-destination` (which destination served the request).
+    expose_destination: bool = True
+
+    def __post_init__(self) -> None:
+        positive = {
+            "connect_timeout_s": self.connect_timeout_s,
+            "first_byte_timeout_s": self.first_byte_timeout_s,
+            "idle_timeout_s": self.idle_timeout_s,
+            "max_inflight_per_destination": self.max_inflight_per_destination,
+            "max_body_bytes": self.max_body_bytes,
+        }
+        bad = [name for name, value in positive.items() if not value > 0]
+        if bad:
+            raise ValueError(f"must be > 0: {', '.join(bad)}")
+        if self.max_retries < 0 or self.shutdown_grace_s < 0:
+            raise ValueError("max_retries and shutdown_grace_s must be >= 0")

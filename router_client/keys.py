@@ -1,0 +1,154 @@
+"""Routing keys from what actually decides cache sharing (pure).
+
+An engine reuses a prompt's cached KV only for a request with the same leading
+tokens, on the same model weights, with the same LoRA adapter and the same
+`cache_salt` (vLLM refuses to share blocks across salts). So the key is
+
+    <model>[@<lora>][#<salt>]/<what the requests share>
+
+and <what the requests share> is, in this order:
+
+1. the value of a configured header (default `x-routing-key`): the caller knows best
+   (tenant, application, conversation id). Long values are hashed;
+2. otherwise a hash of the request's *leading prefix*: for chat, the messages from the
+   start up to and including the first `prefix_user_turns` user turns (system prompt,
+   few-shot examples, the first question, a RAG document placed there), cut to
+   `prefix_chars` characters; for completions, the first `prefix_chars` characters of
+   the prompt (or the first `prefix_chars // 4` token ids).
+
+Why these choices, with examples (docs/gateway.md has more):
+- a multi-turn chat `[system, user1, assistant1, user2]` keys on `system + user1`, the
+  same as its first turn `[system, user1]`: every turn of one conversation lands where
+  its history is cached;
+- two conversations that share a long system prompt (longer than `prefix_chars`) get
+  the same key: what they can share is that prompt, and the planner replicates a hot key
+  over as many destinations as its rate needs;
+- a RAG request `[system, user: <document> + question]` keys on the document's first
+  characters: requests about the same document meet its cached KV;
+- the same prompt on two LoRA adapters gets two keys: the adapters' KV differ.
+
+Nothing here reads more than `prefix_chars` characters of content, so the cost is
+bounded whatever the request's size.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+MAX_KEY_PART_CHARS = 128  # a longer header value or model name is hashed
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KeyRule:
+    """How a gateway derives routing keys (see the module doc)."""
+
+    header: str = "x-routing-key"
+    prefix_chars: int = 2048
+    prefix_user_turns: int = 1
+
+    def __post_init__(self) -> None:
+        if self.prefix_chars < 1 or self.prefix_user_turns < 0:
+            raise ValueError("prefix_chars must be >= 1 and prefix_user_turns >= 0")
+
+
+@dataclass(frozen=True, slots=True)
+class DerivedKey:
+    key: str
+    source: str  # "header" or "prefix"
+    prefix_chars: int  # characters of content the key covers (0 for a header key)
+
+
+def derive_key(
+    body: Mapping[str, Any], headers: Mapping[str, str], rule: KeyRule = KeyRule()
+) -> DerivedKey:
+    """The routing key of an OpenAI-style chat or completions request body."""
+    scope = _scope(body)
+    given = headers.get(rule.header)
+    if given:
+        return DerivedKey(f"{scope}/h:{_bounded(given)}", "header", 0)
+    text = _leading_text(body, rule)
+    digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=12).hexdigest()
+    return DerivedKey(f"{scope}/p:{digest}", "prefix", len(text))
+
+
+def _scope(body: Mapping[str, Any]) -> str:
+    """What the engine never shares a cache across: model, LoRA adapter, cache salt."""
+    scope = _bounded(str(body.get("model") or ""))
+    lora = body.get("lora_name") or body.get("lora_path") or body.get("lora_adapter")
+    if lora:
+        scope += "@" + _bounded(str(lora))
+    salt = body.get("cache_salt")
+    if salt:
+        scope += "#" + _bounded(str(salt))
+    return scope
+
+
+def _bounded(value: str) -> str:
+    if len(value) <= MAX_KEY_PART_CHARS and "/" not in value and "\0" not in value:
+        return value
+    return "~" + hashlib.blake2b(value.encode("utf-8", "surrogatepass"),
+                                 digest_size=12).hexdigest()
+
+
+def _leading_text(body: Mapping[str, Any], rule: KeyRule) -> str:
+    limit = rule.prefix_chars
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        return _chat_prefix(messages, rule.prefix_user_turns, limit)
+    prompt = body.get("prompt")
+    if isinstance(prompt, list):  # a batch of prompts, or one prompt as token ids
+        if prompt and all(isinstance(t, int) for t in prompt[: limit // 4]):
+            return "ids:" + ",".join(map(str, prompt[: max(1, limit // 4)]))
+        prompt = prompt[0] if prompt else ""
+        if isinstance(prompt, list):
+            return "ids:" + ",".join(map(str, prompt[: max(1, limit // 4)]))
+    return str(prompt or "")[:limit]
+
+
+def _chat_prefix(messages: Sequence[Any], user_turns: int, limit: int) -> str:
+    parts: list[str] = []
+    size = 0
+    users = 0
+    for message in messages:
+        if not isinstance(message, Mapping):
+            continue
+        role = str(message.get("role") or "")
+        piece = f"{role}\x1f{_content_text(message.get('content'), limit - size)}\x1e"
+        parts.append(piece)
+        size += len(piece)
+        if size >= limit:
+            break
+        if role == "user":
+            users += 1
+            if users >= user_turns:
+                break
+    return "".join(parts)[:limit]
+
+
+def _content_text(content: Any, limit: int) -> str:
+    """A message's text: a string, or the text parts of a multi-part content list (images
+    and audio count by their URL or data, which is what identifies them)."""
+    if limit <= 0:
+        return ""
+    if isinstance(content, str):
+        return content[:limit]
+    if not isinstance(content, list):
+        return "" if content is None else str(content)[:limit]
+    out: list[str] = []
+    size = 0
+    for part in content:
+        if not isinstance(part, Mapping):
+            continue
+        kind = part.get("type")
+        value = part.get("text") if kind == "text" else part.get(str(kind))
+        if isinstance(value, Mapping):
+            value = value.get("url") or value.get("data")
+        text = "" if value is None else str(value)[: limit - size]
+        out.append(text)
+        size += len(text)
+        if size >= limit:
+            break
+    return "\x1d".join(out)

@@ -1,0 +1,189 @@
+"""Destination health (router_client.health) and how the decision uses health, drain and
+capacity weights (router_client.routing). Pure: time is passed in."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from router_client.health import HealthPolicy, HealthTracker, Outcome
+from router_client.plan import DestinationSpec, KeyTable, PlanConfig, RoutingPlan, Version
+from router_client.routing import RouterCore, RoutingTable
+
+FAIL = Outcome.HTTP_5XX
+
+
+def table(sets, specs) -> RoutingTable:
+    return RoutingTable.from_plan(RoutingPlan(
+        config=PlanConfig(10.0, 4, 16, built_by="build"),
+        destinations=tuple(specs),
+        table=KeyTable.from_sets(list(sets), list(sets.values()), [1.0] * len(sets)),
+        version=Version(1, 1),
+    ))
+
+
+def core_of(sets, specs, seed=0) -> RouterCore:
+    core = RouterCore([d.id for d in specs], seed=seed)
+    core.install(table(sets, specs))
+    return core
+
+
+def fleet(n, **kw) -> list[DestinationSpec]:
+    return [DestinationSpec(f"d{i}", **kw) for i in range(n)]
+
+
+# --- the tracker -----------------------------------------------------------------------
+
+def tracker(n=4, **policy) -> HealthTracker:
+    t = HealthTracker(HealthPolicy(**policy))
+    t.track([f"d{i}" for i in range(n)], 0.0)
+    return t
+
+
+def test_consecutive_failures_eject_and_the_ejection_expires():
+    t = tracker(consecutive_failures=3, base_ejection_s=10, max_ejection_s=100)
+    assert t.record("d0", FAIL, 1.0) == [] and t.record("d0", Outcome.TIMEOUT, 1.1) == []
+    assert t.record("d0", Outcome.CONNECT_ERROR, 1.2) == [("d0", False)]
+    assert not t.is_routable("d0") and t.unroutable() == ["d0"]
+    assert t.tick(11.1) == []  # 10 s from 1.2
+    assert t.tick(11.2) == [("d0", True)] and t.is_routable("d0")
+
+
+def test_a_success_resets_the_streak_and_client_errors_do_not_count():
+    t = tracker(consecutive_failures=2)
+    t.record("d0", FAIL, 0)
+    t.record("d0", Outcome.SUCCESS, 0)
+    t.record("d0", Outcome.CLIENT_ERROR, 0)
+    assert t.record("d0", FAIL, 0) == []
+    assert t.record("d0", FAIL, 0) == [("d0", False)]
+
+
+def test_repeated_ejections_grow_up_to_the_cap_and_are_forgotten_after_a_healthy_spell():
+    t = tracker(consecutive_failures=1, base_ejection_s=10, max_ejection_s=25)
+    spans = []
+    now = 0.0
+    for _ in range(4):
+        t.record("d0", FAIL, now)
+        until = next(v for v in t.views(now) if v.destination == "d0").ejected_for_s
+        spans.append(until)
+        now += until
+        t.tick(now)
+    assert spans == [10, 20, 25, 25]
+    t.record("d0", Outcome.SUCCESS, now + 26)  # healthy for a whole max_ejection_s
+    t.record("d0", FAIL, now + 26)
+    assert next(v for v in t.views(now + 26) if v.destination == "d0").ejected_for_s == 10
+
+
+def test_never_more_than_the_allowed_fraction_is_ejected_but_always_one_may_be():
+    t = tracker(n=4, consecutive_failures=1, max_ejected_fraction=0.5)
+    for d in ("d0", "d1", "d2", "d3"):
+        t.record(d, FAIL, 0)
+    assert t.unroutable() == ["d0", "d1"]
+    small = tracker(n=2, consecutive_failures=1, max_ejected_fraction=0.1)
+    small.record("d0", FAIL, 0)
+    small.record("d1", FAIL, 0)
+    assert small.unroutable() == ["d0"]
+
+
+def test_probes_mark_down_after_the_threshold_and_up_after_successes():
+    t = tracker(unhealthy_after=2, healthy_after=2)
+    assert t.probed("d1", False, 0) == []
+    assert t.probed("d1", False, 1) == [("d1", False)]
+    assert t.probed("d1", True, 2) == []
+    assert t.probed("d1", True, 3) == [("d1", True)]
+
+
+def test_a_probed_down_destination_stays_down_when_its_ejection_expires():
+    t = tracker(consecutive_failures=1, base_ejection_s=5, unhealthy_after=1)
+    t.record("d0", FAIL, 0)
+    t.probed("d0", False, 1)
+    assert t.tick(6) == [] and not t.is_routable("d0")
+    assert t.probed("d0", True, 7) == [("d0", True)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.sampled_from(list(Outcome)),
+                          st.floats(0, 5), st.booleans()), max_size=80))
+def test_reported_changes_always_match_the_routable_state(events):
+    """Whatever happens, applying the returned changes reproduces `is_routable`."""
+    t = tracker(consecutive_failures=2, base_ejection_s=3, max_ejection_s=9, unhealthy_after=2)
+    view = {f"d{i}": True for i in range(4)}
+    now = 0.0
+    for dest, outcome, dt, probe in events:
+        now += dt
+        d = f"d{dest}"
+        changes = t.probed(d, outcome.is_failure is False, now) if probe else \
+            t.record(d, outcome, now)
+        for name, ok in [*changes, *t.tick(now)]:
+            assert view[name] != ok  # a change is a change
+            view[name] = ok
+        assert view == {x: t.is_routable(x) for x in view}
+        assert sum(not v for v in view.values()) <= 4
+
+
+# --- the decision: health, drain, weights ---------------------------------------------
+
+def test_unhealthy_members_are_skipped_within_the_set_then_p2c_over_healthy():
+    core = core_of({"k": (0, 1)}, fleet(4))
+    core.mark_down("d0")
+    assert {core.route("k") for _ in range(200)} == {"d1"}
+    core.mark_down("d1")
+    assert {core.route("k") for _ in range(400)} == {"d2", "d3"}
+    assert core.unhealthy_reroute == 400
+
+
+def test_a_draining_destination_gets_no_new_request_on_any_path():
+    specs = [*fleet(3), DestinationSpec("d3", draining=True)]
+    core = core_of({"k": (3, 0)}, specs)  # a stale set may still name it
+    routed = Counter(core.route(key) for key in ["k", "other", "x", "y"] * 500)
+    assert routed["d3"] == 0
+    assert not core.is_usable("d3") and core.is_usable("d0")
+
+
+def test_draining_destinations_serve_only_when_nothing_else_is_healthy():
+    specs = [DestinationSpec("d0"), DestinationSpec("d1", draining=True)]
+    core = core_of({}, specs)
+    core.mark_down("d0")
+    assert {core.route("x") for _ in range(50)} == {"d1"}
+
+
+def test_p2c_splits_an_idle_fleet_by_weight():
+    core = core_of({}, [DestinationSpec("big", capacity_weight=4.0), DestinationSpec("small")])
+    seen = Counter(core.route(f"u{i}") for i in range(20_000))
+    assert seen["big"] / seen["small"] == pytest.approx(4.0, rel=0.1)
+
+
+def test_p2c_balances_in_flight_per_unit_of_weight_under_load():
+    core = core_of({}, [DestinationSpec("big", capacity_weight=4.0), DestinationSpec("small")])
+    for _ in range(500):  # requests that never finish: in flight grows by the decision
+        core.started(core.route_index("u"))
+    big, small = core.inflight[core.slot_of("big")], core.inflight[core.slot_of("small")]
+    assert big / small == pytest.approx(4.0, rel=0.1)
+    assert core.load_of("big") == pytest.approx(core.load_of("small"), rel=0.1)
+
+
+def test_least_loaded_member_compares_in_flight_relative_to_weight():
+    specs = [DestinationSpec("d0", capacity_weight=3.0), DestinationSpec("d1")]
+    core = core_of({"k": (0, 1)}, specs)
+    for _ in range(2):
+        core.started(0)  # 2 of 3 units on d0: still less loaded than d1 with one
+    core.started(1)
+    assert {core.route("k") for _ in range(50)} == {"d0"}
+
+
+def test_many_destinations_weighted_shares_follow_weights():
+    weights = [1.0, 2.0, 3.0, 4.0]
+    core = core_of({}, [DestinationSpec(f"d{i}", capacity_weight=w)
+                        for i, w in enumerate(weights)], seed=3)
+    for _ in range(4000):
+        core.started(core.route_index("u"))
+    shares = [core.inflight[i] / 4000 for i in range(4)]
+    assert shares == pytest.approx([w / 10 for w in weights], abs=0.02)
+
+
+def test_equal_weights_keep_the_unweighted_path():
+    core = core_of({}, fleet(4, capacity_weight=2.0))
+    assert not core._active.weighted
