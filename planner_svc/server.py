@@ -29,7 +29,7 @@ from planner_svc.control import ControlLoop, ValidatedRange
 from planner_svc.orchestration.planner import Planner, Tunables
 from planner_svc.settings import PlannerSettings
 from router_client import signing
-from router_client.plan import DestinationSpec
+from router_client.plan import parse_destinations
 
 log = logging.getLogger("cacheroute.planner")
 # Router reports older than this do not vote on destination health (routers report every
@@ -152,9 +152,13 @@ def build_service(
         namespace=settings.redis_namespace,
         retain=settings.retain_versions,
     )
-    destinations = [DestinationSpec(d) for d in settings.destinations]
+    try:
+        destinations = parse_destinations(settings.destinations)
+    except ValueError as exc:
+        raise SystemExit(f"--destinations: {exc}") from None
     if not destinations:
-        raise SystemExit("the planner needs destinations: --destinations d0,d1,...")
+        raise SystemExit("the planner needs destinations: --destinations "
+                         "d0[=http://host:port][*weight],d1,...")
     history = None
     if (consume if durable is None else durable) and settings.state_topic:
         history = KafkaHistory(settings.bootstrap, settings.state_topic)

@@ -59,6 +59,32 @@ class DestinationSpec:
     draining: bool = False
 
 
+def parse_destination(text: str) -> DestinationSpec:
+    """`id[=address][*weight]`, e.g. `e0=http://10.0.0.5:8000*2` (weight 2.0)."""
+    spec, _, weight = text.strip().partition("*")
+    ident, _, address = spec.partition("=")
+    ident = ident.strip()
+    if not ident:
+        raise ValueError(f"destination {text!r}: empty id")
+    try:
+        w = float(weight) if weight else 1.0
+    except ValueError:
+        raise ValueError(f"destination {text!r}: weight {weight!r} is not a number") from None
+    if not 0 < w < float("inf"):
+        raise ValueError(f"destination {text!r}: weight must be positive")
+    return DestinationSpec(ident, address.strip(), w)
+
+
+def parse_destinations(items: str | Sequence[str]) -> list[DestinationSpec]:
+    """A comma-separated list (or a sequence) of `parse_destination` items, ids unique."""
+    parts = items.split(",") if isinstance(items, str) else list(items)
+    specs = [parse_destination(p) for p in parts if p.strip()]
+    ids = [d.id for d in specs]
+    if len(set(ids)) != len(ids):
+        raise ValueError("a destination id appears twice")
+    return specs
+
+
 @dataclass(frozen=True, slots=True)
 class PlanConfig:
     q_cap: float

@@ -24,6 +24,7 @@ from streams.categorical import Categorical
 KIND_UNKNOWN = 0
 KIND_REQUEST = 1
 KIND_CACHE_HIT = 2
+KIND_ERROR = 3  # counted, never windowed into rates
 
 
 @dataclass
@@ -60,7 +61,8 @@ class EventColumns:
         return self.raw[int(self.raw_start[i]):int(self.raw_end[i])]
 
 
-_KIND = {"request": KIND_REQUEST, "cache_hit": KIND_CACHE_HIT, None: KIND_UNKNOWN}
+_KIND = {"request": KIND_REQUEST, "cache_hit": KIND_CACHE_HIT, "error": KIND_ERROR,
+         None: KIND_UNKNOWN}
 
 
 def decode_batch(raw: bytes) -> list[events_pb2.Event] | None:
@@ -75,7 +77,8 @@ def decode_batch(raw: bytes) -> list[events_pb2.Event] | None:
     return events
 
 
-_BODY_FIELD = {"request": "request", "cache_hit": "cache_hit", None: "request"}
+_BODY_FIELD = {"request": "request", "cache_hit": "cache_hit", "error": "error",
+               None: "request"}
 _which = methodcaller("WhichOneof", "body")
 _get = {name: attrgetter(name) for name in (
     "producer_id", "sequence", "timestamp_ms", "routing_key", "destination", "prompt_tokens",
@@ -106,6 +109,7 @@ def columns_of(events: list[events_pb2.Event], offsets: list[int]) -> EventColum
     kind = np.fromiter(map(_KIND.__getitem__, which), dtype=np.int8, count=n)
     bodies = list(map(getattr, events, map(_BODY_FIELD.__getitem__, which)))
     prefix = np.zeros(n, dtype=np.int64)
+    prompt = np.zeros(n, dtype=np.int64)
     cached = np.zeros(n, dtype=np.int64)
     depth = np.full(n, -1, dtype=np.int64)
     ttft = np.zeros(n, dtype=np.float64)
@@ -114,11 +118,13 @@ def columns_of(events: list[events_pb2.Event], offsets: list[int]) -> EventColum
     if req.size:
         reqs = list(map(bodies.__getitem__, req.tolist()))
         prefix[req] = _column("reusable_prefix_tokens", reqs)
+        prompt[req] = _column("prompt_tokens", reqs)
         depth[req] = _optional(reqs, "inflight")
     hit = np.flatnonzero(kind == KIND_CACHE_HIT)
     if hit.size:
         hits = list(map(bodies.__getitem__, hit.tolist()))
         cached[hit] = _column("cached_tokens", hits)
+        prompt[hit] = _column("prompt_tokens", hits)
         depth[hit] = _optional(hits, "queue_depth")
         ttft[hit] = _column("ttft_ms", hits)
         e2e[hit] = _column("e2e_ms", hits)
@@ -132,7 +138,7 @@ def columns_of(events: list[events_pb2.Event], offsets: list[int]) -> EventColum
         timestamp_ms=_column("timestamp_ms", events, np.int64),
         key=Categorical.of(_column("routing_key", bodies)),
         destination=Categorical.of(_column("destination", bodies)),
-        prompt_tokens=_column("prompt_tokens", bodies, np.int64),
+        prompt_tokens=prompt,
         cached_tokens=cached,
         prefix_tokens=prefix,
         depth=depth,

@@ -32,7 +32,7 @@ from cacheroute.v1 import events_pb2
 from streams.partitioning import partition_for_key
 
 log = logging.getLogger(__name__)
-_REQUEST, _CACHE_HIT = 1, 2
+_REQUEST, _CACHE_HIT, _ERROR = 1, 2, 3
 
 
 def _property(name: str) -> str:
@@ -95,6 +95,13 @@ class EventEmitter:
         """Buffer an engine's cache-hit report; False when dropped."""
         return self._append((_CACHE_HIT, routing_key, destination, timestamp_ms, prompt_tokens,
                              cached_tokens, output_tokens, queue_depth, ttft_ms, e2e_ms))
+
+    def emit_error(self, routing_key: str, destination: str, *, kind: str,
+                   status_code: int = 0, router_id: str = "",
+                   timestamp_ms: int | None = None) -> bool:
+        """Buffer a router's failed attempt at a destination; False when dropped."""
+        return self._append((_ERROR, routing_key, destination, timestamp_ms, status_code, kind,
+                             router_id))
 
     def _append(self, row: tuple) -> bool:
         ts = row[3] if row[3] is not None else int(time.time() * 1000)
@@ -172,6 +179,10 @@ class EventEmitter:
                 r.reusable_prefix_tokens, r.router_id = row[6], row[8]
                 if row[7] is not None:
                     r.inflight = row[7]
+            elif row[2] == _ERROR:
+                x = e.error
+                x.routing_key, x.destination, x.status_code = row[3], row[4], row[5]
+                x.kind, x.router_id = row[6], row[7]
             else:
                 c = e.cache_hit
                 c.routing_key, c.destination, c.prompt_tokens = row[3], row[4], row[5]

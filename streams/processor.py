@@ -16,6 +16,7 @@ import numpy as np
 from streams.config import StreamConfig
 from streams.decoding import (
     KIND_CACHE_HIT,
+    KIND_ERROR,
     KIND_REQUEST,
     EventColumns,
     columns_of,
@@ -124,6 +125,7 @@ class PartitionProcessor:
         by_type = self.counters.events_by_type
         by_type["request"] += int(np.count_nonzero(counted == KIND_REQUEST))
         by_type["cache_hit"] += int(np.count_nonzero(counted == KIND_CACHE_HIT))
+        by_type["error"] += int(np.count_nonzero(counted == KIND_ERROR))
         self.counters.overflow_events = self.windows.overflow_events
         self.counters.windows_closed += len(closed)
         out.windows.extend(closed)

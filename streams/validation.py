@@ -2,7 +2,7 @@
 
 Reasons, in order of precedence (the first that applies is reported):
 
-    unknown_type           the event body is neither a request nor a cache hit
+    unknown_type           the event body is none of request, cache hit, error
     missing_field          producer_id, sequence, timestamp, routing key or
                            destination unset; a cache hit without prompt tokens
     invalid_key            routing key or destination too long, or holds NUL

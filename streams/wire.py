@@ -28,7 +28,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import DecodeError
 
 from streams.categorical import Categorical
-from streams.decoding import KIND_CACHE_HIT, KIND_REQUEST, EventColumns
+from streams.decoding import KIND_CACHE_HIT, KIND_ERROR, KIND_REQUEST, EventColumns
 
 
 def _view_batch_class() -> Any:
@@ -46,10 +46,12 @@ def _view_batch_class() -> Any:
 _RawBatch = _view_batch_class()
 
 # Field numbers (events.proto). Event: producer_id 1, sequence 2, timestamp_ms 3,
-# request 10, cache_hit 11. Bodies: routing_key 1, destination 2, prompt_tokens 3,
+# request 10, cache_hit 11, error 12 (whose body shares routing_key 1 and destination 2;
+# its status_code 3 is not a token count, and its strings 9 and 10 are skipped).
+# Bodies: routing_key 1, destination 2, prompt_tokens 3,
 # reusable_prefix_tokens / cached_tokens 4, inflight / output_tokens 5,
 # (router_id) / queue_depth 6, ttft_ms 7, e2e_ms 8.
-_EVENT = ((2, 3), (1, 10, 11), ())
+_EVENT = ((2, 3), (1, 10, 11, 12), ())
 _BODY = ((3, 4, 5, 6), (1, 2), (7, 8))
 _MAX_FIELDS = 64  # more fields in one event or body: leave it to upb
 _FINGERPRINT_MAX_BYTES = 256  # longer strings are built per row
@@ -86,14 +88,17 @@ def _columns(joined: bytes, starts: np.ndarray, ends: np.ndarray,
              offsets: np.ndarray) -> EventColumns:
     buf = np.frombuffer(joined, dtype=np.uint8)
     ev = _parse(buf, starts, ends, *_EVENT)
-    req, hit = ev.seen[10], ev.seen[11]
+    req, hit, err = ev.seen[10], ev.seen[11], ev.seen[12]
     # protobuf merges a body given twice, and keeps the last of a oneof: rare, upb's job
-    if np.any(req > 1) or np.any(hit > 1) or np.any((req > 0) & (hit > 0)):
+    if np.any(req > 1) or np.any(hit > 1) or np.any(err > 1) or np.any(
+            (req > 0).astype(np.int8) + (hit > 0) + (err > 0) > 1):
         raise _Malformed
-    kind = np.where(req > 0, KIND_REQUEST, np.where(hit > 0, KIND_CACHE_HIT, 0)).astype(np.int8)
+    kind = np.select([req > 0, hit > 0, err > 0],
+                     [KIND_REQUEST, KIND_CACHE_HIT, KIND_ERROR], 0).astype(np.int8)
     is_hit = kind == KIND_CACHE_HIT
-    body_start = np.where(is_hit, ev.start[11], ev.start[10])
-    body_end = np.where(is_hit, ev.end[11], ev.end[10])
+    is_err = kind == KIND_ERROR
+    body_start = np.select([is_hit, is_err], [ev.start[11], ev.start[12]], ev.start[10])
+    body_end = np.select([is_hit, is_err], [ev.end[11], ev.end[12]], ev.end[10])
     body = _parse(buf, body_start, body_end, *_BODY)
     # uint32 fields keep the low 32 bits of the varint, as protobuf does
     u32 = {f: (body.varint[f] & np.uint64(0xFFFFFFFF)).astype(np.int64) for f in (3, 4, 5, 6)}
@@ -107,7 +112,7 @@ def _columns(joined: bytes, starts: np.ndarray, ends: np.ndarray,
         timestamp_ms=ev.varint[3].view(np.int64),
         key=_categorical(buf, text, body.start[1], body.end[1]),
         destination=_categorical(buf, text, body.start[2], body.end[2]),
-        prompt_tokens=u32[3],
+        prompt_tokens=np.where(is_err, 0, u32[3]),
         cached_tokens=np.where(is_hit, u32[4], 0),
         prefix_tokens=np.where(kind == KIND_REQUEST, u32[4], 0),
         depth=depth,

@@ -10,7 +10,7 @@ import argparse
 import logging
 import sys
 
-from planner_svc.cli import ops, replay_cmd
+from planner_svc.cli import gateway_cmd, ops, replay_cmd
 
 
 def _add_stack_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -64,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_stack_commands(sub)
     plan_sub = _add_plan_commands(sub)
     replay_cmd.add_commands(sub)  # replay, diagnose
+    gateway_cmd.add_commands(sub)
     ops.add_commands(sub, plan_sub)  # status, watch, replan, mode, ... and online plan commands
     return parser
 

@@ -510,6 +510,9 @@ class Planner:
                     }
                 )
             self._last_tick_s = -math.inf  # act on the change at the next tick
+            if self.installed is not None and self.traffic is not None and self._drain_changed():
+                # A destination drained or removed: move its keys now, not at the next tick.
+                self.tick()
             return self._once.remember(request_id, self.tunables)  # type: ignore[no-any-return]
 
     def _apply_decision_settings(self) -> None:

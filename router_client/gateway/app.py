@@ -72,9 +72,7 @@ class Gateway:
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.settings.host, self.settings.port, backlog=4096)
         await site.start()
-        server = site._server  # the bound port, when 0 was asked for
-        assert isinstance(server, asyncio.base_events.Server)
-        self.port = server.sockets[0].getsockname()[1]
+        self.port = self._runner.addresses[0][1]  # the bound port, when 0 was asked for
         log.info("gateway %s serving on %s", self.settings.router_id, self.url)
         return self
 

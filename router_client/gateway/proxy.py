@@ -124,7 +124,7 @@ class Proxy:
         rid = hdr.request_id(request.headers)
         out_headers = [
             (k, v) for k, v in hdr.forwarded(request.headers.items())
-            if k.lower() not in (hdr.REQUEST_ID, hdr.TRACEPARENT)
+            if k.lower() not in (hdr.REQUEST_ID, hdr.TRACEPARENT, "content-type")
         ]
         out_headers += [
             (hdr.REQUEST_ID, rid),

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
+from router_client.usage import CacheHitCounts, emit_counts, from_openai_usage, from_sglang_meta
 from streams.errors import ConfigError
 from streams.metrics import StreamCounters
 from streams.partitioning import partition_for_key
 from streams.settings import Settings, parse_settings
-from router_client.usage import CacheHitCounts, emit_counts, from_openai_usage, from_sglang_meta
 
 
 def test_cli_beats_env_beats_default():

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cacheroute.v1 import events_pb2
-from streams.decoding import columns_of, decode_batch
+from streams.decoding import KIND_ERROR, columns_of, decode_batch
 from streams.wire import fast_columns
 
 u32 = st.integers(0, 2**32 - 1)
@@ -81,7 +81,7 @@ def test_declines_garbage_and_unknown_body_fields_above_15():
 
 
 def test_unknown_body_type_and_empty_body():
-    future = b"\x0a\x01p\x10\x01\x18\x01" + b"\x62\x01x"  # field 12: a newer body type
+    future = b"\x0a\x01p\x10\x01\x18\x01" + b"\x6a\x01x"  # field 13: a newer body type
     empty = events_pb2.Event(producer_id="p", sequence=2, timestamp_ms=1,
                              request=events_pb2.RequestEvent()).SerializeToString()
     raw = b"\x0a" + bytes([len(future)]) + future + b"\x0a" + bytes([len(empty)]) + empty
@@ -89,6 +89,21 @@ def test_unknown_body_type_and_empty_body():
     assert fast is not None
     assert_same(fast, reference([(3, raw)]))
     assert fast.kind.tolist() == [0, 1]
+
+
+def test_error_events_decode_like_the_reference_and_carry_no_tokens():
+    err = events_pb2.Event(producer_id="p", sequence=3, timestamp_ms=5, error=events_pb2.ErrorEvent(
+        routing_key="k", destination="d1", status_code=503, kind="http_5xx", router_id="gw"))
+    req = events_pb2.Event(producer_id="p", sequence=4, timestamp_ms=6,
+                           request=events_pb2.RequestEvent(routing_key="k", destination="d1",
+                                                           prompt_tokens=7))
+    raw = _batch(err, req)
+    fast = fast_columns([(9, raw)])
+    assert fast is not None
+    assert_same(fast, reference([(9, raw)]))
+    assert fast.kind.tolist() == [KIND_ERROR, 1]
+    assert fast.prompt_tokens.tolist() == [0, 7]
+    assert fast.destination[0] == "d1" and fast.key[0] == "k"
 
 
 def _batch(*events):

@@ -42,19 +42,35 @@ class CacheHitEvent(_message.Message):
     e2e_ms: float
     def __init__(self, routing_key: _Optional[str] = ..., destination: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., queue_depth: _Optional[int] = ..., ttft_ms: _Optional[float] = ..., e2e_ms: _Optional[float] = ...) -> None: ...
 
+class ErrorEvent(_message.Message):
+    __slots__ = ("routing_key", "destination", "status_code", "kind", "router_id")
+    ROUTING_KEY_FIELD_NUMBER: _ClassVar[int]
+    DESTINATION_FIELD_NUMBER: _ClassVar[int]
+    STATUS_CODE_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    ROUTER_ID_FIELD_NUMBER: _ClassVar[int]
+    routing_key: str
+    destination: str
+    status_code: int
+    kind: str
+    router_id: str
+    def __init__(self, routing_key: _Optional[str] = ..., destination: _Optional[str] = ..., status_code: _Optional[int] = ..., kind: _Optional[str] = ..., router_id: _Optional[str] = ...) -> None: ...
+
 class Event(_message.Message):
-    __slots__ = ("producer_id", "sequence", "timestamp_ms", "request", "cache_hit")
+    __slots__ = ("producer_id", "sequence", "timestamp_ms", "request", "cache_hit", "error")
     PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
     REQUEST_FIELD_NUMBER: _ClassVar[int]
     CACHE_HIT_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
     producer_id: str
     sequence: int
     timestamp_ms: int
     request: RequestEvent
     cache_hit: CacheHitEvent
-    def __init__(self, producer_id: _Optional[str] = ..., sequence: _Optional[int] = ..., timestamp_ms: _Optional[int] = ..., request: _Optional[_Union[RequestEvent, _Mapping]] = ..., cache_hit: _Optional[_Union[CacheHitEvent, _Mapping]] = ...) -> None: ...
+    error: ErrorEvent
+    def __init__(self, producer_id: _Optional[str] = ..., sequence: _Optional[int] = ..., timestamp_ms: _Optional[int] = ..., request: _Optional[_Union[RequestEvent, _Mapping]] = ..., cache_hit: _Optional[_Union[CacheHitEvent, _Mapping]] = ..., error: _Optional[_Union[ErrorEvent, _Mapping]] = ...) -> None: ...
 
 class EventBatch(_message.Message):
     __slots__ = ("events",)

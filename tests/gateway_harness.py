@@ -1,0 +1,127 @@
+"""A real gateway on its own event loop thread, for tests that call it with the sync SDK.
+
+The engines are the emulator process (planner_svc.devstack.engines, started by a fixture);
+the gateway, its router client and its plan source are the production classes, run on a
+loop in a background thread so the test can use blocking clients and read the client's
+state (`run(coro)` runs a coroutine on that loop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import urllib.request
+from collections.abc import Coroutine
+from typing import Any
+
+from planner_svc.devstack.engines import EngineFleet
+from router_client.aio import AsyncRouterClient
+from router_client.gateway import Gateway, GatewaySettings
+from router_client.health import HealthPolicy, ProbeSettings
+from router_client.plan import DestinationSpec, KeyTable, PlanConfig, RoutingPlan, Version
+from router_client.source import AsyncPlanSource, AsyncStaticPlanSource, StaticPlanSource
+
+
+class RecordingSink:
+    """Collects the gateway's events (thread-safe enough for a test: appends only)."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str, str, dict[str, Any]]] = []
+
+    def emit_request(self, key: str, dest: str, **kw: Any) -> bool:
+        self.events.append(("request", key, dest, kw))
+        return True
+
+    def emit_cache_hit(self, key: str, dest: str, **kw: Any) -> bool:
+        self.events.append(("cache_hit", key, dest, kw))
+        return True
+
+    def emit_error(self, key: str, dest: str, **kw: Any) -> bool:
+        self.events.append(("error", key, dest, kw))
+        return True
+
+    def kinds(self) -> list[str]:
+        return [e[0] for e in self.events]
+
+
+class GatewayThread:
+    def __init__(self, destinations: list[DestinationSpec], *,
+                 source: AsyncPlanSource | None = None, public_keys: Any = None,
+                 settings: GatewaySettings | None = None, health: HealthPolicy | None = None,
+                 probe: ProbeSettings | None = None) -> None:
+        self.static = StaticPlanSource()
+        self.source = source or AsyncStaticPlanSource(self.static, poll_s=0.02)
+        self.public_keys = public_keys or self.static.public_keys
+        self.destinations = destinations
+        self.settings = settings or GatewaySettings(port=0, router_id="gw-test")
+        self.health = health
+        self.probe = probe
+        self.sink = RecordingSink()
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.client: AsyncRouterClient | None = None
+        self.gateway: Gateway | None = None
+
+    def start(self) -> GatewayThread:
+        self._thread.start()
+        self.run(self._start())
+        return self
+
+    async def _start(self) -> None:
+        self.client = AsyncRouterClient(
+            self.source, router_id=self.settings.router_id, public_keys=self.public_keys,
+            destination_ids=[d.id for d in self.destinations],
+            addresses={d.id: d.address for d in self.destinations},
+            health=self.health, probe=self.probe, recheck_s=0.2, status_interval_s=0.2)
+        await self.client.start()
+        self.gateway = Gateway(self.client, self.settings, sink=self.sink)
+        await self.gateway.start()
+
+    def run(self, coro: Coroutine[Any, Any, Any], timeout_s: float = 60.0) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
+
+    def stop(self) -> None:
+        async def _stop() -> None:
+            if self.gateway is not None:
+                await self.gateway.stop()
+            if self.client is not None:
+                await self.client.stop()
+        try:
+            self.run(_stop())
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(5)
+
+    @property
+    def url(self) -> str:
+        assert self.gateway is not None
+        return self.gateway.url
+
+    def publish(self, destinations: list[DestinationSpec],
+                sets: dict[str, tuple[int, ...]] | None = None, seq: int = 1) -> Version:
+        """Install a plan through the static source (as the planner would through Redis)."""
+        sets = sets or {}
+        plan = RoutingPlan(
+            config=PlanConfig(10.0, 4, 16, built_by="build"), destinations=tuple(destinations),
+            table=KeyTable.from_sets(list(sets), list(sets.values()), [1.0] * len(sets)),
+            version=Version(1, seq))
+        self.static.publish(plan)
+        return plan.version
+
+
+def _control(fleet: EngineFleet, path: str, body: dict[str, Any] | None = None) -> Any:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(fleet.control + path, data=data,
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        return json.loads(resp.read())
+
+
+def fault(fleet: EngineFleet, engine: str, mode: str, **kw: Any) -> None:
+    """Make one emulated engine misbehave (planner_svc.devstack.engines modes)."""
+    _control(fleet, f"/engines/{engine}/fault", {"mode": mode, **kw})
+
+
+def last_request(fleet: EngineFleet, engine: str) -> Any:
+    return _control(fleet, f"/engines/{engine}/last_request")

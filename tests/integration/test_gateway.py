@@ -1,0 +1,399 @@
+"""The edge gateway with real clients (the openai SDK, sync and async) in front of the
+emulated engines (a real HTTP server process). Planner-driven cases are in
+test_gateway_planner.py."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx2 as httpx  # the HTTP client the openai SDK itself uses
+import openai
+import pytest
+
+from planner_svc.devstack.engines import EngineFleet, start_engines
+from router_client.gateway import GatewaySettings
+from router_client.health import HealthPolicy, ProbeSettings
+from router_client.keys import derive_key
+from router_client.plan import DestinationSpec
+from tests.gateway_harness import GatewayThread, fault, last_request
+from tests.waiting import eventually
+
+pytestmark = pytest.mark.integration
+SYSTEM = {"role": "system", "content": "You are a careful assistant for ACME Corp. " * 20}
+
+
+@pytest.fixture(scope="module")
+def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineFleet]:
+    # Time scale 0.02: a request takes tens of milliseconds, the model's shape kept.
+    fleet = start_engines(tmp_path_factory.mktemp("engines"), 4,
+                          extra=["--time-scale", "0.02", "--faults"])
+    yield fleet
+    fleet.stop()
+
+
+@pytest.fixture()
+def fleet(engines: EngineFleet) -> Iterator[EngineFleet]:
+    """The engines, every fault cleared before and after the test."""
+    for engine in engines.urls:
+        fault(engines, engine, "up")
+    yield engines
+    for engine in engines.urls:
+        fault(engines, engine, "up")
+
+
+def specs(fleet: EngineFleet, **weights: float) -> list[DestinationSpec]:
+    return [DestinationSpec(i, u, weights.get(i, 1.0)) for i, u in fleet.urls.items()]
+
+
+@pytest.fixture()
+def gw(fleet: EngineFleet) -> Iterator[GatewayThread]:
+    g = GatewayThread(specs(fleet), settings=GatewaySettings(
+        port=0, router_id="gw-test", first_byte_timeout_s=1.5, idle_timeout_s=1.0)).start()
+    yield g
+    g.stop()
+
+
+def sdk(g: GatewayThread, **kw: object) -> openai.OpenAI:
+    return openai.OpenAI(base_url=g.url + "/v1", api_key="sk-test", max_retries=0, **kw)
+
+
+def chat(client: openai.OpenAI, text: str = "hello", **kw: object):
+    return client.chat.completions.create(
+        model="m", messages=[SYSTEM, {"role": "user", "content": text}], **{"max_tokens": 8, **kw})
+
+
+# --- proxying -----------------------------------------------------------------------
+
+def test_chat_and_completions_non_streamed_with_usage_and_events(
+        gw: GatewayThread, fleet: EngineFleet) -> None:
+    body = {"model": "m", "messages": [SYSTEM, {"role": "user", "content": "hello"}]}
+    key = derive_key(body, {}).key
+    gw.publish(specs(fleet), {key: (2,)})  # the key admitted, pinned to e2
+    assert gw.client is not None and eventually(lambda: gw.client.version.seq == 1)
+    c = sdk(gw)
+    first, second = chat(c), chat(c)
+    assert first.choices[0].message.content and first.usage.prompt_tokens > 200
+    # the same leading prefix keys to the same place: the second is served from its cache
+    assert second.usage.prompt_tokens_details.cached_tokens >= 200
+    done = c.completions.create(model="m", prompt="Once upon a time " * 30, max_tokens=5)
+    assert done.choices[0].text and done.usage.completion_tokens == 5
+    kinds = Counter(gw.sink.kinds())
+    assert kinds["request"] == 3 and kinds["cache_hit"] == 3
+    hit = [e for e in gw.sink.events if e[0] == "cache_hit"][1]
+    assert hit[3]["cached_tokens"] == second.usage.prompt_tokens_details.cached_tokens
+    assert hit[3]["prompt_tokens"] == second.usage.prompt_tokens and hit[3]["e2e_ms"] > 0
+
+
+@pytest.mark.parametrize("include_usage", [False, True])
+def test_streams_relay_and_usage_is_emitted_either_way(gw: GatewayThread,
+                                                      include_usage: bool) -> None:
+    c = sdk(gw)
+    options = {"stream_options": {"include_usage": True}} if include_usage else {}
+    chunks = list(chat(c, "stream please", stream=True, max_tokens=12, **options))
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert len(text) == 12 * 4  # 12 tokens of 4 bytes
+    usage_chunks = [ch for ch in chunks if ch.usage is not None]
+    if include_usage:  # exactly what the client asked for: one usage chunk, last
+        assert len(usage_chunks) == 1 and chunks[-1].usage.completion_tokens == 12
+    else:
+        assert usage_chunks == [] and all(ch.choices for ch in chunks)
+    hits = [e for e in gw.sink.events if e[0] == "cache_hit"]
+    assert len(hits) == 1 and hits[0][3]["output_tokens"] == 12
+    assert 0 < hits[0][3]["ttft_ms"] <= hits[0][3]["e2e_ms"]
+
+
+def test_streamed_completions(gw: GatewayThread) -> None:
+    c = sdk(gw)
+    chunks = list(c.completions.create(model="m", prompt="abc " * 50, max_tokens=8, stream=True))
+    assert "".join(ch.choices[0].text for ch in chunks if ch.choices)
+    assert [e[0] for e in gw.sink.events] == ["request", "cache_hit"]
+
+
+def test_async_sdk_and_500_concurrent_requests_all_answered(gw: GatewayThread) -> None:
+    async def main() -> list[int]:
+        c = openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="k", max_retries=0,
+                               http_client=openai.DefaultAsyncHttpxClient(
+                                   limits=httpx.Limits(max_connections=500)))
+        async def one(i: int) -> int:
+            r = await c.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": f"user {i % 40} asks"}],
+                max_tokens=4)
+            return r.usage.completion_tokens
+        try:
+            return await asyncio.gather(*(one(i) for i in range(500)))
+        finally:
+            await c.close()
+    assert asyncio.run(main()) == [4] * 500
+    assert Counter(gw.sink.kinds())["cache_hit"] == 500
+
+
+def test_headers_pass_both_ways_with_request_id_and_trace(gw: GatewayThread,
+                                                        fleet: EngineFleet) -> None:
+    trace = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    c = sdk(gw, default_headers={"x-tenant": "acme", "traceparent": trace,
+                                 "x-request-id": "req-123", "x-routing-key": "tenant-acme"})
+    raw = c.chat.completions.with_raw_response.create(
+        model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    assert raw.headers["x-request-id"] == "req-123"
+    served_by = raw.headers["x-cacheroute-destination"]
+    assert raw.headers["x-emulated-engine"] == served_by  # upstream response headers pass
+    seen = dict((k.lower(), v) for k, v in last_request(fleet, served_by)["headers"])
+    assert seen["authorization"] == "Bearer sk-test" and seen["x-tenant"] == "acme"
+    assert seen["x-request-id"] == "req-123"
+    version, trace_id, parent, flags = seen["traceparent"].split("-")
+    assert (version, trace_id, flags) == ("00", trace.split("-")[1], "01")
+    assert parent != trace.split("-")[2]  # the gateway is a hop: a new parent span
+    assert "connection" not in seen or seen["connection"].lower() == "keep-alive"
+    key = next(e for e in gw.sink.events if e[0] == "request")[1]
+    assert key == "m/h:tenant-acme"
+
+
+def test_unknown_paths_are_refused_clearly_and_models_aggregated(gw: GatewayThread) -> None:
+    r = httpx.get(gw.url + "/admin")
+    assert r.status_code == 404 and "no route" in r.json()["error"]["message"]
+    assert [m.id for m in sdk(gw).models.list()] == ["emulated-model"]
+    assert httpx.get(gw.url + "/readyz").json()["usable_destinations"] == 4
+    assert "cacheroute_gateway_requests_total" in httpx.get(gw.url + "/metrics").text
+
+
+def test_bad_bodies_get_clear_errors(gw: GatewayThread) -> None:
+    r = httpx.post(gw.url + "/v1/chat/completions", content=b"{not json")
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+    r = httpx.post(gw.url + "/v1/chat/completions", content=b"[1, 2]")
+    assert r.status_code == 400
+    r = httpx.post(gw.url + "/v1/chat/completions", content=b"x" * (9 << 20))
+    assert r.status_code == 413
+
+
+# --- failures -------------------------------------------------------------------------
+
+def pin(g: GatewayThread, fleet: EngineFleet, text: str, members: tuple[int, ...],
+        seq: int = 1) -> None:
+    """Admit the key of `chat(text)` to `members` in a plan the gateway applies."""
+    body = {"model": "m", "messages": [SYSTEM, {"role": "user", "content": text}]}
+    g.publish(specs(fleet), {derive_key(body, {}).key: members}, seq=seq)
+    assert g.client is not None and eventually(lambda: g.client.version.seq == seq)
+
+
+def _served_by(g: GatewayThread, text: str) -> str:
+    raw = sdk(g).chat.completions.with_raw_response.create(
+        model="m", messages=[SYSTEM, {"role": "user", "content": text}], max_tokens=4)
+    return str(raw.headers["x-cacheroute-destination"])
+
+
+def test_a_backend_dying_mid_stream_reaches_the_client_as_an_error(
+        gw: GatewayThread, fleet: EngineFleet) -> None:
+    for engine in fleet.urls:
+        fault(fleet, engine, "die_mid_stream", after_chunks=2)
+    stream = chat(sdk(gw), "will break", stream=True, max_tokens=40)
+    with pytest.raises((openai.APIError, httpx.HTTPError)):
+        for _ in stream:
+            pass
+    assert [e[0] for e in gw.sink.events] == ["request", "error"]
+    assert gw.sink.events[1][3]["kind"] == "reset"
+
+
+def test_a_slow_backend_is_not_sent_the_request_twice(gw: GatewayThread,
+                                                     fleet: EngineFleet) -> None:
+    before = {i: last_request(fleet, i).get("requests", 0) for i in fleet.urls}
+    for engine in fleet.urls:
+        fault(fleet, engine, "slow", delay_s=0.6)  # slower than usual, inside the 1.5 s first byte
+    assert chat(sdk(gw), "patience").usage.completion_tokens == 8
+    for engine in fleet.urls:
+        fault(fleet, engine, "slow", delay_s=3.0)  # past the first-byte timeout: 504, never a retry
+    with pytest.raises(openai.APIStatusError) as err:
+        chat(sdk(gw), "too slow")
+    assert err.value.status_code == 504
+    time.sleep(3.2)  # let the slow engine finish what it was sent
+    after = {i: last_request(fleet, i).get("requests", 0) for i in fleet.urls}
+    assert sum(after.values()) - sum(before.values()) == 2  # one generation per request
+
+
+def test_connect_refused_is_retried_elsewhere_invisibly(gw: GatewayThread,
+                                                       fleet: EngineFleet) -> None:
+    pin(gw, fleet, "sticky question", (1,))
+    victim = _served_by(gw, "sticky question")
+    assert victim == "e1"
+    fault(fleet, victim, "down")
+    for _ in range(10):
+        assert _served_by(gw, "sticky question") != victim
+    assert Counter(e[3]["kind"] for e in gw.sink.events if e[0] == "error")["connect_error"] >= 1
+
+
+def test_5xx_ejects_then_traffic_moves_and_recovery_readmits(fleet: EngineFleet) -> None:
+    g = GatewayThread(specs(fleet), health=HealthPolicy(
+        consecutive_failures=3, base_ejection_s=1.0, max_ejection_s=2.0),
+        settings=GatewaySettings(port=0, router_id="gw-5xx")).start()
+    try:
+        c = sdk(g)
+        pin(g, fleet, "the same question", (2,))
+        victim = _served_by(g, "the same question")
+        fault(fleet, victim, "status", status=500)
+        codes = []
+        for _ in range(3):  # a 500 may have generated: passed through, not retried
+            with pytest.raises(openai.InternalServerError):
+                chat(c, "the same question")
+            codes.append(500)
+        assert g.client is not None and not g.client.core.is_usable(victim)
+        assert all(_served_by(g, "the same question") != victim for _ in range(10))
+        fault(fleet, victim, "ok")
+        assert eventually(lambda: g.client.core.is_usable(victim), 4.0)
+        assert g.client.ejections >= 1 and g.client.readmissions >= 1
+    finally:
+        g.stop()
+
+
+def test_a_hanging_backend_times_out_is_ejected_and_comes_back_by_probe(
+        fleet: EngineFleet) -> None:
+    g = GatewayThread(
+        specs(fleet), health=HealthPolicy(consecutive_failures=2, base_ejection_s=60.0,
+                                          unhealthy_after=1, healthy_after=1),
+        probe=ProbeSettings(path="/health", period_s=0.2, timeout_s=0.5),
+        settings=GatewaySettings(port=0, router_id="gw-hang", first_byte_timeout_s=0.5)).start()
+    try:
+        pin(g, fleet, "hang on", (0,))
+        victim = _served_by(g, "hang on")
+        fault(fleet, victim, "hang")
+        for _ in range(2):
+            with pytest.raises(openai.APIStatusError) as err:
+                chat(sdk(g), "hang on")
+            assert err.value.status_code == 504
+        assert g.client is not None and not g.client.core.is_usable(victim)
+        assert _served_by(g, "hang on") != victim
+        fault(fleet, victim, "unhealthy")  # probes now fail too
+        assert eventually(lambda: any(v.probed_down for v in g.client.health_views()), 3.0)
+        fault(fleet, victim, "ok")
+        # The 60 s ejection still holds: probes alone do not override outlier detection.
+        time.sleep(0.6)
+        assert not g.client.core.is_usable(victim)
+    finally:
+        g.stop()
+
+
+def test_503_overload_is_retried_on_another_destination(gw: GatewayThread,
+                                                       fleet: EngineFleet) -> None:
+    pin(gw, fleet, "overloaded key", (3,))
+    victim = _served_by(gw, "overloaded key")
+    fault(fleet, victim, "status", status=503)
+    assert _served_by(gw, "overloaded key") != victim
+    assert gw.gateway is not None
+    for engine in fleet.urls:
+        fault(fleet, engine, "status", status=503)
+    with pytest.raises(openai.APIStatusError) as err:  # everything overloaded: passed through
+        chat(sdk(gw), "overloaded key")
+    assert err.value.status_code == 503 and err.value.response.headers["retry-after"] == "1"
+
+
+# --- drain and weights (through the plan the router follows) ---------------------------
+
+def test_drain_moves_every_new_request_off_within_a_second(gw: GatewayThread,
+                                                          fleet: EngineFleet) -> None:
+    dests = specs(fleet)
+    gw.publish(dests, {"m/h:k1": (0, 3)})
+    assert gw.client is not None and eventually(lambda: gw.client.version.seq == 1)
+    drained = dests[3].id
+    gw.publish([*dests[:3], DestinationSpec(drained, dests[3].address, draining=True)],
+               {"m/h:k1": (0, 3)}, seq=2)
+    t0 = time.monotonic()
+    assert eventually(lambda: gw.client.version.seq == 2, 1.0)
+    assert time.monotonic() - t0 < 1.0
+    c = sdk(gw, default_headers={"x-routing-key": "k1"})
+    seen = Counter()
+    for i in range(60):
+        raw = c.chat.completions.with_raw_response.create(
+            model="m", messages=[{"role": "user", "content": f"q{i}"}], max_tokens=2)
+        seen[raw.headers["x-cacheroute-destination"]] += 1
+        seen[_served_by(gw, f"unplanned {i}")] += 1
+    assert seen[drained] == 0 and sum(seen.values()) == 120
+
+
+def test_capacity_weights_4_to_1_split_the_load_4_to_1(fleet: EngineFleet) -> None:
+    big, small = list(fleet.urls)[:2]
+    dests = [DestinationSpec(big, fleet.urls[big], 4.0),
+             DestinationSpec(small, fleet.urls[small], 1.0)]
+    g = GatewayThread(dests, settings=GatewaySettings(port=0, router_id="gw-w")).start()
+    try:
+        g.publish(dests)
+        assert g.client is not None and eventually(lambda: g.client.version.seq == 1)
+
+        core = g.client.core
+        samples: list[tuple[int, int]] = []
+
+        async def sample_load() -> None:  # on the gateway's loop: its in-flight counts
+            while True:
+                samples.append((core.inflight[core.slot_of(big)],
+                                core.inflight[core.slot_of(small)]))
+                await asyncio.sleep(0.002)
+
+        sampler = asyncio.run_coroutine_threadsafe(sample_load(), g.loop)
+
+        async def main() -> Counter[str]:
+            seen: Counter[str] = Counter()
+            async with httpx.AsyncClient(base_url=g.url, timeout=30) as h:
+                async def worker(w: int) -> None:
+                    for i in range(25):
+                        r = await h.post("/v1/completions", json={
+                            "model": "m", "prompt": f"w{w} n{i}", "max_tokens": 2})
+                        seen[r.headers["x-cacheroute-destination"]] += 1
+                await asyncio.gather(*(worker(w) for w in range(20)))
+            return seen
+        seen = asyncio.run(main())
+        sampler.cancel()
+        assert sum(seen.values()) == 500
+        busy = [(a, b) for a, b in samples if a + b >= 10]  # while the fleet was loaded
+        load_big, load_small = sum(a for a, _ in busy), sum(b for _, b in busy)
+        assert load_big / load_small == pytest.approx(4.0, rel=0.1)  # in flight: 4:1
+        # Served requests follow, a little below 4:1: the emulated engines are equally
+        # fast, so the one holding 4x the batch answers each request a little later.
+        assert 3.0 <= seen[big] / seen[small] <= 4.4
+    finally:
+        g.stop()
+
+
+def test_graceful_shutdown_finishes_in_flight_streams(fleet: EngineFleet) -> None:
+    g = GatewayThread(specs(fleet), settings=GatewaySettings(port=0, router_id="gw-stop",
+                                                             shutdown_grace_s=10)).start()
+    for engine in fleet.urls:
+        fault(fleet, engine, "slow", delay_s=0.5)
+    stream = chat(sdk(g), "long answer", stream=True, max_tokens=20)
+    stopping = asyncio.run_coroutine_threadsafe(g.gateway.stop(), g.loop)  # type: ignore[union-attr]
+    text = "".join(ch.choices[0].delta.content or "" for ch in stream if ch.choices)
+    assert len(text) == 80
+    stopping.result(10)
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(g.url + "/healthz")
+    g.gateway = None
+    g.stop()
+
+
+def test_readiness_fails_while_stopping(gw: GatewayThread) -> None:
+    assert httpx.get(gw.url + "/readyz").status_code == 200
+    assert gw.gateway is not None
+    gw.gateway.stopping = True
+    assert httpx.get(gw.url + "/readyz").status_code == 503
+    gw.gateway.stopping = False
+
+
+def test_gateway_cli_serves_and_stops(tmp_path: Path, fleet: EngineFleet) -> None:
+    import subprocess
+    import sys
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "planner_svc.cli.main", "gateway", "--port", "0",
+         "--destinations", fleet.destinations(), "--probe-path", ""],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("CACHEROUTE_GATEWAY="), line
+        url = line.strip().split("=", 1)[1]
+        c = openai.OpenAI(base_url=url + "/v1", api_key="k", max_retries=0)
+        r = c.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}],
+                                      max_tokens=3)
+        assert r.usage.completion_tokens == 3
+    finally:
+        proc.terminate()
+        assert proc.wait(15) == 0
