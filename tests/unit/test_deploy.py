@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from planner_svc.cli.gateway_cmd import FLAGS as GATEWAY_FLAGS
 from planner_svc.devstack.stack import StackOptions
 from planner_svc.settings import PlannerSettings, from_env
 from router_client.client_base import _HELP as ROUTER_HELP
@@ -38,6 +39,7 @@ PLANNER_ENV = {f"CACHEROUTE_{f.name.upper()}" for f in fields(PlannerSettings)} 
 }
 STREAMS_ENV = {f"CACHEROUTE_{f.name.upper()}" for f in fields(StreamSettings)}
 CLI_ENV = {"CACHEROUTE_PLANNER", "CACHEROUTE_TOKEN", "CACHEROUTE_TLS_CA"}
+GATEWAY_ENV = {"CACHEROUTE_GATEWAY_" + f.upper().replace("-", "_") for f in GATEWAY_FLAGS}
 
 
 def load_all(path: Path) -> list[dict[str, Any]]:
@@ -79,7 +81,7 @@ def cacheroute_names(env: dict[str, Any]) -> set[str]:
 def test_compose_services_share_one_image_of_the_project_version():
     services = compose()["services"]
     ours = {name: s for name, s in services.items() if "cacheroute" in str(s.get("image", ""))}
-    assert set(ours) == {"planner", "streams", "demo"}
+    assert set(ours) == {"planner", "streams", "demo", "gateway"}
     assert {s["image"] for s in ours.values()} == {IMAGE}
     assert {s["build"]["dockerfile"] for s in ours.values()} == {"deploy/docker/Dockerfile"}
     assert services["kafka"]["environment"]["KAFKA_PROCESS_ROLES"] == "broker,controller"
@@ -104,6 +106,20 @@ def test_compose_env_names_and_values_are_what_the_code_reads():
     worker = parse_settings([], streams_env)
     assert worker.web_port == StreamSettings().web_port == 6066
     assert worker.snapshots_topic == settings.snapshots_topic
+
+
+def test_gateway_config_names_flags_that_exist_and_parses():
+    from router_client.plan import parse_destinations
+    compose_env = compose()["services"]["gateway"]["environment"]
+    k8s_env = configmap_env("cacheroute-gateway")
+    c = container("cacheroute-gateway")
+    for env in (compose_env, k8s_env, {e["name"]: "" for e in c["env"]}):
+        assert cacheroute_names(env) <= GATEWAY_ENV, cacheroute_names(env) - GATEWAY_ENV
+    assert int(k8s_env["CACHEROUTE_GATEWAY_PORT"]) == c["ports"][0]["containerPort"]
+    assert parse_destinations(k8s_env["CACHEROUTE_GATEWAY_DESTINATIONS"])
+    assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert compose()["services"]["gateway"]["command"] == c["command"] == ["cacheroute", "gateway"]
 
 
 def test_compose_creates_the_topics_the_code_uses():
@@ -179,7 +195,7 @@ def test_k8s_probes_resources_and_budgets():
 def test_k8s_secrets_configmaps_and_service_ports_resolve():
     secret = by_kind("Secret")["cacheroute-secrets"]["stringData"]
     configmaps = by_kind("ConfigMap")
-    for name in ("cacheroute-planner", "cacheroute-streams"):
+    for name in ("cacheroute-planner", "cacheroute-streams", "cacheroute-gateway"):
         spec = by_kind("Deployment")[name]["spec"]["template"]["spec"]
         c = spec["containers"][0]
         for source in c.get("envFrom", []):
@@ -215,7 +231,9 @@ def test_dockerfile_copies_what_exists_and_exposes_the_ports():
             for source in line.split()[1:-1]:
                 assert (ROOT / source).exists(), source
     exposed = {int(p) for p in re.search(r"^EXPOSE (.+)$", text, re.M).group(1).split()}
-    assert exposed == {PlannerSettings().grpc_port, 9464, StreamSettings().web_port}
+    assert exposed == {PlannerSettings().grpc_port, 9464, StreamSettings().web_port,
+                       GATEWAY_FLAGS["port"][1]}
+    assert "[gateway]" in text
     ignore = (DEPLOY / "docker" / "Dockerfile.dockerignore").read_text()
     assert "!deploy/docker/demo_fleet.py" in ignore and "!protos/**" in ignore
 
