@@ -17,11 +17,13 @@ healthy does P2C fall back to the healthy draining ones, then to every destinati
 router that refuses every request helps nobody).
 
 *Load* is in-flight requests relative to the destination's capacity weight (the plan's
-`capacity_weight`, 1.0 = a reference replica). With unequal weights P2C also draws its
-two candidates in proportion to weight, and ties go to a candidate in proportion to its
-weight, so an idle 4:1 fleet is split 4:1 and a busy one balances in-flight per unit of
-capacity. With equal weights (the common case) the decision is the unweighted one, on a
-separate fast path.
+`capacity_weight`, 1.0 = a reference replica), counted with the request being placed:
+`(in-flight + 1) / weight`, the load the destination would have if it got this request.
+With unequal weights P2C also draws its two candidates in proportion to weight, and exact
+ties go to a candidate in proportion to its weight. So a 4:1 fleet holds in-flight 4:1 at
+any concurrency of 5 and more, and a lone request goes to the larger destination (it is
+idle and faster). With equal weights (the common case) the decision is the unweighted one,
+on a separate fast path.
 
 Indices returned by `route_index` are *slots* of the core: positions in
 `RouterCore.destination_ids`, which only ever grows, so a slot keeps naming the
@@ -461,7 +463,8 @@ class RouterCore:
         if len(pool) == 1:
             return pool[0]
         x, y = random.Random(self._rand()).sample(pool, 2)
-        lx, ly = self.inflight[x] * a.inv_weight[x], self.inflight[y] * a.inv_weight[y]
+        lx = (self.inflight[x] + 1) * a.inv_weight[x]
+        ly = (self.inflight[y] + 1) * a.inv_weight[y]
         return x if lx <= ly else y
 
     def _least_loaded(self, members: tuple[int, ...], a: _Active) -> int:
@@ -487,7 +490,7 @@ class RouterCore:
         for m in members:
             if not usable[m]:
                 continue
-            load = inflight[m] * inv[m]
+            load = (inflight[m] + 1) * inv[m]
             if best < 0 or load < best_load:
                 best, best_load, tied_weight = m, load, 1.0 / inv[m]
             elif load == best_load:
@@ -531,7 +534,7 @@ class RouterCore:
         if j == i:  # one weight dominates the pool: any other member
             j = (i + 1 + int(rand() * (len(pool) - 1))) % len(pool)
         x, y = pool[min(i, len(pool) - 1)], pool[min(j, len(pool) - 1)]
-        lx, ly = self.inflight[x] * inv[x], self.inflight[y] * inv[y]
+        lx, ly = (self.inflight[x] + 1) * inv[x], (self.inflight[y] + 1) * inv[y]
         if lx < ly:
             return x
         if ly < lx:

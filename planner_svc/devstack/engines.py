@@ -37,11 +37,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aiohttp import web
-
 from planner_svc.devstack.processes import ManagedProcess, ServerStartError
 from planner_svc.simulator import text as txt
 from planner_svc.simulator.replica import Replica, ReplicaModel
+from router_client.gateway.http11 import HttpServer, Request, Responder, ServerLimits
 
 MAX_OUTPUT_TOKENS = 4096
 DEFAULT_OUTPUT_TOKENS = 16
@@ -58,6 +57,7 @@ class Fault:
 
 @dataclass
 class EngineCounters:
+    received: int = 0  # requests that arrived (before any fault applies)
     requests: int = 0
     prompt_tokens: int = 0
     cached_tokens: int = 0
@@ -66,83 +66,87 @@ class EngineCounters:
 
 
 class EmulatedEngine:
-    """One engine: its replica model, its HTTP app, its faults and counters."""
+    """One engine: its replica model, its HTTP server, its faults and counters."""
 
     def __init__(self, engine_id: str, model: ReplicaModel, *, served_model: str,
-                 host: str = "127.0.0.1", faults: bool = False) -> None:
+                 host: str = "127.0.0.1", faults: bool = False,
+                 load_shape: str = "sglang") -> None:
         self.id = engine_id
         self.replica = Replica(model)
         self.block_tokens = model.block_tokens
         self.served_model = served_model
         self.host = host
         self.faults_enabled = faults
+        self.load_shape = load_shape
         self.fault = Fault()
         self.counters = EngineCounters()
         self.last_request: dict[str, Any] = {}
         self.port = 0
-        self._runner: web.AppRunner | None = None
-        self._site: web.TCPSite | None = None
-        self._clock_origin = time.monotonic()
+        self.server: HttpServer | None = None
+        self._routes: dict[tuple[str, str], Any] = {
+            ("POST", "/v1/chat/completions"): self._chat,
+            ("POST", "/v1/completions"): self._completions,
+            ("POST", "/v1/chat/completions/render"): self._render_chat,
+            ("POST", "/v1/completions/render"): self._render_completions,
+            ("POST", "/tokenize"): self._tokenize,
+            ("GET", "/v1/models"): self._models,
+            ("GET", "/health"): self._health,
+            ("GET", "/get_load"): self._load,
+            ("GET", "/metrics"): self._metrics,
+        }
 
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    def app(self) -> web.Application:
-        app = web.Application(client_max_size=32 << 20)
-        app.router.add_post("/v1/chat/completions", self._chat)
-        app.router.add_post("/v1/completions", self._completions)
-        app.router.add_get("/v1/models", self._models)
-        app.router.add_get("/health", self._health)
-        app.router.add_get("/metrics", self._metrics)
-        app.router.add_post("/tokenize", self._tokenize)
-        return app
-
     async def start(self, port: int = 0) -> None:
-        self._runner = web.AppRunner(self.app(), access_log=None, handle_signals=False,
-                                     shutdown_timeout=1.0)
-        await self._runner.setup()
-        await self._listen(port)
-
-    async def _listen(self, port: int) -> None:
-        assert self._runner is not None
-        self._site = web.TCPSite(self._runner, self.host, port, backlog=4096, reuse_address=True)
-        await self._site.start()
-        self.port = self._runner.addresses[0][1]
+        self.server = HttpServer(self._handle, ServerLimits(max_body_bytes=32 << 20))
+        await self.server.start(self.host, port)
+        self.port = self.server.port
 
     async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
+        if self.server is not None:
+            await self.server.close(1.0)
+
+    async def _handle(self, request: Request, out: Responder) -> None:
+        handler = self._routes.get((request.method, request.path))
+        if handler is None:
+            _send(out, 404, {"error": {"message": f"no route {request.path}", "code": 404}})
+            return
+        await handler(request, out)
 
     # --- OpenAI endpoints ---------------------------------------------------------------
 
-    async def _chat(self, request: web.Request) -> web.StreamResponse:
-        body = await self._json(request)
+    async def _chat(self, request: Request, out: Responder) -> None:
+        body = _json(request, out)
+        if body is None:
+            return
         messages = body.get("messages")
         if not isinstance(messages, list):
-            return _error(400, "messages must be a list")
+            _send(out, 400, _error_body(400, "messages must be a list"))
+            return
         prompt = txt.render_chat(m for m in messages if isinstance(m, dict)).encode()
-        return await self._serve(request, body, prompt, chat=True)
+        await self._serve(request, out, body, prompt, chat=True)
 
-    async def _completions(self, request: web.Request) -> web.StreamResponse:
-        body = await self._json(request)
-        prompt = body.get("prompt")
-        if isinstance(prompt, list):
-            prompt = " ".join(map(str, prompt))
-        return await self._serve(request, body, str(prompt or "").encode(), chat=False)
+    async def _completions(self, request: Request, out: Responder) -> None:
+        body = _json(request, out)
+        if body is None:
+            return
+        await self._serve(request, out, body, _completion_prompt(body), chat=False)
 
-    async def _serve(self, request: web.Request, body: dict[str, Any], prompt: bytes, *,
-                     chat: bool) -> web.StreamResponse:
+    async def _serve(self, request: Request, out: Responder, body: dict[str, Any],
+                     prompt: bytes, *, chat: bool) -> None:
         if self.faults_enabled:  # what tests check arrived (headers, body) — never in production
-            self.last_request = {"headers": [list(h) for h in request.headers.items()],
+            self.last_request = {"headers": [list(h) for h in request.headers],
                                  "body": body, "path": request.path}
+        self.counters.received += 1
         fault = self.fault
         if fault.mode == "status":
-            headers = {"retry-after": "1"} if fault.status in (429, 503) else {}
-            return web.json_response(
-                {"error": {"message": f"engine {self.id} fault: status {fault.status}",
-                           "type": "engine_error", "code": fault.status}},
-                status=fault.status, headers={**headers, **self._headers()})
+            headers = [("retry-after", "1")] if fault.status in (429, 503) else []
+            _send(out, fault.status, _error_body(
+                fault.status, f"engine {self.id} fault: status {fault.status}"),
+                [*headers, *self._headers()])
+            return
         if fault.mode == "hang":
             await asyncio.sleep(3600)
         if fault.mode == "slow":
@@ -152,9 +156,8 @@ class EmulatedEngine:
         answer = txt.answer_text(prompt, output_tokens)
         answer_ids = txt.answer_chain(prompt, answer.encode(), ids, self.block_tokens)
         prompt_tokens = txt.token_count(prompt)
-        now = time.monotonic()
-        served = self.replica.admit(txt.as_chain(ids), prompt_tokens, output_tokens, now,
-                                    txt.as_chain(answer_ids))
+        served = self.replica.admit(txt.as_chain(ids), prompt_tokens, output_tokens,
+                                    time.monotonic(), txt.as_chain(answer_ids))
         c = self.counters
         c.requests += 1
         c.prompt_tokens += prompt_tokens
@@ -167,66 +170,98 @@ class EmulatedEngine:
         c.running += 1
         try:
             if body.get("stream") is True:
-                return await self._stream(request, body, answer, usage, served, meta)
+                await self._stream(out, body, answer, usage, served, meta)
+                return
             await _sleep_until(served.finish_time)
-            return web.json_response(meta.full(answer, usage), headers=self._headers())
+            _send(out, 200, meta.full(answer, usage), self._headers())
         finally:
             c.running -= 1
 
-    async def _stream(self, request: web.Request, body: dict[str, Any], answer: str,
-                      usage: dict[str, Any], served: Any, meta: _Meta) -> web.StreamResponse:
-        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                           "Cache-Control": "no-cache", **self._headers()})
-        await resp.prepare(request)
+    async def _stream(self, out: Responder, body: dict[str, Any], answer: str,
+                      usage: dict[str, Any], served: Any, meta: _Meta) -> None:
+        options = body.get("stream_options")
+        include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
         words = [answer[i:i + txt.BYTES_PER_TOKEN]
                  for i in range(0, len(answer), txt.BYTES_PER_TOKEN)]
         pieces = ["".join(words[i:i + TOKENS_PER_EVENT])
                   for i in range(0, len(words), TOKENS_PER_EVENT)]
         await _sleep_until(served.first_token_time)
+        out.start(200, [("Content-Type", "text/event-stream"), ("Cache-Control", "no-cache"),
+                        *self._headers()])
         start, span = served.first_token_time, served.finish_time - served.first_token_time
         null_usage = {"usage": None} if include_usage else {}
-        await resp.write(_sse(meta.chunk({"role": "assistant", "content": ""}, None,
-                                          null_usage)))
+        await out.write(_sse(meta.chunk({"role": "assistant", "content": ""}, None, null_usage)))
         for n, piece in enumerate(pieces, 1):
             if self.fault.mode == "die_mid_stream" and n > self.fault.after_chunks:
-                assert request.transport is not None
-                request.transport.abort()
-                return resp
+                out.abort()
+                return
             await _sleep_until(start + span * n / len(pieces))
             finish = "length" if n == len(pieces) else None
-            await resp.write(_sse(meta.chunk({"content": piece}, finish, null_usage)))
+            await out.write(_sse(meta.chunk({"content": piece}, finish, null_usage)))
         if include_usage:
-            await resp.write(_sse(meta.usage_chunk(usage)))
-        await resp.write(b"data: [DONE]\n\n")
-        await resp.write_eof()
-        return resp
+            await out.write(_sse(meta.usage_chunk(usage)))
+        await out.write(b"data: [DONE]\n\n")
+        out.end()
 
-    def _headers(self) -> dict[str, str]:
-        return {"x-emulated-engine": self.id}
+    def _headers(self) -> list[tuple[str, str]]:
+        return [("x-emulated-engine", self.id)]
 
-    async def _models(self, _request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [
+    async def _models(self, _request: Request, out: Responder) -> None:
+        _send(out, 200, {"object": "list", "data": [
             {"id": self.served_model, "object": "model", "created": 0,
              "owned_by": "cacheroute-emulator", "max_model_len": 131072}]})
 
-    async def _health(self, _request: web.Request) -> web.Response:
+    async def _health(self, _request: Request, out: Responder) -> None:
         if self.fault.mode == "unhealthy":
-            return web.Response(status=503, text="unhealthy")
-        return web.Response(text="")
+            out.send(503, [], b"unhealthy")
+        else:
+            out.send(200, [], b"")
 
-    async def _tokenize(self, request: web.Request) -> web.Response:
-        body = await self._json(request)
+    async def _load(self, _request: Request, out: Responder) -> None:
+        """`/get_load`: the SGLang model gateway's shape (a list per data-parallel rank), or
+        vllm-router's (`{"load": n}`); the two routers poll the same path."""
+        running = self.counters.running
+        if self.load_shape == "vllm":
+            _send(out, 200, {"load": running})
+        else:
+            _send(out, 200, [{"dp_rank": 0, "num_reqs": running, "num_waiting_reqs": 0,
+                              "num_tokens": self.replica.kv_held}])
+
+    def _token_ids(self, data: bytes) -> list[int]:
+        return [int.from_bytes(data[i:i + 4].ljust(4, b"\0"), "little") & 0xFFFFFF
+                for i in range(0, len(data), txt.BYTES_PER_TOKEN)]
+
+    async def _tokenize(self, request: Request, out: Responder) -> None:
+        body = _json(request, out)
+        if body is None:
+            return
         if isinstance(body.get("messages"), list):
             data = txt.render_chat(m for m in body["messages"] if isinstance(m, dict)).encode()
         else:
-            data = str(body.get("prompt") or "").encode()
-        n = txt.token_count(data)
-        tokens = [int.from_bytes(data[i:i + 4].ljust(4, b"\0"), "little") & 0xFFFFFF
-                  for i in range(0, len(data), 4)]
-        return web.json_response({"count": n, "tokens": tokens, "max_model_len": 131072})
+            data = _completion_prompt(body)
+        tokens = self._token_ids(data)
+        _send(out, 200, {"count": len(tokens), "max_model_len": 131072, "tokens": tokens,
+                         "token_strs": None})
 
-    async def _metrics(self, _request: web.Request) -> web.Response:
+    async def _render_chat(self, request: Request, out: Responder) -> None:
+        """vLLM's `/v1/chat/completions/render` (what vllm-router's cache_aware reads)."""
+        body = _json(request, out)
+        if body is None:
+            return
+        raw = body.get("messages")
+        messages: list[Any] = raw if isinstance(raw, list) else []
+        data = txt.render_chat(m for m in messages if isinstance(m, dict)).encode()
+        _send(out, 200, {"request_id": uuid.uuid4().hex, "token_ids": self._token_ids(data),
+                         "model": body.get("model"), "stream": bool(body.get("stream"))})
+
+    async def _render_completions(self, request: Request, out: Responder) -> None:
+        body = _json(request, out)
+        if body is None:
+            return
+        _send(out, 200, [{"request_id": uuid.uuid4().hex,
+                          "token_ids": self._token_ids(_completion_prompt(body))}])
+
+    async def _metrics(self, _request: Request, out: Responder) -> None:
         c, r = self.counters, self.replica
         labels = f'{{model_name="{self.served_model}",engine="0"}}'
         usage = r.cache.used_blocks / r.cache.capacity_blocks
@@ -244,43 +279,30 @@ class EmulatedEngine:
             "# TYPE vllm:request_success counter",
             f"vllm:request_success_total{labels} {c.requests}",
         ]
-        return web.Response(text="\n".join(lines) + "\n",
-                            content_type="text/plain", charset="utf-8")
+        out.send(200, [("Content-Type", "text/plain; version=0.0.4")],
+                 ("\n".join(lines) + "\n").encode())
 
-    async def set_fault(self, request: web.Request) -> web.Response:
-        body = await self._json(request)
+    # --- test control -------------------------------------------------------------------
+
+    async def set_fault(self, body: dict[str, Any]) -> dict[str, Any]:
         mode = str(body.get("mode", "ok"))
         if mode == "down":  # as if the process died: no listener, open connections cut
-            if self._site is not None:
-                await self._site.stop()
-                self._site = None
-            assert self._runner is not None and self._runner.server is not None
-            for handler in list(self._runner.server.connections):
-                if handler.transport is not None:
-                    handler.transport.abort()
-            return web.json_response({"mode": "down"})
+            if self.server is not None:
+                self.server.kill()
+            return {"mode": "down"}
         if mode == "up":
-            if self._site is None:
-                await self._listen(self.port)
+            if self.server is None or self.server.killed:
+                await self.start(self.port)
             mode = "ok"
         self.fault = Fault(mode=mode, status=int(body.get("status", 500)),
                            after_chunks=int(body.get("after_chunks", 2)),
                            delay_s=float(body.get("delay_s", 0.0)))
-        return web.json_response({"mode": self.fault.mode})
+        return {"mode": self.fault.mode}
 
-    async def last_request_view(self, _request: web.Request) -> web.Response:
-        return web.json_response({**self.last_request, "requests": self.counters.requests,
-                                  "by_path": self.counters.by_path})
-
-    @staticmethod
-    async def _json(request: web.Request) -> dict[str, Any]:
-        try:
-            body = await request.json()
-        except ValueError:
-            raise web.HTTPBadRequest(text="the body is not JSON") from None
-        if not isinstance(body, dict):
-            raise web.HTTPBadRequest(text="the body must be a JSON object")
-        return body
+    def last_request_view(self) -> dict[str, Any]:
+        return {**self.last_request, "requests": self.counters.requests,
+                "received": self.counters.received,
+                "by_path": self.counters.by_path}
 
 
 @dataclass(frozen=True, slots=True)
@@ -319,13 +341,37 @@ class _Meta:
                 "model": self.model, "choices": [], "usage": usage}
 
 
+def _send(out: Responder, status: int, obj: Any,
+          headers: list[tuple[str, str]] | None = None) -> None:
+    out.send(status, [("Content-Type", "application/json"), *(headers or [])],
+             json.dumps(obj, separators=(",", ":")).encode())
+
+
+def _error_body(status: int, message: str) -> dict[str, Any]:
+    return {"error": {"message": message, "type": "engine_error", "code": status}}
+
+
+def _json(request: Request, out: Responder) -> dict[str, Any] | None:
+    try:
+        body = json.loads(request.body)
+    except ValueError:
+        _send(out, 400, _error_body(400, "the body is not JSON"))
+        return None
+    if not isinstance(body, dict):
+        _send(out, 400, _error_body(400, "the body must be a JSON object"))
+        return None
+    return body
+
+
+def _completion_prompt(body: dict[str, Any]) -> bytes:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list):
+        prompt = " ".join(map(str, prompt))
+    return str(prompt or "").encode()
+
+
 def _sse(obj: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
-
-
-def _error(status: int, message: str) -> web.Response:
-    return web.json_response({"error": {"message": message, "type": "engine_error",
-                                        "code": status}}, status=status)
 
 
 def _output_tokens(body: dict[str, Any]) -> int:
@@ -399,7 +445,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="KV cache capacity per engine, tokens")
     p.add_argument("--block-tokens", type=int, default=ReplicaModel().block_tokens)
     p.add_argument("--batch-limit", type=int, default=ReplicaModel().batch_limit)
-    p.add_argument("--faults", action="store_true", help="enable POST /_fault (tests only)")
+    p.add_argument("--faults", action="store_true",
+                   help="start the control server for faults (tests only)")
+    p.add_argument("--load-shape", choices=("sglang", "vllm"), default="sglang",
+                   help="/get_load answer: SGLang's per-rank list or vllm-router's {load}")
     return p.parse_args(argv)
 
 
@@ -407,15 +456,15 @@ async def serve(args: argparse.Namespace) -> None:
     model = ReplicaModel(kv_capacity_tokens=args.kv_tokens, block_tokens=args.block_tokens,
                          batch_limit=args.batch_limit).time_scaled(args.time_scale)
     engines = [EmulatedEngine(f"e{i}", model, served_model=args.model, host=args.host,
-                              faults=args.faults) for i in range(args.count)]
+                              faults=args.faults, load_shape=args.load_shape)
+               for i in range(args.count)]
     for e in engines:
         await e.start()
         print(json.dumps({"id": e.id, "url": e.url}), flush=True)
     control = None
     if args.faults:
         control = await _control_server(engines, args.host)
-        print(json.dumps({"control": f"http://{args.host}:{control.addresses[0][1]}"}),
-              flush=True)
+        print(json.dumps({"control": f"http://{args.host}:{control.port}"}), flush=True)
     print(json.dumps({"ready": True}), flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -426,33 +475,29 @@ async def serve(args: argparse.Namespace) -> None:
         with contextlib.suppress(Exception):
             await e.stop()
     if control is not None:
-        await control.cleanup()
+        await control.close(1.0)
 
 
-async def _control_server(engines: list[EmulatedEngine], host: str) -> web.AppRunner:
+async def _control_server(engines: list[EmulatedEngine], host: str) -> HttpServer:
     """Test-only control endpoints, on their own port so an engine that is `down` can be
-    brought back up."""
+    brought back up: POST /engines/<id>/fault, GET /engines/<id>/last_request."""
     by_id = {e.id: e for e in engines}
 
-    def engine_of(request: web.Request) -> EmulatedEngine:
-        engine = by_id.get(request.match_info["id"])
+    async def handle(request: Request, out: Responder) -> None:
+        parts = request.path.strip("/").split("/")
+        engine = by_id.get(parts[1]) if len(parts) == 3 and parts[0] == "engines" else None
         if engine is None:
-            raise web.HTTPNotFound(text=f"no engine {request.match_info['id']!r}")
-        return engine
+            _send(out, 404, _error_body(404, f"no such engine path {request.path}"))
+        elif parts[2] == "fault" and request.method == "POST":
+            body = _json(request, out)
+            if body is not None:
+                _send(out, 200, await engine.set_fault(body))
+        elif parts[2] == "last_request":
+            _send(out, 200, engine.last_request_view())
+        else:
+            _send(out, 404, _error_body(404, f"no such engine path {request.path}"))
 
-    async def fault(request: web.Request) -> web.Response:
-        return await engine_of(request).set_fault(request)
-
-    async def last(request: web.Request) -> web.Response:
-        return await engine_of(request).last_request_view(request)
-
-    app = web.Application()
-    app.router.add_post("/engines/{id}/fault", fault)
-    app.router.add_get("/engines/{id}/last_request", last)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
-    await runner.setup()
-    await web.TCPSite(runner, host, 0).start()
-    return runner
+    return await HttpServer(handle).start(host, 0)
 
 
 def main(argv: list[str] | None = None) -> int:

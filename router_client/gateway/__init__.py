@@ -9,9 +9,9 @@ command line with `cacheroute gateway` (planner_svc/cli), which wires Redis and 
 
 Modules: `settings` (what can be configured), `headers` and `sse` (pure: header
 filtering, trace propagation, SSE framing and usage stripping), `telemetry` (the event
-sink seam), `upstream` (connection pools, timeouts, failure classification), `proxy`
-(one request end to end), `metrics` (Prometheus), `app` (the aiohttp application and
-its lifecycle). Only this package imports aiohttp: install the `gateway` extra.
+sink seam), `http11` (HTTP/1.1 server and client connections on httptools), `upstream`
+(a pool per destination, failure classification), `proxy` (one request end to end),
+`metrics` (Prometheus), `app` (routes and lifecycle). Install the `gateway` extra.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The aiohttp application: routes, the aggregated model list, probes, lifecycle.
+"""The gateway process's HTTP surface: routes, the aggregated model list, probes, lifecycle.
 
     POST /v1/chat/completions, /v1/completions   routed by the plan (proxy.Proxy)
     GET  /v1/models                               every usable destination's models, merged
@@ -22,18 +22,18 @@ import logging
 import time
 from typing import Any
 
-import aiohttp
-from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from router_client.aio import AsyncRouterClient
+from router_client.gateway.http11 import HttpServer, Request, Responder, ServerLimits, UpstreamError
 from router_client.gateway.metrics import GatewayMetrics
-from router_client.gateway.proxy import Proxy, error_response
+from router_client.gateway.proxy import JSON, Proxy, send_error
 from router_client.gateway.settings import GatewaySettings
 from router_client.gateway.telemetry import EventSink, NoSink
-from router_client.gateway.upstream import Upstreams
+from router_client.gateway.upstream import UpstreamFailure, Upstreams
 
 log = logging.getLogger("cacheroute.gateway")
+ROUTED = {"/v1/chat/completions", "/v1/completions"}
 
 
 class Gateway:
@@ -44,83 +44,75 @@ class Gateway:
         self.upstreams = Upstreams(self.settings)
         self.metrics = GatewayMetrics(client)
         self.proxy = Proxy(client, self.upstreams, self.settings, sink or NoSink(), self.metrics)
-        self.port = 0
         self.stopping = False
-        self._runner: web.AppRunner | None = None
+        limits = ServerLimits(max_body_bytes=self.settings.max_body_bytes)
+        self.server = HttpServer(self.handle, limits, on_exception=self._log_exception)
         self._models: tuple[float, bytes] | None = None
+
+    @property
+    def port(self) -> int:
+        return self.server.port
 
     @property
     def url(self) -> str:
         return f"http://{self.settings.host}:{self.port}"
 
-    def app(self) -> web.Application:
-        app = web.Application(client_max_size=self.settings.max_body_bytes)
-        app.router.add_post("/v1/chat/completions", self.proxy.routed)
-        app.router.add_post("/v1/completions", self.proxy.routed)
-        app.router.add_get("/v1/models", self._models_handler)
-        app.router.add_get("/healthz", self._healthz)
-        app.router.add_get("/readyz", self._readyz)
-        app.router.add_get("/metrics", self._metrics)
-        app.router.add_route("*", "/v1/{tail:.*}", self.proxy.routed)
-        app.router.add_route("*", "/{tail:.*}", self._not_found)
-        return app
-
     async def start(self) -> Gateway:
-        await self.upstreams.open()
-        self._runner = web.AppRunner(self.app(), access_log=None, handle_signals=False,
-                                     shutdown_timeout=self.settings.shutdown_grace_s)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.settings.host, self.settings.port, backlog=4096)
-        await site.start()
-        self.port = self._runner.addresses[0][1]  # the bound port, when 0 was asked for
+        await self.server.start(self.settings.host, self.settings.port)
         log.info("gateway %s serving on %s", self.settings.router_id, self.url)
         return self
 
     async def stop(self) -> None:
         self.stopping = True
-        if self._runner is not None:
-            await self._runner.cleanup()  # waits for in-flight handlers (shutdown_timeout)
-        await self.upstreams.close()
+        await self.server.close(self.settings.shutdown_grace_s)
+        self.upstreams.close()
 
-    # --- handlers ----------------------------------------------------------------------
+    async def handle(self, request: Request, out: Responder) -> None:
+        path = request.path
+        if path in ROUTED:
+            if request.method != "POST":
+                send_error(out, 405, f"{path} takes POST", "invalid_request_error")
+                return
+            await self.proxy.routed(request, out)
+        elif path == "/v1/models" and request.method == "GET":
+            out.send(200, [JSON], await self._models_body())
+        elif path.startswith("/v1/"):
+            await self.proxy.routed(request, out)
+        elif path == "/healthz":
+            out.send(200, [JSON], b'{"status":"ok"}')
+        elif path == "/readyz":
+            ready, body = self._readiness()
+            out.send(200 if ready else 503, [JSON], body)
+        elif path == "/metrics":
+            out.send(200, [("Content-Type", CONTENT_TYPE_LATEST)],
+                     generate_latest(self.metrics.registry))
+        else:
+            send_error(out, 404, f"no route for {request.method} {path}: the gateway serves "
+                       "/v1/... (OpenAI API), /healthz, /readyz and /metrics", "not_found")
 
-    async def _healthz(self, _request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok"})
-
-    async def _readyz(self, _request: web.Request) -> web.Response:
+    def _readiness(self) -> tuple[bool, bytes]:
         core = self.client.core
-        usable = [d for d in core.destination_ids if core.is_usable(d)]
-        ready = not self.stopping and bool(usable)
-        body = {
-            "ready": ready,
-            "stopping": self.stopping,
-            "usable_destinations": len(usable),
-            "plan_version": str(self.client.version),
-            "mode": self.client.mode,
-            "fallback_reason": self.client.fallback_reason,
-        }
-        return web.json_response(body, status=200 if ready else 503)
+        usable = sum(1 for d in core.destination_ids if core.is_usable(d))
+        ready = not self.stopping and usable > 0
+        return ready, json.dumps({
+            "ready": ready, "stopping": self.stopping, "usable_destinations": usable,
+            "plan_version": str(self.client.version), "mode": self.client.mode,
+            "fallback_reason": self.client.fallback_reason}).encode()
 
-    async def _metrics(self, _request: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(self.metrics.registry),
-                            headers={"Content-Type": CONTENT_TYPE_LATEST})
+    def _log_exception(self, request: Request) -> None:
+        log.exception("gateway: handler failed on %s %s", request.method, request.target)
 
-    async def _not_found(self, request: web.Request) -> web.Response:
-        return error_response(404, f"no route for {request.method} {request.path}: the gateway "
-                              "serves /v1/... (OpenAI API), /healthz, /readyz and /metrics",
-                              "not_found")
-
-    async def _models_handler(self, _request: web.Request) -> web.Response:
+    async def _models_body(self) -> bytes:
         now = time.monotonic()
         if self._models is None or now - self._models[0] > self.settings.models_cache_s:
             self._models = (now, await self._gather_models())
-        return web.Response(body=self._models[1], content_type="application/json")
+        return self._models[1]
 
     async def _gather_models(self) -> bytes:
         core = self.client.core
-        targets = [(d, self.client.address_of(d)) for d in core.destination_ids
-                   if core.is_usable(d)]
-        lists = await asyncio.gather(*(self._models_of(a) for _d, a in targets if a))
+        addresses = [self.client.address_of(d) for d in core.destination_ids
+                     if core.is_usable(d)]
+        lists = await asyncio.gather(*(self._models_of(a) for a in addresses if a))
         merged: dict[str, dict[str, Any]] = {}
         for models in lists:
             for model in models:
@@ -131,11 +123,11 @@ class Gateway:
     async def _models_of(self, address: str) -> list[Any]:
         try:
             async with asyncio.timeout(self.settings.connect_timeout_s * 2):
-                async with self.upstreams.session.get(address.rstrip("/") + "/v1/models") as r:
-                    if r.status != 200:
-                        return []
-                    body = await r.json(content_type=None)
-        except (TimeoutError, aiohttp.ClientError, ValueError):
+                resp = await self.upstreams.send("GET", address, "/v1/models", [], b"")
+                data = await resp.read()
+                resp.release()
+            body = json.loads(data) if resp.status == 200 else None
+        except (TimeoutError, UpstreamFailure, UpstreamError, ValueError):
             return []
-        data = body.get("data") if isinstance(body, dict) else None
-        return data if isinstance(data, list) else []
+        found = body.get("data") if isinstance(body, dict) else None
+        return found if isinstance(found, list) else []

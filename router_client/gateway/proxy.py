@@ -24,12 +24,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
-from aiohttp import web
-
 from router_client.aio import AsyncRouterClient
 from router_client.gateway import headers as hdr
 from router_client.gateway import sse
+from router_client.gateway.http11 import ClientGone, Request, Responder, UpstreamError
+from router_client.gateway.http11 import UpstreamResponse as Upstream
 from router_client.gateway.metrics import GatewayMetrics
 from router_client.gateway.settings import GatewaySettings
 from router_client.gateway.telemetry import EventSink
@@ -41,15 +40,13 @@ from router_client.usage import from_openai_usage
 log = logging.getLogger("cacheroute.gateway")
 DESTINATION_HEADER = "x-cacheroute-destination"
 ROUTES = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
+JSON = ("Content-Type", "application/json")
 
 
-def error_response(status: int, message: str, kind: str, *,
-                   extra: Sequence[tuple[str, str]] = ()) -> web.Response:
-    body = json.dumps({"error": {"message": message, "type": kind, "code": status}})
-    resp = web.Response(status=status, text=body, content_type="application/json")
-    for name, value in extra:
-        resp.headers[name] = value
-    return resp
+def send_error(out: Responder, status: int, message: str, kind: str, *,
+               extra: Sequence[tuple[str, str]] = ()) -> None:
+    body = json.dumps({"error": {"message": message, "type": kind, "code": status}}).encode()
+    out.send(status, [JSON, *extra], body)
 
 
 @dataclass(slots=True)
@@ -79,39 +76,32 @@ class Proxy:
 
     # --- the routed endpoints ----------------------------------------------------------
 
-    async def routed(self, request: web.Request) -> web.StreamResponse:
+    async def routed(self, request: Request, out: Responder) -> None:
         route = ROUTES.get(request.path, "other")
         started = time.perf_counter()
-        call_or_error = await self._parse(request, route, started)
-        if isinstance(call_or_error, web.Response):
-            self.metrics.answered(route, call_or_error.status, time.perf_counter() - started)
-            return call_or_error
-        resp = await self._dispatch(request, call_or_error)
-        self.metrics.answered(route, resp.status, time.perf_counter() - started)
-        return resp
+        call = self._parse(request, route, started, out)
+        if call is not None:
+            await self._dispatch(request, call, out)
+        self.metrics.answered(route, out.status, time.perf_counter() - started)
 
-    async def _parse(self, request: web.Request, route: str,
-                     started: float) -> _Call | web.Response:
-        if request.content_length is not None and (
-                request.content_length > self.settings.max_body_bytes):
-            return error_response(413, "request body too large", "invalid_request_error")
-        try:
-            body = await request.content.read(self.settings.max_body_bytes + 1)
-        except (aiohttp.ClientError, ConnectionError) as exc:
-            return error_response(400, f"could not read the body: {exc}", "invalid_request_error")
-        if len(body) > self.settings.max_body_bytes:
-            return error_response(413, "request body too large", "invalid_request_error")
+    def _parse(self, request: Request, route: str, started: float,
+               out: Responder) -> _Call | None:
+        body = request.body
         payload: Any = None
         if body:
             try:
                 payload = json.loads(body)
             except ValueError:
-                return error_response(400, "the body is not JSON", "invalid_request_error")
+                send_error(out, 400, "the body is not JSON", "invalid_request_error")
+                return None
         if not isinstance(payload, dict):
-            payload = {} if route == "other" else None
-        if payload is None:
-            return error_response(400, "the body must be a JSON object", "invalid_request_error")
-        derived = derive_key(payload, request.headers, self.settings.keys)
+            if route != "other":
+                send_error(out, 400, "the body must be a JSON object", "invalid_request_error")
+                return None
+            payload = {}
+        headers = request.headers
+        index = {k.lower(): v for k, v in headers}
+        derived = derive_key(payload, index, self.settings.keys)
         stream = payload.get("stream") is True
         injected = False
         if stream:
@@ -121,21 +111,17 @@ class Proxy:
                                              "include_usage": True}
                 body = json.dumps(payload, separators=(",", ":")).encode()
                 injected = True
-        rid = hdr.request_id(request.headers)
-        out_headers = [
-            (k, v) for k, v in hdr.forwarded(request.headers.items())
-            if k.lower() not in (hdr.REQUEST_ID, hdr.TRACEPARENT, "content-type")
-        ]
-        out_headers += [
-            (hdr.REQUEST_ID, rid),
-            (hdr.TRACEPARENT, hdr.child_traceparent(request.headers.get(hdr.TRACEPARENT))),
-        ]
+        rid = hdr.request_id(index)
+        out_headers = [(k, v) for k, v in hdr.forwarded(headers)
+                       if k.lower() not in (hdr.REQUEST_ID, hdr.TRACEPARENT, "content-type")]
+        out_headers.append((hdr.REQUEST_ID, rid))
+        out_headers.append((hdr.TRACEPARENT, hdr.child_traceparent(index.get(hdr.TRACEPARENT))))
         if body:
-            out_headers.append(("Content-Type", "application/json"))
+            out_headers.append(JSON)
         return _Call(route, derived.key, derived.prefix_chars, body, stream, injected, rid,
                      out_headers, started)
 
-    async def _dispatch(self, request: web.Request, call: _Call) -> web.StreamResponse:
+    async def _dispatch(self, request: Request, call: _Call, out: Responder) -> None:
         tried: list[int] = []
         core = self.core
         for attempt in range(self.settings.max_retries + 1):
@@ -143,9 +129,10 @@ class Proxy:
             if slot is None:
                 if not tried:
                     self.metrics.saturated.inc()
-                    return error_response(
-                        503, "every destination is at its in-flight limit", "overloaded",
-                        extra=[("retry-after", "1"), (hdr.REQUEST_ID, call.request_id)])
+                    send_error(out, 503, "every destination is at its in-flight limit",
+                               "overloaded", extra=[("retry-after", "1"),
+                                                    (hdr.REQUEST_ID, call.request_id)])
+                    return
                 break
             dest = core.destination_ids[slot]
             address = self.client.address_of(dest)
@@ -157,9 +144,8 @@ class Proxy:
                 if not address:
                     raise UpstreamFailure(Outcome.CONNECT_ERROR, retryable=True, status=502,
                                           message=f"no address known for {dest}")
-                upstream = await self.upstreams.send(
-                    request.method, address.rstrip("/") + request.path_qs, call.headers,
-                    call.body)
+                upstream = await self.upstreams.send(request.method, address, request.target,
+                                                     call.headers, call.body)
             except UpstreamFailure as failure:
                 core.finished(slot)
                 tried.append(slot)
@@ -167,13 +153,18 @@ class Proxy:
                 if failure.retryable and attempt < self.settings.max_retries:
                     self.metrics.retries.labels(failure.kind).inc()
                     continue
-                return self._give_up(call, failure)
+                self._give_up(out, call, failure)
+                return
+            except BaseException:
+                core.finished(slot)
+                raise
             try:
-                return await self._relay(request, call, dest, upstream)
+                await self._relay(call, dest, upstream, out)
             finally:
                 core.finished(slot)
-        return error_response(502, "no destination could take the request", "upstream_error",
-                              extra=[(hdr.REQUEST_ID, call.request_id)])
+            return
+        send_error(out, 502, "no destination could take the request", "upstream_error",
+                   extra=[(hdr.REQUEST_ID, call.request_id)])
 
     def _pick(self, key: str, tried: list[int]) -> int | None:
         core, cap = self.core, self.settings.max_inflight_per_destination
@@ -181,8 +172,7 @@ class Proxy:
             slot = core.route_index(key)
             if core.inflight[slot] < cap:
                 return slot
-        inflight = core.inflight
-        full = {s for s, n in enumerate(inflight) if n >= cap}
+        full = {s for s, n in enumerate(core.inflight) if n >= cap}
         return core.route_avoiding(key, full.union(tried))
 
     # --- outcomes -------------------------------------------------------------------------
@@ -194,21 +184,14 @@ class Proxy:
         self.sink.emit_error(call.key, dest, kind=failure.kind, status_code=failure.status,
                              router_id=self.settings.router_id)
 
-    def _give_up(self, call: _Call, failure: UpstreamFailure) -> web.Response:
+    def _give_up(self, out: Responder, call: _Call, failure: UpstreamFailure) -> None:
         extra = [(hdr.REQUEST_ID, call.request_id)]
         if failure.passthrough is not None:
-            return self._passthrough(failure.passthrough, extra)
+            p: Passthrough = failure.passthrough
+            out.send(p.status, [*hdr.forwarded(p.headers), *extra], p.body)
+            return
         kind = "timeout" if failure.outcome is Outcome.TIMEOUT else "upstream_error"
-        return error_response(failure.status, str(failure), kind, extra=extra)
-
-    @staticmethod
-    def _passthrough(p: Passthrough, extra: list[tuple[str, str]]) -> web.Response:
-        resp = web.Response(status=p.status, body=p.body)
-        for name, value in hdr.forwarded(p.headers):
-            resp.headers.add(name, value)
-        for name, value in extra:
-            resp.headers[name] = value
-        return resp
+        send_error(out, failure.status, str(failure), kind, extra=extra)
 
     def _finished(self, call: _Call, dest: str, status: int, usage: Any,
                   ttft_s: float | None) -> None:
@@ -228,31 +211,33 @@ class Proxy:
 
     # --- relaying ---------------------------------------------------------------------------
 
-    def _response_headers(self, upstream: aiohttp.ClientResponse, call: _Call,
+    def _response_headers(self, upstream: Upstream, call: _Call,
                           dest: str) -> list[tuple[str, str]]:
-        out = [(k, v) for k, v in hdr.forwarded(upstream.headers.items())
+        out = [(k, v) for k, v in hdr.forwarded(upstream.headers)
                if k.lower() != hdr.REQUEST_ID]
         out.append((hdr.REQUEST_ID, call.request_id))
         if self.settings.expose_destination:
             out.append((DESTINATION_HEADER, dest))
         return out
 
-    async def _relay(self, request: web.Request, call: _Call, dest: str,
-                     upstream: aiohttp.ClientResponse) -> web.StreamResponse:
-        event_stream = upstream.content_type == "text/event-stream"
-        if event_stream and upstream.status < 300:
-            return await self._relay_stream(request, call, dest, upstream)
+    async def _relay(self, call: _Call, dest: str, upstream: Upstream, out: Responder) -> None:
+        if upstream.status < 300 and upstream.content_type == "text/event-stream":
+            await self._relay_stream(call, dest, upstream, out)
+            return
         try:
-            async with asyncio.timeout(self.settings.idle_timeout_s):
-                data = await upstream.read()
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            failure = UpstreamFailure(
-                Outcome.TIMEOUT if isinstance(exc, TimeoutError) else Outcome.RESET,
-                retryable=False, status=502, message=f"response body cut short: {exc!r}")
+            data = await self._read_all(upstream)
+        except UpstreamError as exc:
+            upstream.close()
+            outcome = Outcome.TIMEOUT if exc.timeout else Outcome.RESET
+            failure = UpstreamFailure(outcome, retryable=False, status=502,
+                                      message=f"response body cut short: {exc}")
             self._failed(call, dest, failure)
-            return self._give_up(call, failure)
-        finally:
-            upstream.release()
+            self._give_up(out, call, failure)
+            return
+        except BaseException:
+            upstream.close()
+            raise
+        upstream.release()
         usage = None
         if upstream.status < 300 and call.route != "other" and b'"usage"' in data:
             try:
@@ -261,24 +246,25 @@ class Proxy:
             except ValueError:
                 usage = None
         self._finished(call, dest, upstream.status, usage, None)
-        resp = web.Response(status=upstream.status, body=data)
-        for name, value in self._response_headers(upstream, call, dest):
-            resp.headers.add(name, value)
-        return resp
+        out.send(upstream.status, self._response_headers(upstream, call, dest), data)
 
-    async def _relay_stream(self, request: web.Request, call: _Call, dest: str,
-                            upstream: aiohttp.ClientResponse) -> web.StreamResponse:
-        out = web.StreamResponse(status=upstream.status)
-        for name, value in self._response_headers(upstream, call, dest):
-            out.headers.add(name, value)
+    async def _read_all(self, upstream: Upstream) -> bytes:
+        try:
+            async with asyncio.timeout(self.settings.idle_timeout_s):
+                return await upstream.read()
+        except TimeoutError:
+            raise UpstreamError("the response body stalled", sent=True, timeout=True) from None
+
+    async def _relay_stream(self, call: _Call, dest: str, upstream: Upstream,
+                            out: Responder) -> None:
         splitter = sse.SseSplitter()
         done, usage, first = False, None, None
         idle = self.settings.idle_timeout_s
+        out.start(upstream.status, self._response_headers(upstream, call, dest))
         try:
-            await out.prepare(request)
             while True:
                 async with asyncio.timeout(idle):
-                    chunk = await upstream.content.readany()
+                    chunk = await upstream.read_chunk()
                 if not chunk:
                     break
                 events = splitter.feed(chunk)
@@ -301,36 +287,34 @@ class Proxy:
                     kept.append(event)
                 if kept:
                     await out.write(b"".join(kept))
-        except (ConnectionResetError, asyncio.CancelledError):
-            # The client went away: stop reading, so the engine sees the disconnect and
-            # stops generating. Not the destination's fault.
+        except (ClientGone, asyncio.CancelledError):
+            # The client went away: drop the upstream connection, so the engine sees the
+            # disconnect and stops generating. Not the destination's fault.
             upstream.close()
             raise
-        except (TimeoutError, aiohttp.ClientError) as exc:
+        except (TimeoutError, UpstreamError) as exc:
             upstream.close()
-            return await self._break(request, out, call, dest, exc)
-        finally:
-            upstream.release()
+            await self._break(out, call, dest, exc)
+            return
+        upstream.release()
         if not done:
-            return await self._break(request, out, call, dest, None)
+            await self._break(out, call, dest, None)
+            return
         self._finished(call, dest, upstream.status, usage, first)
-        await out.write_eof()
-        return out
+        out.end()
 
-    async def _break(self, request: web.Request, out: web.StreamResponse, call: _Call,
-                     dest: str, exc: BaseException | None) -> web.StreamResponse:
+    async def _break(self, out: Responder, call: _Call, dest: str,
+                     exc: BaseException | None) -> None:
         """The upstream failed mid-stream: the client must see a broken stream, never a
         clean end. An error event first (the SDKs raise on it), then the connection is
         cut without the final chunk (so any HTTP client sees the body as incomplete)."""
-        outcome = Outcome.TIMEOUT if isinstance(exc, TimeoutError) else Outcome.RESET
-        why = "stalled" if outcome is Outcome.TIMEOUT else "ended before [DONE]"
+        stalled = isinstance(exc, TimeoutError) or getattr(exc, "timeout", False)
+        outcome = Outcome.TIMEOUT if stalled else Outcome.RESET
+        why = "stalled" if stalled else "ended before [DONE]"
         failure = UpstreamFailure(outcome, retryable=False, status=502,
-                                  message=f"upstream stream {why}: {exc!r}")
+                                  message=f"upstream stream {why}: {exc or 'EOF'}")
         self._failed(call, dest, failure)
         self.metrics.broken.inc()
-        if out.prepared:
-            with contextlib.suppress(ConnectionError):
-                await out.write(sse.error_event(str(failure), 502))
-            if request.transport is not None:
-                request.transport.abort()
-        return out
+        with contextlib.suppress(ClientGone):
+            await out.write(sse.error_event(str(failure), 502))
+        out.abort()

@@ -1,22 +1,20 @@
-"""Connections to the engines: keep-alive pools, the timeouts, and what a failure means.
+"""Connections to the engines: a keep-alive pool per destination, the timeouts, and what a
+failure means for retrying.
 
-One aiohttp session holds a keep-alive pool per destination (at most
-`max_inflight_per_destination` connections each). `send` returns the upstream response
-once its status line and headers arrived, or raises `UpstreamFailure`, which says how
-the destination fared (`Outcome`) and whether the request may be sent elsewhere: only
-when nothing can have been generated — the connection was refused or timed out, it
-broke before any response, or the engine answered 503 (overloaded or not ready). A
-first-byte timeout is *not* retried: the engine may be generating, and sending the same
-request elsewhere would generate it twice.
+`send` returns the upstream response once its status line and headers arrived, or raises
+`UpstreamFailure`, which says how the destination fared (`Outcome`) and whether the
+request may be sent elsewhere: only when nothing can have been generated — the connection
+was refused or timed out, it broke before any response, or the engine answered 503
+(overloaded or not ready). A first-byte timeout is *not* retried: the engine may be
+generating, and sending the same request elsewhere would generate it twice.
 """
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
-import aiohttp
-
+from router_client.gateway.http11 import UpstreamError, UpstreamPool, UpstreamResponse
 from router_client.gateway.settings import GatewaySettings
 from router_client.health import Outcome
 
@@ -45,64 +43,59 @@ class UpstreamFailure(Exception):
 
 
 class Upstreams:
+    """One `UpstreamPool` per destination address (`http://host:port`)."""
+
     def __init__(self, settings: GatewaySettings) -> None:
         self.settings = settings
-        self._session: aiohttp.ClientSession | None = None
+        self._pools: dict[str, tuple[UpstreamPool, bytes]] = {}
 
-    async def open(self) -> None:
-        s = self.settings
-        connector = aiohttp.TCPConnector(
-            limit=0, limit_per_host=s.max_inflight_per_destination, keepalive_timeout=30.0,
-            ttl_dns_cache=10)
-        self._session = aiohttp.ClientSession(
-            connector=connector,
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=s.connect_timeout_s),
-            auto_decompress=False,  # requests say identity; see headers.RECOMPUTED
-            skip_auto_headers=("Accept-Encoding", "User-Agent", "Content-Type"),
-        )
+    def pool(self, address: str) -> tuple[UpstreamPool, bytes]:
+        """The pool for `address` and its Host header line."""
+        found = self._pools.get(address)
+        if found is None:
+            parts = urlsplit(address if "://" in address else f"http://{address}")
+            if parts.scheme != "http" or not parts.hostname:
+                raise UpstreamFailure(Outcome.CONNECT_ERROR, retryable=True, status=502,
+                                      message=f"unsupported destination address {address!r}")
+            port = parts.port or 80
+            pool = UpstreamPool(parts.hostname, port,
+                                max_idle=self.settings.max_inflight_per_destination,
+                                connect_timeout_s=self.settings.connect_timeout_s)
+            found = self._pools[address] = (pool, f"Host: {parts.hostname}:{port}\r\n".encode())
+        return found
 
-    async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-
-    @property
-    def session(self) -> aiohttp.ClientSession:
-        assert self._session is not None, "Upstreams.open() first"
-        return self._session
-
-    async def send(self, method: str, url: str, headers: list[tuple[str, str]],
-                   body: bytes) -> aiohttp.ClientResponse:
+    async def send(self, method: str, address: str, target: str,
+                   headers: list[tuple[str, str]], body: bytes) -> UpstreamResponse:
+        pool, host = self.pool(address)
+        head = b"".join((
+            f"{method} {target} HTTP/1.1\r\n".encode("latin-1"), host,
+            b"Content-Length: %d\r\n" % len(body),
+            *(f"{k}: {v}\r\n".encode("latin-1", "replace") for k, v in headers), b"\r\n"))
         try:
-            async with asyncio.timeout(self.settings.first_byte_timeout_s):
-                resp = await self.session.request(method, url, headers=headers, data=body,
-                                                  allow_redirects=False)
-        except aiohttp.ConnectionTimeoutError as exc:
-            raise UpstreamFailure(Outcome.CONNECT_ERROR, retryable=True, status=504,
-                                  message=f"connect timeout: {exc}") from exc
-        except aiohttp.ClientConnectorError as exc:
-            raise UpstreamFailure(Outcome.CONNECT_ERROR, retryable=True, status=502,
-                                  message=f"cannot connect: {exc}") from exc
-        except TimeoutError as exc:
-            raise UpstreamFailure(Outcome.TIMEOUT, retryable=False, status=504,
-                                  message="no response within the first-byte timeout") from exc
-        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
-            raise UpstreamFailure(Outcome.RESET, retryable=True, status=502,
-                                  message=f"connection broke before a response: {exc!r}") from exc
-        except aiohttp.ClientError as exc:
-            raise UpstreamFailure(Outcome.RESET, retryable=False, status=502,
-                                  message=f"upstream error: {exc!r}") from exc
+            resp = await pool.request(head, body, self.settings.first_byte_timeout_s)
+        except UpstreamError as exc:
+            raise _classified(exc) from None
         if resp.status == 503:
-            body = await self._drain(resp)
+            try:
+                data = await resp.read()
+            except UpstreamError:
+                data = b""
+            resp.release()
             raise UpstreamFailure(
                 Outcome.HTTP_5XX, retryable=True, status=503, message="destination answered 503",
-                passthrough=Passthrough(503, list(resp.headers.items()), body))
+                passthrough=Passthrough(503, resp.headers, data))
         return resp
 
-    async def _drain(self, resp: aiohttp.ClientResponse) -> bytes:
-        try:
-            async with asyncio.timeout(self.settings.idle_timeout_s):
-                return await resp.read()
-        except (TimeoutError, aiohttp.ClientError):
-            return b""
-        finally:
-            resp.release()
+    def close(self) -> None:
+        for pool, _host in self._pools.values():
+            pool.close()
+
+
+def _classified(exc: UpstreamError) -> UpstreamFailure:
+    if exc.connect:
+        return UpstreamFailure(Outcome.CONNECT_ERROR, retryable=True,
+                               status=504 if exc.timeout else 502, message=str(exc))
+    if exc.timeout:
+        return UpstreamFailure(Outcome.TIMEOUT, retryable=False, status=504, message=str(exc))
+    return UpstreamFailure(Outcome.RESET, retryable=True, status=502,
+                           message=f"connection broke before a response: {exc}")

@@ -150,10 +150,28 @@ def test_draining_destinations_serve_only_when_nothing_else_is_healthy():
     assert {core.route("x") for _ in range(50)} == {"d1"}
 
 
-def test_p2c_splits_an_idle_fleet_by_weight():
+def test_a_lone_request_goes_to_the_larger_idle_destination():
     core = core_of({}, [DestinationSpec("big", capacity_weight=4.0), DestinationSpec("small")])
-    seen = Counter(core.route(f"u{i}") for i in range(20_000))
-    assert seen["big"] / seen["small"] == pytest.approx(4.0, rel=0.1)
+    assert {core.route(f"u{i}") for i in range(200)} == {"big"}
+
+
+@pytest.mark.parametrize("concurrency", [5, 10, 50, 200])
+def test_closed_loop_traffic_is_held_4_to_1_at_any_concurrency(concurrency: int):
+    """A request finishes, the next is routed: in-flight settles at 4:1 per weight."""
+    core = core_of({}, [DestinationSpec("big", capacity_weight=4.0), DestinationSpec("small")])
+    rng = __import__("random").Random(concurrency)
+    running = [core.route_index("u") for _ in range(concurrency)]
+    for s in running:
+        core.started(s)
+    served = Counter()
+    for _ in range(20_000):
+        done = running.pop(rng.randrange(len(running)))
+        core.finished(done)
+        served[done] += 1
+        nxt = core.route_index("u")
+        core.started(nxt)
+        running.append(nxt)
+    assert served[0] / served[1] == pytest.approx(4.0, rel=0.1)
 
 
 def test_p2c_balances_in_flight_per_unit_of_weight_under_load():
@@ -168,10 +186,16 @@ def test_p2c_balances_in_flight_per_unit_of_weight_under_load():
 def test_least_loaded_member_compares_in_flight_relative_to_weight():
     specs = [DestinationSpec("d0", capacity_weight=3.0), DestinationSpec("d1")]
     core = core_of({"k": (0, 1)}, specs)
-    for _ in range(2):
-        core.started(0)  # 2 of 3 units on d0: still less loaded than d1 with one
+    core.started(0)  # one more on d0 makes (1+1)/3 = 0.67 of it, on d1 (1+1)/1 = 2
     core.started(1)
     assert {core.route("k") for _ in range(50)} == {"d0"}
+    core.started(0)
+    core.started(0)
+    core.started(0)  # (4+1)/3 = 1.67 < 2: still d0; one more and it is d1's turn
+    assert core.route("k") == "d0"
+    core.started(0)
+    core.started(0)
+    assert core.route("k") == "d1"
 
 
 def test_many_destinations_weighted_shares_follow_weights():
