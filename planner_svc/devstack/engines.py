@@ -407,10 +407,12 @@ class EngineFleet:
 
 
 def start_engines(workdir: Path, count: int = 4, *, extra: Sequence[str] = (),
-                  name: str = "engines", timeout_s: float = 20.0) -> EngineFleet:
-    """Start `python -m planner_svc.devstack.engines` and wait for its engines' URLs."""
+                  name: str = "engines", timeout_s: float = 20.0,
+                  wrap: Sequence[str] = ()) -> EngineFleet:
+    """Start `python -m planner_svc.devstack.engines` and wait for its engines' URLs.
+    `wrap` prefixes the command (e.g. `taskset -c 1` to pin it to a core)."""
     log_path = workdir / f"{name}.log"
-    proc = ManagedProcess(name, [sys.executable, "-m", "planner_svc.devstack.engines",
+    proc = ManagedProcess(name, [*wrap, sys.executable, "-m", "planner_svc.devstack.engines",
                                  "--count", str(count), *extra], log_path)
     proc.start()
     deadline = time.monotonic() + timeout_s

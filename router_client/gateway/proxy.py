@@ -26,7 +26,7 @@ from typing import Any
 
 from router_client.aio import AsyncRouterClient
 from router_client.gateway import headers as hdr
-from router_client.gateway import sse
+from router_client.gateway import jsonio, sse
 from router_client.gateway.http11 import ClientGone, Request, Responder, UpstreamError
 from router_client.gateway.http11 import UpstreamResponse as Upstream
 from router_client.gateway.metrics import GatewayMetrics
@@ -90,7 +90,7 @@ class Proxy:
         payload: Any = None
         if body:
             try:
-                payload = json.loads(body)
+                payload = jsonio.loads(body)
             except ValueError:
                 send_error(out, 400, "the body is not JSON", "invalid_request_error")
                 return None
@@ -109,7 +109,7 @@ class Proxy:
             if not (isinstance(options, dict) and options.get("include_usage")):
                 payload["stream_options"] = {**(options if isinstance(options, dict) else {}),
                                              "include_usage": True}
-                body = json.dumps(payload, separators=(",", ":")).encode()
+                body = jsonio.dumps(payload)
                 injected = True
         rid = hdr.request_id(index)
         out_headers = [(k, v) for k, v in hdr.forwarded(headers)
@@ -241,7 +241,7 @@ class Proxy:
         usage = None
         if upstream.status < 300 and call.route != "other" and b'"usage"' in data:
             try:
-                parsed = json.loads(data)
+                parsed = jsonio.loads(data)
                 usage = parsed.get("usage") if isinstance(parsed, dict) else None
             except ValueError:
                 usage = None
@@ -249,6 +249,8 @@ class Proxy:
         out.send(upstream.status, self._response_headers(upstream, call, dest), data)
 
     async def _read_all(self, upstream: Upstream) -> bytes:
+        if upstream.complete:
+            return await upstream.read()
         try:
             async with asyncio.timeout(self.settings.idle_timeout_s):
                 return await upstream.read()

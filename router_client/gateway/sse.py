@@ -15,6 +15,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from router_client.gateway import jsonio
+
 _EVENT_END = re.compile(rb"\r?\n\r?\n")
 
 
@@ -65,7 +67,7 @@ def inspect(event: bytes) -> EventInfo:
     if b'"usage"' not in data and b'"error"' not in data:
         return _PLAIN
     try:
-        payload = json.loads(data)
+        payload = jsonio.loads(data)
     except ValueError:
         return _PLAIN
     if not isinstance(payload, dict):
