@@ -46,10 +46,9 @@ from planner_svc.devstack.processes import ManagedProcess  # noqa: E402
 ROUTER_CORE, LOAD_CORE = "0", "1"
 BODY = {"model": "m", "max_tokens": 4,
         "messages": [{"role": "user", "content": "Summarise the quarterly report in two lines."}]}
-LUA = """wrk.method = "POST"
-wrk.body = '%s'
-wrk.headers["Content-Type"] = "application/json"
-""" % json.dumps(BODY)
+LUA = ('wrk.method = "POST"\n'
+       f"wrk.body = '{json.dumps(BODY)}'\n"
+       'wrk.headers["Content-Type"] = "application/json"\n')
 
 
 def free_port() -> int:
