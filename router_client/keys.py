@@ -10,20 +10,20 @@ and <what the requests share> is, in this order:
 
 1. the value of a configured header (default `x-routing-key`): the caller knows best
    (tenant, application, conversation id). Long values are hashed;
-2. otherwise a hash of the request's *leading prefix*: for chat, the messages from the
-   start up to and including the first `prefix_user_turns` user turns (system prompt,
-   few-shot examples, the first question, a RAG document placed there), cut to
-   `prefix_chars` characters; for completions, the first `prefix_chars` characters of
-   the prompt (or the first `prefix_chars // 4` token ids).
+2. otherwise a hash of the request's *leading prefix*: for chat, the leading system (and
+   developer) messages plus the first `prefix_user_turns` user turns (default 0) — or,
+   when there is no system message, the first user turn — cut to `prefix_chars`
+   characters; for completions, the first `prefix_chars` characters of the prompt (or the
+   first `prefix_chars // 4` token ids).
 
 Why these choices, with examples (docs/gateway.md has more):
-- a multi-turn chat `[system, user1, assistant1, user2]` keys on `system + user1`, the
-  same as its first turn `[system, user1]`: every turn of one conversation lands where
-  its history is cached;
-- two conversations that share a long system prompt (longer than `prefix_chars`) get
-  the same key: what they can share is that prompt, and the planner replicates a hot key
-  over as many destinations as its rate needs;
-- a RAG request `[system, user: <document> + question]` keys on the document's first
+- an application is its system prompt: every conversation of it, and every turn of each,
+  keys on that prompt, so they meet its cached KV and the planner sees one key with the
+  application's whole rate (and replicates it over as many destinations as that needs);
+  per-conversation keys would split the rate into thousands of keys too cold to admit;
+- a chat without a system prompt `[user1, assistant1, user2]` keys on `user1`, the same
+  as its first turn: every turn of one conversation lands where its history is cached;
+- a RAG request `[user: <document> + question]` keys on the document's first
   characters: requests about the same document meet its cached KV;
 - the same prompt on two LoRA adapters gets two keys: the adapters' KV differ.
 
@@ -46,8 +46,8 @@ class KeyRule:
     """How a gateway derives routing keys (see the module doc)."""
 
     header: str = "x-routing-key"
-    prefix_chars: int = 2048
-    prefix_user_turns: int = 1
+    prefix_chars: int = 8192
+    prefix_user_turns: int = 0
 
     def __post_init__(self) -> None:
         if self.prefix_chars < 1 or self.prefix_user_turns < 0:
@@ -108,14 +108,22 @@ def _leading_text(body: Mapping[str, Any], rule: KeyRule) -> str:
     return str(prompt or "")[:limit]
 
 
+_SYSTEM_ROLES = ("system", "developer")
+
+
 def _chat_prefix(messages: Sequence[Any], user_turns: int, limit: int) -> str:
     parts: list[str] = []
     size = 0
     users = 0
+    has_system = False
     for message in messages:
         if not isinstance(message, Mapping):
             continue
         role = str(message.get("role") or "")
+        if role in _SYSTEM_ROLES:
+            has_system = True
+        elif has_system and users >= user_turns:
+            break  # the system part (and the user turns asked for) is the key
         piece = f"{role}\x1f{_content_text(message.get('content'), limit - size)}\x1e"
         parts.append(piece)
         size += len(piece)
@@ -123,7 +131,7 @@ def _chat_prefix(messages: Sequence[Any], user_turns: int, limit: int) -> str:
             break
         if role == "user":
             users += 1
-            if users >= user_turns:
+            if users >= max(user_turns, 1):
                 break
     return "".join(parts)[:limit]
 

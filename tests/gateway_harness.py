@@ -112,7 +112,7 @@ class GatewayThread:
 
 def _control(fleet: EngineFleet, path: str, body: dict[str, Any] | None = None) -> Any:
     data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(fleet.control + path, data=data,
+    req = urllib.request.Request(fleet.control_url + path, data=data,
                                  headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=10) as resp:
         return json.loads(resp.read())

@@ -39,6 +39,6 @@ case "$what" in
     .venv/bin/ruff check . && .venv/bin/mypy streams planner_svc router_client
     .venv/bin/lint-imports --no-cache
     exec .venv/bin/python -m pytest -m "not slow" "$@" ;;
-  slow) exec .venv/bin/python -m pytest -m slow "$@" ;;
+  slow) CACHEROUTE_STRICT_TIMING=1 exec .venv/bin/python -m pytest -m slow "$@" ;;
   *) echo "usage: $0 demo|test|check|slow [args]" >&2; exit 2 ;;
 esac

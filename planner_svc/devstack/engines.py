@@ -299,6 +299,20 @@ class EmulatedEngine:
                            delay_s=float(body.get("delay_s", 0.0)))
         return {"mode": self.fault.mode}
 
+    def reset(self) -> dict[str, Any]:
+        """A cold engine again: empty cache, counters at zero (between benchmark runs)."""
+        self.replica = Replica(self.replica.model)
+        self.counters = EngineCounters()
+        self.fault = Fault()
+        return {"reset": self.id}
+
+    def stats(self) -> dict[str, Any]:
+        c = self.counters
+        return {"requests": c.requests, "prompt_tokens": c.prompt_tokens,
+                "cached_tokens": c.cached_tokens, "running": c.running,
+                "kv_used_blocks": self.replica.cache.used_blocks,
+                "kv_evicted_blocks": self.replica.cache.evicted_blocks}
+
     def last_request_view(self) -> dict[str, Any]:
         return {**self.last_request, "requests": self.counters.requests,
                 "received": self.counters.received,
@@ -396,11 +410,21 @@ class EngineFleet:
 
     process: ManagedProcess
     urls: dict[str, str]
-    control: str = ""  # the control server's URL (with --faults)
+    control_url: str = ""  # the control server's URL (with --faults)
 
     def destinations(self) -> str:
         """The `--destinations` value for a planner or gateway: id=url,..."""
         return ",".join(f"{i}={u}" for i, u in self.urls.items())
+
+    def control(self, engine: str, action: str, body: dict[str, Any] | None = None) -> Any:
+        """Call the control server (started with --faults) for one engine."""
+        import urllib.request
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(f"{self.control_url}/engines/{engine}/{action}", data=data,
+                                     headers={"Content-Type": "application/json"},
+                                     method="POST" if data is not None else "GET")
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return json.loads(resp.read())
 
     def stop(self) -> None:
         self.process.stop()
@@ -482,7 +506,8 @@ async def serve(args: argparse.Namespace) -> None:
 
 async def _control_server(engines: list[EmulatedEngine], host: str) -> HttpServer:
     """Test-only control endpoints, on their own port so an engine that is `down` can be
-    brought back up: POST /engines/<id>/fault, GET /engines/<id>/last_request."""
+    brought back up: POST /engines/<id>/fault, GET /engines/<id>/last_request, POST
+    /engines/<id>/reset, GET /engines/<id>/stats."""
     by_id = {e.id: e for e in engines}
 
     async def handle(request: Request, out: Responder) -> None:
@@ -496,6 +521,10 @@ async def _control_server(engines: list[EmulatedEngine], host: str) -> HttpServe
                 _send(out, 200, await engine.set_fault(body))
         elif parts[2] == "last_request":
             _send(out, 200, engine.last_request_view())
+        elif parts[2] == "reset" and request.method == "POST":
+            _send(out, 200, engine.reset())
+        elif parts[2] == "stats":
+            _send(out, 200, engine.stats())
         else:
             _send(out, 404, _error_body(404, f"no such engine path {request.path}"))
 

@@ -45,6 +45,8 @@ class StackOptions:
     deadletter_topic: str = "cacheroute.deadletter"
     workdir: str = ""  # empty: a fresh temporary directory, removed at stop
     operator_token: str = ""
+    # The planner's --destinations as given (id=address[*weight],...); empty: ids only.
+    destination_specs: str = ""
 
     @property
     def destination_ids(self) -> list[str]:
@@ -179,7 +181,7 @@ def start_planner(stack: LocalStack) -> ManagedProcess:
         "--data-dir",
         str(stack.workdir / "planner"),
         "--destinations",
-        ",".join(o.destination_ids),
+        o.destination_specs or ",".join(o.destination_ids),
         "--q-cap",
         str(o.q_cap),
         "--warm-slots-per-destination",

@@ -21,6 +21,7 @@ from router_client.health import HealthPolicy, ProbeSettings
 from router_client.keys import derive_key
 from router_client.plan import DestinationSpec
 from tests.gateway_harness import GatewayThread, fault, last_request
+from tests.timing import bound
 from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
@@ -299,8 +300,8 @@ def test_drain_moves_every_new_request_off_within_a_second(gw: GatewayThread,
     gw.publish([*dests[:3], DestinationSpec(drained, dests[3].address, draining=True)],
                {"m/h:k1": (0, 3)}, seq=2)
     t0 = time.monotonic()
-    assert eventually(lambda: gw.client.version.seq == 2, 1.0)
-    assert time.monotonic() - t0 < 1.0
+    assert eventually(lambda: gw.client.version.seq == 2, 10.0)
+    bound(time.monotonic() - t0, 1.0, "drained plan applied after, s")
     c = sdk(gw, default_headers={"x-routing-key": "k1"})
     seen = Counter()
     for i in range(60):

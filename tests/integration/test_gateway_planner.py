@@ -27,6 +27,7 @@ from router_client.redis_source import AsyncRedisPlanSource
 from tests.gateway_harness import GatewayThread, fault
 from tests.service.harness import planner_settings
 from tests.service.windows import make_window
+from tests.timing import bound
 from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
@@ -94,8 +95,8 @@ def test_plan_affinity_drain_through_the_planner_takes_effect_within_a_second(
     before = planner.planner.installed.plan.version  # type: ignore[union-attr]
     t0 = time.monotonic()
     planner.planner.update_config(tunables={}, add=[], drain=[drained], remove=[])
-    assert eventually(lambda: gw.client.version > before, 1.0)  # type: ignore[union-attr]
-    assert time.monotonic() - t0 < 1.0
+    assert eventually(lambda: gw.client.version > before, 10.0)  # type: ignore[union-attr]
+    bound(time.monotonic() - t0, 1.0, "drain applied by the gateway after, s")
     seen = Counter(ask(gw, key, i) for i, key in enumerate(KEYS * 2))
     assert seen[drained] == 0 and sum(seen.values()) == 2 * len(KEYS)
 

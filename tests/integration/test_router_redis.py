@@ -20,6 +20,7 @@ from router_client.plan import DestinationSpec, KeyTable, PlanConfig, RoutingPla
 from router_client.redis_source import AsyncRedisPlanSource, RedisPlanSource
 from router_client.routing import RoutingTable
 from router_client.testing import perturb, synthetic_plan
+from tests.timing import bound
 from tests.waiting import eventually, stop_routers
 
 pytestmark = pytest.mark.integration
@@ -227,7 +228,7 @@ def test_redis_killed_and_restarted_mid_stream(redis_server, key):
             last = Version(1, published[0])
             assert all(c.wait_for_version(last, 10) for c in clients)
         assert routers.errors == []
-        assert max(routers.longest_gap_s) < 0.5  # routing never stopped
+        bound(max(routers.longest_gap_s), 0.5, "longest routing gap, s")  # never stopped
         assert all(v >= Version(1, 2) for v in held)
         assert sum(c.source.reconnects for c in clients) >= 4
     finally:
@@ -250,7 +251,7 @@ def test_hung_redis_is_detected_within_3_s_and_the_client_resyncs(redis_server, 
             assert c.route("k00000001") == "d" + c.route("k00000001")[1:]  # still routing
         finally:
             redis_server.process.signal(signal.SIGCONT)
-        assert detected_s <= 3.0
+        bound(detected_s, 3.0, "outage detected after, s")
         nxt = perturb(plan, 0.1, version=Version(1, 2))
         pub.install(nxt, plan)
         assert c.wait_for_version(Version(1, 2), 5)

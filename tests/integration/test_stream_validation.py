@@ -87,7 +87,7 @@ class Batches:
         self.bad("unknown_type", key, self._event(key))  # no body at all
         self.seq += 1
         future_body = (_bytes_field(1, b"validation") + _field(2, 0, _varint(self.seq))
-                       + _field(3, 0, _varint(self.now)) + _bytes_field(12, b"\x0a\x01x"))
+                       + _field(3, 0, _varint(self.now)) + _bytes_field(13, b"\x0a\x01x"))
         self.bad("unknown_type", key, future_body)  # a body type from a newer schema
         self.bad("missing_field", key, self._event(key, request=req(destination="d1")))
         self.bad("missing_field", key, self._event(

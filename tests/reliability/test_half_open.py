@@ -16,6 +16,7 @@ from router_client.testing import perturb, synthetic_plan
 from tests.faults.history import RouterHistory, check_histories, propagation_delays_ms
 from tests.faults.proxy import FaultProxy
 from tests.faults.resources import open_fds
+from tests.timing import bound
 from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
@@ -75,8 +76,9 @@ def test_blackholed_routers_detect_and_recover_the_rest_never_notice(redis_serve
             c.stop()
         proxy.stop()
     print(f"detected in {detected_s:.2f} s, converged {healed_s:.2f} s after healing")
-    assert detected and detected_s <= 3.0
-    assert healed_s <= 1.0
+    assert detected
+    bound(detected_s, 3.0, "half-open connection detected after, s")
+    bound(healed_s, 1.0, "healed after, s")
     assert all(v < final for v in held)  # they really were cut off
     assert check_histories(cut + fine, published=published, final=final) == []
     fine_delays = [d for h in fine for d in propagation_delays_ms(h, published_at)]

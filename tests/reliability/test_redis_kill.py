@@ -27,6 +27,7 @@ from tests.reliability.harness import (
     public_key,
     router,
 )
+from tests.timing import bound
 from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
@@ -72,7 +73,7 @@ def test_redis_sigkilled_twice_under_load(tmp_path, persistence):
                 figures.append((stale_s, pointer_s, time.monotonic() - t_back))
                 time.sleep(2.0)
         assert load.errors == []
-        assert load.longest_gap_s < 0.5
+        bound(load.longest_gap_s, 0.5, "longest routing gap while Redis is killed, s")
         assert replans.ok > 10 and replans.failed > 0
     finally:
         log.close()
@@ -83,9 +84,9 @@ def test_redis_sigkilled_twice_under_load(tmp_path, persistence):
     print(f"persistence={persistence}: (stale after, pointer back after, all on latest after) "
           f"= {[tuple(round(x, 2) for x in f) for f in figures]}")  # fmt: skip
     for stale_s, pointer_s, converged_s in figures:
-        assert stale_s <= 5.0
+        bound(stale_s, 5.0, "stale for, s")
         assert pointer_s <= INTERVAL_S  # without persistence: republished within one interval
-        assert converged_s - pointer_s <= 1.0
+        bound(converged_s - pointer_s, 1.0, "converged after the pointer moved, s")
     assert check_histories(histories, published=log.published, final=None) == []
 
 

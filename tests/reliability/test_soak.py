@@ -18,6 +18,8 @@ from typing import Any
 
 import pytest
 
+from tests.timing import bound
+
 pytestmark = pytest.mark.integration
 FAULTS = ("redis_kill", "worker_kill", "blackhole", "corrupt_publish", "planner_restart")
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,7 +37,8 @@ def check(fig: dict[str, Any]) -> None:
     print(fig)
     assert fig["violations"] == 0, fig["violation_examples"]
     assert fig["not_converged"] == 0
-    assert fig["route_errors"] == 0 and fig["longest_route_gap_s"] < 0.5
+    assert fig["route_errors"] == 0
+    bound(fig["longest_route_gap_s"], 0.5, "longest gap between route() calls, s")
     assert fig["rss_growth_pct"] < 10.0
     assert fig["fds_end"] <= fig["fds_warm"] + 2
     assert fig["versions_applied"] > 0

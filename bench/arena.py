@@ -1,0 +1,322 @@
+"""The arena: CacheRoute against the real SGLang model gateway and vllm-router, live.
+
+One run starts R emulated engines (planner_svc.devstack.engines: the content-level replica
+model in real time behind real HTTP), CacheRoute's whole stack (broker, Redis, stream
+worker, planner, and its gateway), then, for every scenario and seed, each router in
+turn with 1 and 4 replicas behind a round-robin client, in front of the same engines
+(reset to cold between runs), driven by identical traffic (planner_svc.devstack.traffic:
+the openai async SDK, closed-loop conversations). Per run: served token-weighted hit
+rate, TTFT p50/p99, end-to-end p99, errors, per-engine load imbalance (max/mean
+requests), router CPU. Then the SLO capacity sweep: the highest offered load at which
+TTFT p99 stays within the SLO, for CacheRoute and the best peer.
+
+    .venv/bin/python bench/arena.py [--quick] [--seeds 3] [--scenarios paper-like,whale]
+
+Writes docs/results/arena/arena.md, arena.csv and PNG plots; last line one JSON object.
+A missing peer is reported, never faked. Peers run with their documented defaults
+(cache_aware) and with the settings a user would pick for sessions (vllm-router's
+consistent_hash on x-session-id, round_robin as the cache-blind reference).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import csv
+import json
+import math
+import resource
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from planner_svc.devstack.engines import EngineFleet, start_engines  # noqa: E402
+from planner_svc.devstack.routers import RouterSpec, peer_versions, start_routers  # noqa: E402
+from planner_svc.devstack.stack import LocalStack, StackOptions, start_stack  # noqa: E402
+from planner_svc.devstack.traffic import Driver, Record  # noqa: E402
+from planner_svc.simulator.sessions import SCENARIOS, Scenario, population, sessions  # noqa: E402
+
+OUT = ROOT / "docs" / "results" / "arena"
+ROUTERS = [
+    RouterSpec("cacheroute", "cacheroute"),
+    RouterSpec("sglang cache_aware", "sglang", "cache_aware"),
+    RouterSpec("sglang round_robin", "sglang", "round_robin"),
+    RouterSpec("vllm cache_aware", "vllm", "cache_aware"),
+    RouterSpec("vllm consistent_hash", "vllm", "consistent_hash"),
+]
+REPLICATED = {"cacheroute", "sglang cache_aware", "vllm cache_aware"}  # stateful routers
+
+
+@dataclass(frozen=True)
+class Setup:
+    engines: int
+    time_scale: float
+    kv_tokens: int
+    warmup_s: float
+    measure_s: float
+    rate_scale: float
+    slo_ttft_s: float
+
+
+def summarise(records: list[Record], warmup_s: float,
+              stats: list[dict[str, Any]]) -> dict[str, Any]:
+    measured = [r for r in records if r.sent_s >= warmup_s]
+    ok = [r for r in measured if r.ok]
+    prompt = sum(r.prompt_tokens for r in ok)
+    cached = sum(r.cached_tokens for r in ok)
+    ttft = np.array([r.ttft_s for r in ok]) if ok else np.array([math.nan])
+    e2e = np.array([r.e2e_s for r in ok]) if ok else np.array([math.nan])
+    per_engine = np.array([s["requests"] for s in stats], dtype=float)
+    return {
+        "requests": len(measured),
+        "errors": len(measured) - len(ok),
+        "hit": cached / prompt if prompt else 0.0,
+        "ttft_p50_s": float(np.percentile(ttft, 50)),
+        "ttft_p99_s": float(np.percentile(ttft, 99)),
+        "e2e_p99_s": float(np.percentile(e2e, 99)),
+        "imbalance": float(per_engine.max() / per_engine.mean()) if per_engine.sum() else 0.0,
+    }
+
+
+def run_one(spec: RouterSpec, replicas: int, scenario: Scenario, seed: int, setup: Setup,
+            fleet: EngineFleet, stack: LocalStack, work: Path, rate_scale: float,
+            label: str) -> dict[str, Any]:
+    for engine in fleet.urls:
+        fleet.control(engine, "reset", {})
+    cacheroute = {"redis-url": stack.redis_url, "public-key": str(stack.public_key_path),
+                  "bootstrap": stack.bootstrap, "max-plan-age-s": "3600"}
+    routers = start_routers(spec, replicas, fleet.urls, work, cacheroute=cacheroute)
+    try:
+        sc = scenario.scaled(sessions_per_s=scenario.sessions_per_s * rate_scale)
+        pop = population(sc, seed)
+        total = setup.warmup_s + setup.measure_s
+        plan = sessions(pop, total)
+        headers = None
+        if spec.policy == "consistent_hash":  # how its users key sessions (a header)
+            def headers(s: Any) -> dict[str, str]:
+                return {"x-session-id": f"{seed}-{s.sid}"}
+        cpu0 = routers.cpu_seconds()
+        driver = Driver(routers.urls, pop, headers=headers)
+        done = [0.0]
+
+        def progress(frac: float) -> None:
+            if frac - done[0] >= 0.25 or frac >= 1.0:
+                done[0] = frac
+                print(f"\r  {label}: {frac:4.0%}", end="", file=sys.stderr, flush=True)
+
+        warm: dict[str, list[Any]] = {}
+        records = asyncio.run(_drive_after(driver, plan, total, setup.warmup_s, fleet, warm,
+                                           progress))
+        after = [fleet.control(e, "stats") for e in fleet.urls]
+        print(file=sys.stderr)
+        stats = [{"requests": a["requests"] - b["requests"]}
+                 for a, b in zip(after, warm["stats"], strict=True)]
+        row = summarise(records, setup.warmup_s, stats)
+        row.update(router=spec.name, replicas=replicas, scenario=scenario.name, seed=seed,
+                   rate_scale=rate_scale, cpu_s=routers.cpu_seconds() - cpu0,
+                   router_rss_mb=routers.peak_rss_mb())
+        return row
+    finally:
+        routers.stop()
+
+
+async def _drive_after(driver: Driver, plan: list[Any], total: float, warmup_s: float,
+                       fleet: EngineFleet, warm: dict[str, list[Any]],
+                       progress: Any) -> list[Record]:
+    """Run the traffic; snapshot the engines' counters when the warm-up ends."""
+    async def mark() -> None:
+        await asyncio.sleep(warmup_s)
+        warm["stats"] = await asyncio.to_thread(
+            lambda: [fleet.control(e, "stats") for e in fleet.urls])
+
+    marker = asyncio.create_task(mark())
+    records = await driver.run(plan, total, progress)
+    await marker
+    return records
+
+
+def capacity(spec: RouterSpec, scenario: Scenario, seed: int, setup: Setup, fleet: EngineFleet,
+             stack: LocalStack, work: Path, scales: list[float]) -> tuple[float, list[dict]]:
+    """The highest offered load (sessions/s) whose TTFT p99 meets the SLO, by a sweep."""
+    best, rows = 0.0, []
+    for scale in scales:
+        row = run_one(spec, 1, scenario, seed, setup, fleet, stack, work, scale,
+                      f"capacity {spec.name} x{scale:g}")
+        rows.append(row)
+        if row["ttft_p99_s"] <= setup.slo_ttft_s and row["errors"] == 0:
+            best = scenario.sessions_per_s * scale
+        else:
+            break
+    return best, rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="one scenario, short runs (slow tier)")
+    ap.add_argument("--seeds", type=int, default=1)
+    ap.add_argument("--scenarios", default="paper-like,shared-system-prompt,whale,low-reuse")
+    ap.add_argument("--engines", type=int, default=4)
+    ap.add_argument("--out", default=str(OUT))
+    args = ap.parse_args()
+    quick = args.quick
+    setup = Setup(engines=args.engines, time_scale=0.5, kv_tokens=60_000,
+                  warmup_s=8.0 if quick else 12.0, measure_s=10.0 if quick else 15.0,
+                  rate_scale=1.0, slo_ttft_s=1.0)
+    names = ["paper-like"] if quick else args.scenarios.split(",")
+    scenarios = [SCENARIOS[n].scaled(sessions_per_s=SCENARIOS[n].sessions_per_s * 2)
+                 for n in names]  # time scale 0.5: engines twice as fast, traffic twice as dense
+    routers = [r for r in ROUTERS if r.installed]
+    missing = [r.name for r in ROUTERS if not r.installed]
+    work = Path(tempfile.mkdtemp(prefix="arena-"))
+    t_start = time.monotonic()
+    fleet = start_engines(work, setup.engines, extra=[
+        "--time-scale", str(setup.time_scale), "--kv-tokens", str(setup.kv_tokens),
+        "--faults", "--model", "arena-model"])
+    stack = start_stack(StackOptions(
+        destinations=setup.engines, destination_specs=fleet.destinations(), window_s=6.0,
+        hop_s=2.0, interval_s=4.0, q_cap=12.0, warm_slots_per_destination=12,
+        workdir=str(work / "stack")))
+    rows: list[dict[str, Any]] = []
+    try:
+        for scenario in scenarios:
+            for seed in range(1, args.seeds + 1):
+                for spec in routers:
+                    for replicas in ((1, 4) if spec.name in REPLICATED else (1,)):
+                        if quick and replicas == 4 and spec.name != "cacheroute" \
+                                and spec.name != "sglang cache_aware":
+                            continue
+                        label = f"{scenario.name} s{seed} {spec.name} x{replicas}"
+                        rows.append(run_one(spec, replicas, scenario, seed, setup, fleet,
+                                            stack, work, 1.0, label))
+        cap: dict[str, float] = {}
+        cap_rows: list[dict] = []
+        if not quick:
+            for name in ("paper-like", "whale"):
+                found = [s for s in scenarios if s.name == name]
+                if not found:
+                    continue
+                ranked = _best_peer(rows, name, 1)
+                for spec in [routers[0], *[r for r in routers if r.name == ranked]]:
+                    value, sweep = capacity(spec, found[0], 1, setup, fleet, stack, work,
+                                            [1.0, 1.5, 2.0, 3.0])
+                    cap[f"{name}/{spec.name}"] = value
+                    cap_rows += sweep
+    finally:
+        stack.stop()
+        fleet.stop()
+    elapsed = time.monotonic() - t_start
+    summary = report(rows, cap, setup, Path(args.out), missing, elapsed, quick)
+    print(json.dumps(summary))
+    shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+def _mean(rows: list[dict], key: str, **match: Any) -> float:
+    vals = [r[key] for r in rows if all(r[k] == v for k, v in match.items())]
+    return float(np.mean(vals)) if vals else math.nan
+
+
+def _best_peer(rows: list[dict], scenario: str, replicas: int) -> str:
+    peers = {r["router"] for r in rows if r["router"] != "cacheroute"
+             and r["scenario"] == scenario and r["replicas"] == replicas}
+    if not peers:
+        return ""
+    return max(peers, key=lambda p: _mean(rows, "hit", router=p, scenario=scenario,
+                                          replicas=replicas))
+
+
+def report(rows: list[dict], cap: dict[str, float], setup: Setup, out: Path,
+           missing: list[str], elapsed_s: float, quick: bool) -> dict[str, Any]:
+    out.mkdir(parents=True, exist_ok=True)
+    keys = ["scenario", "seed", "router", "replicas", "rate_scale", "requests", "errors", "hit",
+            "ttft_p50_s", "ttft_p99_s", "e2e_p99_s", "imbalance", "cpu_s", "router_rss_mb"]
+    suffix = "-quick" if quick else ""
+    with open(out / f"arena{suffix}.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, keys)
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: (round(r[k], 4) if isinstance(r[k], float) else r[k]) for k in keys})
+    lines = [f"# Arena results{' (quick)' if quick else ''}", "",
+             f"Command: `.venv/bin/python bench/arena.py{' --quick' if quick else ''}`; "
+             f"{setup.engines} emulated engines (time scale {setup.time_scale}, "
+             f"{setup.kv_tokens:,} KV tokens each), warm-up {setup.warmup_s:.0f} s then "
+             f"{setup.measure_s:.0f} s measured per run; peers {json.dumps(peer_versions())}; "
+             f"whole run {elapsed_s / 60:.1f} min.", ""]
+    if missing:
+        lines += [f"Not installed, not measured: {', '.join(missing)}.", ""]
+    header = ("| scenario | router | replicas | hit | TTFT p50 s | TTFT p99 s | e2e p99 s | "
+              "imbalance | errors | router CPU s |")
+    lines += [header, "|" + "---|" * 10]
+    groups = sorted({(r["scenario"], r["router"], r["replicas"]) for r in rows},
+                    key=lambda g: (g[0], g[2], -_mean(rows, "hit", scenario=g[0], router=g[1],
+                                                       replicas=g[2])))
+    for sc, router, rep in groups:
+        m = {k: _mean(rows, k, scenario=sc, router=router, replicas=rep)
+             for k in ("hit", "ttft_p50_s", "ttft_p99_s", "e2e_p99_s", "imbalance", "errors",
+                       "cpu_s")}
+        lines.append(f"| {sc} | {router} | {rep} | {m['hit']:.1%} | {m['ttft_p50_s']:.3f} | "
+                     f"{m['ttft_p99_s']:.3f} | {m['e2e_p99_s']:.3f} | {m['imbalance']:.2f} | "
+                     f"{m['errors']:.0f} | {m['cpu_s']:.1f} |")
+    if cap:
+        lines += ["", f"SLO capacity (sessions/s with TTFT p99 ≤ {setup.slo_ttft_s} s):", ""]
+        lines += [f"- {k}: {v:.2f}" for k, v in cap.items()]
+    (out / f"arena{suffix}.md").write_text("\n".join(lines) + "\n")
+    _plot(rows, out, suffix)
+    paper = "paper-like"
+    best1, best4 = _best_peer(rows, paper, 1), _best_peer(rows, paper, 4)
+    ours_cap = cap.get(f"{paper}/cacheroute", math.nan)
+    peer_cap = cap.get(f"{paper}/{best1}", math.nan)
+    summary = {
+        "cacheroute_hit_1r": round(_mean(rows, "hit", router="cacheroute", scenario=paper,
+                                         replicas=1), 4),
+        "cacheroute_hit_4r": round(_mean(rows, "hit", router="cacheroute", scenario=paper,
+                                         replicas=4), 4),
+        "best_peer_1r": best1,
+        "best_peer_hit_1r": round(_mean(rows, "hit", router=best1, scenario=paper,
+                                        replicas=1), 4) if best1 else None,
+        "best_peer_4r": best4,
+        "best_peer_hit_4r": round(_mean(rows, "hit", router=best4, scenario=paper,
+                                        replicas=4), 4) if best4 else None,
+        "capacity_ratio_vs_best_peer": round(ours_cap / peer_cap, 3)
+        if peer_cap and not math.isnan(peer_cap) else None,
+        "peer_versions": peer_versions(),
+        "elapsed_min": round(elapsed_s / 60, 2),
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+    }
+    return summary
+
+
+def _plot(rows: list[dict], out: Path, suffix: str) -> None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed: no plots (pip install '.[plots]')", file=sys.stderr)
+        return
+    scenarios = sorted({r["scenario"] for r in rows})
+    fig, axes = plt.subplots(1, len(scenarios), figsize=(5 * len(scenarios), 4), squeeze=False)
+    for ax, sc in zip(axes[0], scenarios, strict=True):
+        groups = sorted({(r["router"], r["replicas"]) for r in rows if r["scenario"] == sc})
+        labels = [f"{g[0]} x{g[1]}" for g in groups]
+        hits = [_mean(rows, "hit", scenario=sc, router=g[0], replicas=g[1]) for g in groups]
+        colors = ["tab:green" if g[0] == "cacheroute" else "tab:gray" for g in groups]
+        ax.barh(labels, hits, color=colors)
+        ax.set_xlim(0, 1)
+        ax.set_title(f"{sc}: served hit rate")
+    fig.tight_layout()
+    fig.savefig(out / f"arena-hit{suffix}.png", dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

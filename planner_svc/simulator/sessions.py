@@ -1,0 +1,160 @@
+"""Session workloads: tenants, conversations and turns, as real clients produce them (pure).
+
+A scenario is a population of *tenants* (applications), each with a system prompt; some
+scenarios put a global prompt in front of every tenant's, or hand documents to the first
+turn (RAG). Conversations of a tenant start as a Poisson process at the tenant's rate;
+a conversation is a few *turns*, each sent after the previous answer arrived plus a think
+time, and each carrying the whole history (system prompt, every earlier question and
+answer). So reuse is causal: a turn can only hit what earlier turns computed.
+
+The same `Session` list drives the live arena (planner_svc.devstack.traffic renders it as
+text through the OpenAI SDK) and the simulator, so both see one workload.
+
+Token counts are exact in the arena's text: a token is a 4-byte word
+(planner_svc.simulator.text).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from planner_svc.simulator import text as txt
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Scenario:
+    name: str
+    tenants: int = 40
+    zipf_s: float = 1.0  # tenant popularity: rate of the i-th tenant ∝ 1 / i^s
+    sessions_per_s: float = 2.0  # conversations started per second, all tenants together
+    system_tokens: tuple[int, int] = (1_000, 3_000)
+    shared_prefix_tokens: int = 0  # one prompt in front of every tenant's (a platform preamble)
+    turns: tuple[int, int] = (3, 6)
+    user_tokens: tuple[int, int] = (40, 160)
+    output_tokens: tuple[int, int] = (16, 48)
+    think_s: tuple[float, float] = (0.5, 2.0)
+    whales: int = 0  # tenants that each carry `whale_share` of the conversations
+    whale_share: float = 0.0
+    documents: int = 0  # a first turn carries one of these documents with probability doc_p
+    document_tokens: tuple[int, int] = (1_500, 3_000)
+    doc_p: float = 0.0
+    notes: str = ""
+
+    def scaled(self, **changes: float | int) -> Scenario:
+        return replace(self, **changes)  # type: ignore[arg-type]
+
+
+SCENARIOS: dict[str, Scenario] = {
+    # Many tenants, skewed popularity, long system prompts, multi-turn: the paper's regime
+    # (a few percent of keys carry a large share of requests).
+    "paper-like": Scenario(name="paper-like", tenants=48, zipf_s=1.1, sessions_per_s=2.5,
+                           notes="48 tenants, Zipf 1.1, 1-3k-token system prompts"),
+    # Every tenant's prompt starts with the same 1,500-token platform preamble.
+    "shared-system-prompt": Scenario(
+        name="shared-system-prompt", tenants=48, zipf_s=0.8, sessions_per_s=2.5,
+        shared_prefix_tokens=1_500, system_tokens=(200, 800),
+        notes="a 1,500-token preamble shared by all 48 tenants"),
+    # A few tenants carry most traffic: they need replicas (k_b > 1) and balance.
+    "whale": Scenario(name="whale", tenants=40, zipf_s=0.6, sessions_per_s=2.5, whales=3,
+                      whale_share=0.18, notes="3 whale tenants with 18 % of conversations each"),
+    # Short prompts, single turns, unique content: little to reuse; affinity cannot win.
+    "low-reuse": Scenario(name="low-reuse", tenants=200, zipf_s=0.2, sessions_per_s=6.0,
+                          system_tokens=(50, 150), turns=(1, 1), user_tokens=(400, 1_200),
+                          notes="200 tenants, short prompts, one turn, unique questions"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    user_tokens: int
+    output_tokens: int
+    think_s: float  # before this turn is sent (after the previous answer)
+    document: int = -1  # index into the scenario's documents, or -1
+
+
+@dataclass(frozen=True, slots=True)
+class Session:
+    sid: int
+    start_s: float
+    tenant: int
+    turns: tuple[Turn, ...]
+
+
+@dataclass(frozen=True)
+class Population:
+    """What the sessions refer to: every tenant's system prompt, the documents."""
+
+    scenario: Scenario
+    seed: int
+    system_tokens: tuple[int, ...]
+    document_tokens: tuple[int, ...]
+    tenant_weights: np.ndarray = field(repr=False)
+
+    def tenant_key(self, tenant: int) -> str:
+        return f"s{self.seed}-t{tenant}"
+
+
+def population(scenario: Scenario, seed: int) -> Population:
+    rng = np.random.default_rng(seed)
+    n = scenario.tenants
+    weights = 1.0 / np.arange(1, n + 1, dtype=np.float64) ** scenario.zipf_s
+    weights /= weights.sum()
+    if scenario.whales:
+        rest = 1.0 - scenario.whales * scenario.whale_share
+        weights = weights * rest / weights[scenario.whales:].sum()
+        weights[: scenario.whales] = scenario.whale_share
+        weights /= weights.sum()
+    lo, hi = scenario.system_tokens
+    systems = tuple(int(x) for x in rng.integers(lo, hi + 1, n))
+    dlo, dhi = scenario.document_tokens
+    docs = tuple(int(x) for x in rng.integers(dlo, dhi + 1, scenario.documents))
+    return Population(scenario, seed, systems, docs, weights)
+
+
+def sessions(pop: Population, duration_s: float) -> list[Session]:
+    """Conversations starting in [0, duration_s), in start order."""
+    s = pop.scenario
+    rng = random.Random(pop.seed * 7919 + 17)
+    out: list[Session] = []
+    t = rng.expovariate(s.sessions_per_s)
+    tenants = list(range(s.tenants))
+    weights = pop.tenant_weights.tolist()
+    while t < duration_s:
+        tenant = rng.choices(tenants, weights)[0]
+        n_turns = rng.randint(*s.turns)
+        turns = []
+        for j in range(n_turns):
+            doc = -1
+            if j == 0 and s.documents and rng.random() < s.doc_p:
+                doc = rng.randrange(s.documents)
+            turns.append(Turn(rng.randint(*s.user_tokens), rng.randint(*s.output_tokens),
+                              0.0 if j == 0 else rng.uniform(*s.think_s), doc))
+        out.append(Session(len(out), t, tenant, tuple(turns)))
+        t += rng.expovariate(s.sessions_per_s)
+    return out
+
+
+# --- text, for the arena ------------------------------------------------------------------
+
+def words(tokens: int, seed: str) -> str:
+    """`tokens` 4-byte words, determined by `seed`."""
+    rng = random.Random(seed)
+    return "".join(rng.choice(txt._WORDS) for _ in range(tokens))
+
+
+def system_text(pop: Population, tenant: int) -> str:
+    shared = words(pop.scenario.shared_prefix_tokens, f"shared-{pop.seed}")
+    own = words(pop.system_tokens[tenant], f"sys-{pop.seed}-{tenant}")
+    # The tenant's name first in its own part: the shared preamble stays a common prefix.
+    return shared + own
+
+
+def user_text(pop: Population, session: Session, j: int) -> str:
+    turn = session.turns[j]
+    doc = ""
+    if turn.document >= 0:
+        doc = words(pop.document_tokens[turn.document], f"doc-{pop.seed}-{turn.document}")
+    return doc + words(turn.user_tokens, f"user-{pop.seed}-{session.sid}-{j}")
