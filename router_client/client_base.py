@@ -57,6 +57,7 @@ class BaseRouterClient:
         health: HealthPolicy | None = None,
         probe: ProbeSettings | None = None,
         addresses: Mapping[str, str] | None = None,
+        cold_tail: str = "p2c",
     ) -> None:
         if tune_malloc:  # see router_client.memory: halves a full apply's CPU
             memory.keep_freed_memory()
@@ -66,7 +67,9 @@ class BaseRouterClient:
         self.recheck_s = recheck_s
         self.status_interval_s = status_interval_s
         self.follower = PlanFollower(public_keys, max_bytes=max_plan_bytes)
-        self.core = RouterCore(destination_ids, seed=seed)
+        # cold_tail: "p2c" (the paper's) or "hash" (bounded-load consistent hashing, see
+        # router_client.routing)
+        self.core = RouterCore(destination_ids, seed=seed, cold_tail=cold_tail)
         self._route_index = self.core.route_index
         # route(key) -> destination id: the core's own method, so the hot path is one
         # Python call (call `started`/`finished` around the request, or use `request`).

@@ -48,6 +48,7 @@ class KeyRule:
     header: str = "x-routing-key"
     prefix_chars: int = 8192
     prefix_user_turns: int = 0
+    affinity_header: str = "x-session-id"
 
     def __post_init__(self) -> None:
         if self.prefix_chars < 1 or self.prefix_user_turns < 0:
@@ -59,6 +60,9 @@ class DerivedKey:
     key: str
     source: str  # "header" or "prefix"
     prefix_chars: int  # characters of content the key covers (0 for a header key)
+    # What identifies the conversation inside the key (the first user turn after the
+    # system prompt, or the `affinity_header`); None when the key is the conversation.
+    affinity: str | None = None
 
 
 def derive_key(
@@ -66,12 +70,33 @@ def derive_key(
 ) -> DerivedKey:
     """The routing key of an OpenAI-style chat or completions request body."""
     scope = _scope(body)
+    session = headers.get(rule.affinity_header) if rule.affinity_header else None
     given = headers.get(rule.header)
     if given:
-        return DerivedKey(f"{scope}/h:{_bounded(given)}", "header", 0)
+        return DerivedKey(f"{scope}/h:{_bounded(given)}", "header", 0, session or None)
     text = _leading_text(body, rule)
     digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=12).hexdigest()
-    return DerivedKey(f"{scope}/p:{digest}", "prefix", len(text))
+    affinity = session or _conversation(body, rule)
+    return DerivedKey(f"{scope}/p:{digest}", "prefix", len(text), affinity)
+
+
+def _conversation(body: Mapping[str, Any], rule: KeyRule) -> str | None:
+    """The first user turn after a system prompt: which conversation of the application."""
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        return None
+    seen_system = False
+    for message in messages:
+        if not isinstance(message, Mapping):
+            continue
+        role = message.get("role")
+        if role in _SYSTEM_ROLES:
+            seen_system = True
+        elif role == "user":
+            if not seen_system:
+                return None  # the key is already the conversation
+            return _content_text(message.get("content"), min(rule.prefix_chars, 1024))
+    return None
 
 
 def _scope(body: Mapping[str, Any]) -> str:

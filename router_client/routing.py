@@ -11,6 +11,19 @@ destination health, its RNG) and routes one key:
   destinations: two *distinct* ones sampled without replacement, the less loaded wins,
   ties at random (baselines.md §1).
 
+Two options go beyond the paper (its behaviour is the default, `cold_tail="p2c"` and no
+affinity):
+- `cold_tail="hash"`: an unadmitted key goes to its consistent-hash owner among the usable
+  destinations, or the next one on the ring, as long as that one's load stays within
+  `(1 + tail_slack)` × the mean (consistent hashing with bounded loads, CHWBL). A cold key
+  then keeps meeting its cache, where P2C sprays it over every destination; the bound keeps
+  the cold tail spread as evenly as P2C's, so the planner's cold-tail baseline holds.
+- an *affinity* string (`route_index(key, affinity)`, e.g. the conversation inside an
+  application's key): a key planned on several destinations sends each affinity to the
+  same member (rendezvous hashing), unless that member is more than `(1 + set_slack)` ×
+  the set's mean load ahead, then to the least-loaded one. Conversations keep their history
+  without giving up the plan's balance.
+
 *Usable* means healthy (not marked down: see `router_client.health`) and not draining.
 A draining destination gets no new request on any path; only when nothing else is
 healthy does P2C fall back to the healthy draining ones, then to every destination (a
@@ -41,9 +54,10 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import hashlib
 import math
 import random
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import NamedTuple
@@ -248,11 +262,52 @@ def translate_lookup(lookup: Mapping[str, Members], slot_of: Sequence[int]) -> d
     return out
 
 
+_MASK64 = 0xFFFFFFFFFFFFFFFF
+
+
+def _mix(x: int) -> int:
+    """splitmix64's finaliser: a well-spread 64-bit hash of an int."""
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9 & _MASK64
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EB & _MASK64
+    return x ^ (x >> 31)
+
+
+def _stable_hash(text: str) -> int:
+    """A hash of `text` that is the same in every router process (Python's `hash` of a str
+    is salted per process, so two routers would disagree)."""
+    return int.from_bytes(hashlib.blake2b(text.encode("utf-8", "surrogatepass"),
+                                          digest_size=8).digest(), "little")
+
+
+class _Ring:
+    """A consistent-hash ring over slots: `VNODES` points per slot, sorted."""
+
+    VNODES = 64
+    __slots__ = ("owners", "points")
+
+    def __init__(self, slots: Sequence[int]) -> None:
+        pairs = sorted((_mix((s + 1) * 1_000_003 + v), s) for s in slots
+                       for v in range(self.VNODES))
+        self.points = [p for p, _ in pairs]
+        self.owners = [s for _, s in pairs]
+
+    def walk(self, h: int) -> Iterator[int]:
+        """Distinct owners clockwise from `h`."""
+        owners, n = self.owners, len(self.owners)
+        i = bisect.bisect_left(self.points, h)
+        seen: set[int] = set()
+        for k in range(n):
+            s = owners[(i + k) % n]
+            if s not in seen:
+                seen.add(s)
+                yield s
+
+
 class _Active:
     """Everything a decision reads about the installed table, swapped as one reference."""
 
-    __slots__ = ("cumulative", "fallback", "inv_weight", "lookup", "overlay", "pool", "table",
-                 "table_slots", "usable", "weighted")
+    __slots__ = ("cumulative", "fallback", "inv_weight", "lookup", "overlay", "pool", "ring",
+                 "table", "table_slots", "total_weight", "usable", "weighted")
 
     def __init__(
         self,
@@ -273,6 +328,8 @@ class _Active:
         self.usable = usable  # per slot: healthy and not draining
         self.inv_weight = inv_weight  # per slot: 1 / capacity weight
         self.pool = pool  # the slots P2C draws from (usable ones, see the module doc)
+        self.ring: _Ring | None = None  # built on the first cold-tail hash decision
+        self.total_weight = sum(1.0 / inv_weight[s] for s in pool) or 1.0
         # Unequal weights in the pool: the weighted decision, else the plain one.
         self.weighted = len({inv_weight[s] for s in pool}) > 1
         self.cumulative: list[float] = []  # running weight over `pool`, for weighted draws
@@ -286,7 +343,14 @@ class _Active:
 class RouterCore:
     """In-flight counts, health and the decision; no I/O, no clock, no locks."""
 
-    def __init__(self, destination_ids: Sequence[str], *, seed: int | None = None) -> None:
+    def __init__(self, destination_ids: Sequence[str], *, seed: int | None = None,
+                 cold_tail: str = "p2c", tail_slack: float = 0.25,
+                 set_slack: float = 0.5) -> None:
+        if cold_tail not in ("p2c", "hash"):
+            raise ValueError("cold_tail is 'p2c' (the paper's) or 'hash' (bounded-load CH)")
+        self.cold_tail = cold_tail
+        self.tail_slack = tail_slack
+        self.set_slack = set_slack
         self.destination_ids: list[str] = []
         self._slot: dict[str, int] = {}
         self.inflight: list[int] = []
@@ -396,7 +460,7 @@ class RouterCore:
 
     # --- the decision (hot) -------------------------------------------------------
 
-    def route_index(self, key: str) -> int:
+    def route_index(self, key: str, affinity: str | None = None) -> int:
         """The slot to send `key` to. Does not count it in flight: call `started`."""
         a = self._active
         if a.fallback:
@@ -406,18 +470,53 @@ class RouterCore:
         m = a.lookup.get(key) if over is None else over.get(key, a.lookup.get(key))
         if m is None:
             self.unadmitted += 1
-            return self._p2c(a)
+            return self._tail(key, a)
         if m.__class__ is int:
             if a.usable[m]:  # type: ignore[index]
                 self.planned += 1
                 return m  # type: ignore[return-value]
         else:
-            best = self._least_loaded(m, a)  # type: ignore[arg-type]
+            best = (self._affine_member(m, a, affinity) if affinity is not None  # type: ignore[arg-type]
+                    else self._least_loaded(m, a))  # type: ignore[arg-type]
             if best >= 0:
                 self.planned += 1
                 return best
         self.unhealthy_reroute += 1
+        return self._tail(key, a)
+
+    def _tail(self, key: str, a: _Active) -> int:
+        """Where a key the plan does not route goes: P2C, or bounded-load consistent hashing."""
+        if self.cold_tail == "p2c" or len(a.pool) <= 1:
+            return self._p2c(a)
+        ring = a.ring
+        if ring is None:
+            ring = a.ring = _Ring(a.pool)
+        inflight, inv = self.inflight, a.inv_weight
+        total = sum(inflight[s] for s in a.pool) + 1
+        cap = (1.0 + self.tail_slack) * total / a.total_weight
+        for s in ring.walk(_stable_hash(key)):
+            if (inflight[s] + 1) * inv[s] <= cap + inv[s]:
+                return s
         return self._p2c(a)
+
+    def _affine_member(self, members: tuple[int, ...], a: _Active, affinity: str) -> int:
+        """The rendezvous-hash member for `affinity` unless it is too far ahead in load."""
+        usable, inflight, inv = a.usable, self.inflight, a.inv_weight
+        h = _stable_hash(affinity)
+        best, best_score, loads, n = -1, -1, 0.0, 0
+        for m in members:
+            if not usable[m]:
+                continue
+            score = _mix(h ^ (m * 0x9E3779B97F4A7C15 & 0xFFFFFFFFFFFFFFFF))
+            if score > best_score:
+                best, best_score = m, score
+            loads += inflight[m] * inv[m]
+            n += 1
+        if best < 0:
+            return -1
+        if inflight[best] * inv[best] <= (1.0 + self.set_slack) * loads / n + inv[best]:
+            return best
+        return self._least_loaded(members, a)
 
     def route(self, key: str) -> str:
         """The destination id for `key`: `route_index` inlined, since a Python call
@@ -439,6 +538,8 @@ class RouterCore:
                     self.planned += 1
                     return self.destination_ids[best]
                 self.unhealthy_reroute += 1
+            if self.cold_tail != "p2c":
+                return self.destination_ids[self._tail(key, a)]
         else:
             self.fallback += 1
         return self.destination_ids[self._p2c(a)]

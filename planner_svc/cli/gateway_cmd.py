@@ -38,6 +38,10 @@ FLAGS: dict[str, tuple[type, Any, str]] = {
     "key-header": (str, "x-routing-key", "request header that names the routing key"),
     "prefix-chars": (int, 8192, "characters of leading content hashed into the key"),
     "prefix-user-turns": (int, 0, "user turns after the system prompt included in the key"),
+    "session-header": (str, "x-session-id", "request header naming the conversation inside "
+                       "a key ('' to use the first user turn only)"),
+    "cold-tail": (str, "hash", "keys the plan does not admit: 'hash' (consistent hashing with "
+                  "bounded loads) or 'p2c' (the paper's power-of-two-choices)"),
     "connect-timeout-s": (float, 2.0, "upstream connect timeout"),
     "first-byte-timeout-s": (float, 300.0, "upstream time to the first response byte"),
     "idle-timeout-s": (float, 60.0, "longest silence between streamed chunks"),
@@ -96,7 +100,8 @@ async def run_gateway(args: argparse.Namespace, ready: asyncio.Event | None = No
             host=args.host, port=args.port,
             router_id=args.router_id or f"gateway-{os.uname().nodename}-{os.getpid()}",
             keys=KeyRule(header=args.key_header.lower(), prefix_chars=args.prefix_chars,
-                         prefix_user_turns=args.prefix_user_turns),
+                         prefix_user_turns=args.prefix_user_turns,
+                         affinity_header=args.session_header.lower()),
             connect_timeout_s=args.connect_timeout_s,
             first_byte_timeout_s=args.first_byte_timeout_s,
             idle_timeout_s=args.idle_timeout_s,
@@ -107,6 +112,8 @@ async def run_gateway(args: argparse.Namespace, ready: asyncio.Event | None = No
                               max_ejection_s=max(args.ejection_s, 300.0))
         probe = (ProbeSettings(path=args.probe_path, period_s=args.probe_period_s)
                  if args.probe_path else None)
+        if args.cold_tail not in ("hash", "p2c"):
+            raise ValueError(f"--cold-tail {args.cold_tail!r}: use hash or p2c")
     except ValueError as exc:
         raise SystemExit(f"cacheroute gateway: {exc}") from None
     source: Any
@@ -128,7 +135,7 @@ async def run_gateway(args: argparse.Namespace, ready: asyncio.Event | None = No
         destination_ids=[d.id for d in destinations],
         addresses={d.id: d.address for d in destinations if d.address},
         cache_path=args.cache_path or None, max_plan_age_s=args.max_plan_age_s,
-        health=health, probe=probe)
+        health=health, probe=probe, cold_tail=args.cold_tail)
     sink = None
     if args.bootstrap:
         from streams.emitter import EventEmitter

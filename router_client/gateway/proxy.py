@@ -55,6 +55,7 @@ class _Call:
 
     route: str
     key: str
+    affinity: str | None
     prefix_chars: int
     body: bytes
     stream: bool
@@ -118,14 +119,14 @@ class Proxy:
         out_headers.append((hdr.TRACEPARENT, hdr.child_traceparent(index.get(hdr.TRACEPARENT))))
         if body:
             out_headers.append(JSON)
-        return _Call(route, derived.key, derived.prefix_chars, body, stream, injected, rid,
-                     out_headers, started)
+        return _Call(route, derived.key, derived.affinity, derived.prefix_chars, body, stream,
+                     injected, rid, out_headers, started)
 
     async def _dispatch(self, request: Request, call: _Call, out: Responder) -> None:
         tried: list[int] = []
         core = self.core
         for attempt in range(self.settings.max_retries + 1):
-            slot = self._pick(call.key, tried)
+            slot = self._pick(call.key, call.affinity, tried)
             if slot is None:
                 if not tried:
                     self.metrics.saturated.inc()
@@ -166,10 +167,10 @@ class Proxy:
         send_error(out, 502, "no destination could take the request", "upstream_error",
                    extra=[(hdr.REQUEST_ID, call.request_id)])
 
-    def _pick(self, key: str, tried: list[int]) -> int | None:
+    def _pick(self, key: str, affinity: str | None, tried: list[int]) -> int | None:
         core, cap = self.core, self.settings.max_inflight_per_destination
         if not tried:
-            slot = core.route_index(key)
+            slot = core.route_index(key, affinity)
             if core.inflight[slot] < cap:
                 return slot
         full = {s for s, n in enumerate(core.inflight) if n >= cap}

@@ -211,3 +211,47 @@ def test_many_destinations_weighted_shares_follow_weights():
 def test_equal_weights_keep_the_unweighted_path():
     core = core_of({}, fleet(4, capacity_weight=2.0))
     assert not core._active.weighted
+
+
+# --- beyond the paper: the cold tail by bounded-load hashing, affinity inside a set ---------
+
+def test_cold_tail_hash_sends_a_key_to_the_same_place_and_spreads_keys():
+    core = RouterCore([f"d{i}" for i in range(8)], seed=1, cold_tail="hash")
+    core.install(table({}, fleet(8)))
+    assert len({core.route("tenant-a") for _ in range(100)}) == 1
+    spread = Counter(core.route(f"k{i}") for i in range(4000))
+    assert len(spread) == 8 and max(spread.values()) < 2 * min(spread.values())
+
+
+def test_cold_tail_hash_is_the_same_in_every_router():
+    owners = []
+    for seed in (1, 2):
+        core = RouterCore([f"d{i}" for i in range(8)], seed=seed, cold_tail="hash")
+        core.install(table({}, fleet(8)))
+        owners.append([core.route(f"k{i}") for i in range(200)])
+    assert owners[0] == owners[1]
+
+
+def test_cold_tail_hash_bounds_the_load_of_a_hot_owner():
+    core = RouterCore([f"d{i}" for i in range(4)], seed=1, cold_tail="hash", tail_slack=0.25)
+    core.install(table({}, fleet(4)))
+    for _ in range(400):  # one hot unadmitted key, requests never finishing
+        core.started(core.route_index("hot"))
+    assert max(core.inflight) <= 1.25 * 400 / 4 + 2
+
+
+def test_affinity_keeps_a_conversation_on_one_member_within_the_load_bound():
+    core = core_of({"app": (0, 1, 2)}, fleet(4))
+    homes = {c: core.route_index("app", affinity=c) for c in ("conv-1", "conv-2", "conv-3")}
+    assert all(core.route_index("app", affinity=c) == h for c, h in homes.items())
+    assert len({core.route_index("app", affinity=f"c{i}") for i in range(60)}) == 3
+    victim = homes["conv-1"]
+    for _ in range(20):
+        core.started(victim)  # far ahead of the set's mean: the least loaded takes over
+    assert core.route_index("app", affinity="conv-1") != victim
+
+
+def test_the_paper_behaviour_stays_the_default():
+    core = core_of({}, fleet(8))
+    assert core.cold_tail == "p2c"
+    assert len({core.route("same-key") for _ in range(400)}) > 1  # P2C sprays one cold key
