@@ -5,7 +5,7 @@ Run from the repo root:  .venv/bin/python bench/routers_live.py [--quick] [--rou
 The local stack (broker, Redis, a stream worker, the planner) runs as `cacheroute demo` runs
 it. The demo's request stream (`planner_svc.devstack.fleet.Workload`: paper-like skewed key rates,
 drifting) is served twice, at the same instants, by two identical fleets of engines (the
-engine model of `planner_svc.simulator.engine`):
+engine model of `planner_svc.simulator.replica`):
 - *single*: every request is routed by one `RouterClient` in its own process;
 - *scaled out*: an outer balancer spreads the requests round-robin over N `RouterClient`
   processes; each router counts only the requests it sent (its own in-flight view), as
@@ -35,9 +35,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from planner_svc.devstack.fleet import FleetOptions, Tally, Workload, make_engines
+from planner_svc.devstack.fleet import FleetOptions, Tally, Workload, admit_stream, make_engines
 from planner_svc.devstack.stack import LocalStack, StackOptions, start_stack
-from planner_svc.simulator.engine import Engine
+from planner_svc.simulator.replica import Replica
 from router_client import RouterCore
 from streams.emitter import EventEmitter
 
@@ -173,7 +173,7 @@ class PooledFleet:
     """R engines; requests routed by `pool`, each request's completion told to its router."""
 
     pool: RouterPool | FlatPool
-    engines: dict[str, Engine]
+    engines: dict[str, Replica]
     emitter: EventEmitter | None = None
     tally: Tally = field(default_factory=Tally)
     _pending: list[tuple[float, int, int, str, str, int, int, float]] = field(
@@ -198,7 +198,7 @@ class PooledFleet:
 
     def _admit(self, router: int, key: str, dest: str, prefix: int, prompt: int, output: int,
                now: float) -> None:
-        cached, finish = self.engines[dest].submit(key, prompt, prefix, output, now)
+        cached, finish = admit_stream(self.engines[dest], key, prompt, prefix, output, now)
         self._n += 1
         heapq.heappush(self._pending, (finish, self._n, router, key, dest, prompt, cached, now))
         if self.emitter is not None:

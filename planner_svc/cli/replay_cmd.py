@@ -16,7 +16,6 @@ import numpy as np
 
 from planner_svc.simulator.arrivals import ArrivalSpec
 from planner_svc.simulator.diagnose import diagnose
-from planner_svc.simulator.engine import EngineModel
 from planner_svc.simulator.experiment import (
     ENGINES,
     PAPER_POLICIES,
@@ -27,6 +26,7 @@ from planner_svc.simulator.experiment import (
     run_experiment,
     scenario_model,
 )
+from planner_svc.simulator.replica import ReplicaModel
 from planner_svc.simulator.report import write_report
 from planner_svc.simulator.trace import TraceError, load_trace, write_trace
 from planner_svc.simulator.workload import SCENARIOS, WHALE_SHARE, WHALES
@@ -125,12 +125,12 @@ def _arrivals(args: argparse.Namespace) -> ArrivalSpec:
     return ArrivalSpec(args.arrivals, cv=args.cv if args.arrivals == "gamma" else 1.0)
 
 
-def _engine(args: argparse.Namespace) -> EngineModel:
+def _engine(args: argparse.Namespace) -> ReplicaModel:
     """The engine model of `--engine` (default: the scenario's), `--cache-tokens` applied."""
     scenario = "trace" if args.trace else args.scenario
     model = scenario_model(scenario) if args.engine == "scenario" else ENGINES[args.engine]
     if args.cache_tokens is not None:
-        model = replace(model, cache_capacity_tokens=args.cache_tokens)
+        model = replace(model, kv_capacity_tokens=args.cache_tokens)
     return model
 
 
@@ -214,10 +214,11 @@ def _notes(cfg: ReplayConfig) -> list[str]:
         f"{cfg.n_requests} requests per load point, first {cfg.warmup_fraction:.0%} unscored "
         f"(warm-up); {cfg.n_keys} keys; seeds {', '.join(map(str, cfg.seeds))}; "
         f"{cfg.n_routers} router(s)",
-        f"engine: cache {m.cache_capacity_tokens} tokens, prefill {m.prefill_overhead_s} s + "
-        f"{m.prefill_s_per_token * 1e3:g} ms/token uncached, decode {m.decode_s_per_token} "
-        f"s/token (+{m.decode_slowdown_per_running:.0%} per running request), batch "
-        f"{m.batch_limit}",
+        f"engine: KV cache {m.kv_capacity_tokens} tokens in {m.block_tokens}-token blocks, "
+        f"prefill {m.prefill_overhead_s} s + {m.prefill_s_per_token * 1e3:g} ms/token "
+        f"uncached, decode {m.decode_s_per_step} s/step + {m.decode_s_per_running * 1e3:g} ms "
+        f"per running request + {m.decode_s_per_kv_token * 1e9:g} ns per KV token held, "
+        f"batch {m.batch_limit}",
         f"CacheRoute: rates {cfg.cacheroute_rates}, replan {cfg.replan}",
         *_whale_note(cfg),
     ]
@@ -241,7 +242,7 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
         print("diagnose: a synthetic scenario needs --load", file=sys.stderr)
         return 2
     w = make_workload(cfg, args.load, 1)
-    d = diagnose(w, args.destinations, cfg.model.cache_capacity_tokens)
+    d = diagnose(w, args.destinations, cfg.model.kv_capacity_tokens)
     if args.json:
         print(json.dumps({**d.__dict__, "gain": d.gain}, default=float))
     else:

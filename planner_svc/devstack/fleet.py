@@ -1,8 +1,8 @@
 """The demo's synthetic engine fleet, in real time, routed two ways side by side.
 
 One request stream (paper-like skewed key rates, drifting by a lognormal random walk)
-is served twice, by two identical fleets of engines (`planner_svc.simulator.engine`, the
-same model the simulator uses):
+is served twice, by two identical fleets of engines (`planner_svc.simulator.replica`, the
+content-level model the simulator and the emulated engines use):
 - the *planned* fleet, routed by a real `router_client.RouterClient` that follows the
   planner's plan in Redis; its router emits request events and its engines emit
   cache-hit events to Kafka, which is what the stream and the planner learn from;
@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from planner_svc.simulator.engine import Engine, EngineModel
 from planner_svc.simulator.rates import lognormal_walk, paper_like_keys, paper_like_rates
+from planner_svc.simulator.replica import Replica, ReplicaModel
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ class EngineFleet:
     """R engines behind one router; `serve` dispatches, `complete` retires finished work."""
 
     name: str
-    engines: dict[str, Engine]
+    engines: dict[str, Replica]
     route: Router
     started: Callable[[str], None]
     finished: Callable[[str], None]
@@ -99,7 +99,7 @@ class EngineFleet:
     def serve(self, key: str, prefix: int, prompt: int, output: int, now: float) -> None:
         dest = self.route(key)
         self.started(dest)
-        cached, finish = self.engines[dest].submit(key, prompt, prefix, output, now)
+        cached, finish = admit_stream(self.engines[dest], key, prompt, prefix, output, now)
         if self.on_dispatch is not None:
             self.on_dispatch(key, dest, prompt, prefix)
         self._n += 1
@@ -119,13 +119,22 @@ class EngineFleet:
         return t
 
 
-def make_engines(ids: list[str], options: FleetOptions) -> dict[str, Engine]:
-    model = EngineModel(
-        cache_capacity_tokens=options.cache_capacity_tokens,
+def make_engines(ids: list[str], options: FleetOptions) -> dict[str, Replica]:
+    model = ReplicaModel(
+        kv_capacity_tokens=options.cache_capacity_tokens,
         prefill_s_per_token=options.prefill_s_per_token,
-        decode_s_per_token=options.decode_s_per_token,
+        decode_s_per_step=options.decode_s_per_token,
     )
-    return {d: Engine(model) for d in ids}
+    return {d: Replica(model) for d in ids}
+
+
+def admit_stream(engine: Replica, key: str, prompt: int, prefix: int, output: int,
+                 now: float) -> tuple[int, float]:
+    """Admit a request whose key is one growing stream of content, of which it shares
+    `prefix` tokens with earlier requests: (cached tokens, finish time)."""
+    chain = [(hash(key), prompt // engine.model.block_tokens)]
+    served = engine.admit(chain, prompt, output, now, reuse_limit_tokens=prefix)
+    return served.cached_tokens, served.finish_time
 
 
 class Workload:

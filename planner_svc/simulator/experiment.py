@@ -24,21 +24,22 @@ import numpy as np
 
 from planner_svc.simulator.arrivals import ArrivalSpec
 from planner_svc.simulator.cacheroute_policy import CacheRouteSettings, cacheroute
-from planner_svc.simulator.engine import EngineModel
 from planner_svc.simulator.metrics import RunMetrics, run_metrics
 from planner_svc.simulator.policies import PolicyFactory, chwbl, flat_lb, sticky
 from planner_svc.simulator.preble import preble_like
 from planner_svc.simulator.reactive import dualmap_like, sglang_cache_aware
+from planner_svc.simulator.replica import ReplicaModel
 from planner_svc.simulator.simulator import ClusterSpec, simulate
 from planner_svc.simulator.workload import SCENARIOS, ScenarioSpec, Workload, whales
 
 # The simulator's calibration (70B fp8 on a TP2 H100 pair, scaled; see docs/replay.md).
-SIM_MODEL = EngineModel(
-    cache_capacity_tokens=1_000_000,
+SIM_MODEL = ReplicaModel(
+    kv_capacity_tokens=1_000_000,
     prefill_overhead_s=0.02,
     prefill_s_per_token=1.5e-4,
-    decode_s_per_token=0.02,
-    decode_slowdown_per_running=0.01,
+    decode_s_per_step=0.02,
+    decode_s_per_running=2e-4,
+    decode_s_per_kv_token=4e-8,
     batch_limit=64,
 )
 # 8B-class engine (Llama-3-8B on one H100 per destination) for the whale ablation, which the
@@ -46,12 +47,13 @@ SIM_MODEL = EngineModel(
 # model is ~64 KB/token, ~0.94 M tokens in the ~60 GB an H100 has left; 2 M is the same 2x
 # allowance SIM_MODEL takes over its physical figure, and it puts Flat-LB near the paper's
 # 56 % hit on the whale workload (docs/replay.md, "Calibrating the whale ablation").
-MODEL_8B = EngineModel(
-    cache_capacity_tokens=2_000_000,
+MODEL_8B = ReplicaModel(
+    kv_capacity_tokens=2_000_000,
     prefill_overhead_s=0.01,
     prefill_s_per_token=4.0e-5,
-    decode_s_per_token=0.008,
-    decode_slowdown_per_running=0.01,
+    decode_s_per_step=0.008,
+    decode_s_per_running=8e-5,
+    decode_s_per_kv_token=1e-8,
     batch_limit=64,
 )
 ENGINES = {"70b": SIM_MODEL, "8b": MODEL_8B}
@@ -59,7 +61,7 @@ ENGINES = {"70b": SIM_MODEL, "8b": MODEL_8B}
 SCENARIO_ENGINES = {"whales": "8b"}
 
 
-def scenario_model(scenario: str) -> EngineModel:
+def scenario_model(scenario: str) -> ReplicaModel:
     """The engine model `scenario` runs on by default (70B-class unless listed)."""
     return ENGINES[SCENARIO_ENGINES.get(scenario, "70b")]
 
@@ -85,7 +87,7 @@ class ReplayConfig:
     n_keys: int = SIM_KEYS
     n_destinations: int = 30
     n_routers: int = 1
-    model: EngineModel = field(default_factory=lambda: SIM_MODEL)
+    model: ReplicaModel = field(default_factory=lambda: SIM_MODEL)
     arrivals: ArrivalSpec = field(default_factory=ArrivalSpec)
     warmup_fraction: float = 0.3
     cacheroute_rates: str = "measured"
@@ -99,15 +101,16 @@ class ReplayConfig:
     whale_share: float | None = None
 
 
-def calibrate(w: Workload, model: EngineModel, warmup_fraction: float) -> tuple[float, int]:
+def calibrate(w: Workload, model: ReplicaModel, warmup_fraction: float) -> tuple[float, int]:
     """(q_cap, W) for CacheRoute from the workload's warm-up window and the engine model."""
     n = max(1, int(len(w) * warmup_fraction))
     prompt = float(w.prompt[:n].mean())
     uncached_warm = float((w.prompt[:n] - w.prefix[:n]).mean())
     service = model.prefill_seconds(int(uncached_warm))
-    decode = float(w.output[:n].mean()) * model.tpot(model.batch_limit)
+    decode = float(w.output[:n].mean()) * model.tpot(model.batch_limit,
+                                                     int(model.batch_limit * prompt))
     q_cap = KNEE_UTILISATION * min(1.0 / service, model.batch_limit / decode)
-    return q_cap, max(1, int(model.cache_capacity_tokens / prompt))
+    return q_cap, max(1, int(model.kv_capacity_tokens / prompt))
 
 
 def policy_factory(name: str, cfg: ReplayConfig, w: Workload) -> PolicyFactory:

@@ -105,10 +105,13 @@ class BlockCache:
 
     # --- a request's life ----------------------------------------------------------------
 
-    def admit(self, chain: Chain, now: float, private_blocks: int) -> Holding | None:
+    def admit(self, chain: Chain, now: float, private_blocks: int,
+              limit_blocks: int | None = None) -> Holding | None:
         """Pin `chain` (caching its uncached blocks, evicting others if needed) and reserve
         `private_blocks`; None if that cannot fit beside what running requests hold (the
-        caller waits for one to finish). Call `computed` once the prefill end is known."""
+        caller waits for one to finish). At most `limit_blocks` count as hits (a trace that
+        says how much of a prompt its predecessors share). Call `computed` once the prefill
+        end is known."""
         nodes, path, fresh = self._nodes, [], []
         matched, parent, need, matching = 0, None, private_blocks, True
         for seg, blocks in chain:
@@ -143,6 +146,8 @@ class BlockCache:
                 self.used_blocks += blocks - node.cached
                 node.cached = blocks
         self.used_blocks += private_blocks
+        if limit_blocks is not None and matched > limit_blocks:
+            matched = limit_blocks
         return Holding(path, fresh, matched, private_blocks)
 
     def computed(self, holding: Holding, ready_at: float) -> None:

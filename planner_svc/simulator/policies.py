@@ -24,8 +24,8 @@ from typing import Protocol
 
 import numpy as np
 
-from planner_svc.simulator.engine import Engine, EngineModel
 from planner_svc.simulator.hashring import HashRing
+from planner_svc.simulator.replica import ReplicaModel
 
 
 class Policy(Protocol):
@@ -46,12 +46,12 @@ class Policy(Protocol):
 
 @dataclass
 class PolicyContext:
-    """What a policy may be built from. `engines` is the true engine state (see each policy)."""
+    """What a policy may be built from: what a router can know (no engine's true state;
+    a policy learns the rest from its own traffic)."""
 
     n_destinations: int
     keys: Sequence[str]
-    model: EngineModel
-    engines: Sequence[Engine]
+    model: ReplicaModel
     seed: int
     router: int = 0
     n_routers: int = 1

@@ -38,7 +38,7 @@ class PrebleLike:
     def __init__(self, ctx: PolicyContext, *, window_s: float = WINDOW_S) -> None:
         n = ctx.n_destinations
         self.n, self.model, self.window_s = n, ctx.model, window_s
-        self.capacity = ctx.model.cache_capacity_tokens
+        self.capacity = ctx.model.kv_capacity_tokens
         self.alloc: dict[int, list[int]] = {}
         self.matched: dict[int, int] = {}
         self.window_cost = [0.0] * n
@@ -49,7 +49,7 @@ class PrebleLike:
         self.virtual_used = [0] * n
         self.inflight = [0] * n
         self.assigned = 0
-        self.decode_term = OUT_LEN * ctx.model.decode_s_per_token
+        self.decode_term = OUT_LEN * ctx.model.decode_s_per_step
 
     def route(self, i: int, key: int, prompt: int, prefix: int, output: int, now: float) -> int:
         self._expire(now)

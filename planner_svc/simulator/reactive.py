@@ -4,8 +4,8 @@ Prompts in the simulator are described by lengths, not token ids: a request of k
 shares exactly its reusable prefix with the key's earlier prompts and nothing with other
 keys. A radix tree over such prompts degenerates into one chain per key, so "the longest
 prefix match on tenant d" is min(tokens of b's last prompt inserted for d, this request's
-reusable prefix). That is what these policies learn and match on (router-side estimates,
-as in SGLang; DualMap-like reads the engines' true caches, see its docstring).
+reusable prefix). That is what these policies learn and match on: router-side estimates
+from their own traffic, as a real router has (no policy reads an engine's state).
 """
 
 from __future__ import annotations
@@ -120,11 +120,13 @@ class DualMapLike:
     """A reconstruction of DualMap (arXiv 2602.06502; no public code, thresholds unknown).
 
     Two independent md5 rings map the routing key to two distinct candidates. For each,
-    hit = the tokens of this request's reusable prefix that candidate's engine holds (read
-    from the true engine cache: DualMap routes on system state), and the estimated TTFT =
-    the engine's current prefill backlog + prefill of the uncached tokens. Prefer the larger
-    hit (ties: lower TTFT); if its TTFT estimate exceeds `ttft_slo_s`, take the lower TTFT.
-    The hotspot-migration and dual-ring scaling parts are not modelled.
+    hit = the tokens of this request's reusable prefix this router last sent the candidate
+    for the key (its own record, LRU-bounded by the engine's cache size), and the estimated
+    TTFT = the prefill backlog this router has itself sent the candidate + prefill of the
+    uncached tokens. Prefer the larger hit (ties: lower TTFT); if its TTFT estimate exceeds
+    `ttft_slo_s`, take the lower TTFT. (An earlier version read the engines' true caches
+    and backlogs: an oracle no router has.) Hotspot migration and ring scaling are not
+    modelled.
     """
 
     name = "DualMap-like"
@@ -133,10 +135,14 @@ class DualMapLike:
         self._one = _KeyOwners(HashRing(ctx.n_destinations, vnodes=vnodes, salt="dm1"), ctx.keys)
         self._ring2 = HashRing(ctx.n_destinations, vnodes=vnodes, salt="dm2")
         self._two = _KeyOwners(self._ring2, ctx.keys)
-        self.engines = ctx.engines
         self.model = ctx.model
         self.slo = ttft_slo_s
         self.inflight = [0] * ctx.n_destinations
+        n = ctx.n_destinations
+        self.sent: list[OrderedDict[int, int]] = [OrderedDict() for _ in range(n)]
+        self.sent_tokens = [0] * n
+        self.capacity = ctx.model.kv_capacity_tokens
+        self.backlog_until = [0.0] * n
 
     def _candidates(self, key: int) -> tuple[int, int]:
         c1 = self._one.owner(key)
@@ -148,10 +154,9 @@ class DualMapLike:
     def _estimate(
         self, c: int, key: int, prompt: int, prefix: int, now: float
     ) -> tuple[int, float]:
-        eng = self.engines[c]
-        held = eng.cache.peek(key)
+        held = self.sent[c].get(key, 0)
         hit = held if held < prefix else prefix
-        backlog = eng.prefill_backlog_until - now
+        backlog = self.backlog_until[c] - now
         m = self.model
         ttft = (
             (backlog if backlog > 0 else 0.0)
@@ -168,7 +173,17 @@ class DualMapLike:
         a, ta, b, tb = (c1, t1, c2, t2) if first else (c2, t2, c1, t1)
         d = a if ta <= self.slo or ta <= tb else b
         self.inflight[d] += 1
+        self._remember(d, key, prompt, (h1 if d == c1 else h2), now)
         return d
+
+    def _remember(self, d: int, key: int, prompt: int, hit: int, now: float) -> None:
+        m = self.model
+        self.backlog_until[d] = max(self.backlog_until[d], now) + m.prefill_seconds(prompt - hit)
+        lru = self.sent[d]
+        self.sent_tokens[d] += prompt - lru.pop(key, 0)
+        lru[key] = prompt
+        while self.sent_tokens[d] > self.capacity and lru:
+            self.sent_tokens[d] -= lru.popitem(last=False)[1]
 
     def finished(self, i: int, dest: int, now: float) -> None:
         self.inflight[dest] -= 1

@@ -143,8 +143,10 @@ class Replica:
         self._last_now = float("-inf")
 
     def admit(self, chain: Chain, prompt_tokens: int, output_tokens: int, now: float,
-              answer: Chain = ()) -> Served:
-        """Admit a request at `now` (non-decreasing per replica)."""
+              answer: Chain = (), reuse_limit_tokens: int | None = None) -> Served:
+        """Admit a request at `now` (non-decreasing per replica). `reuse_limit_tokens`: at
+        most this much of the prompt can be a hit (what a length-only trace says it shares
+        with earlier requests)."""
         m = self.model
         now = max(now, self._last_now)
         self._last_now = now
@@ -153,10 +155,12 @@ class Replica:
         if len(self._running) >= m.batch_limit:
             start = self._release_earliest(start)
         private = -(-(output_tokens + prompt_tokens % m.block_tokens) // m.block_tokens)
-        holding = self.cache.admit(chain, start, private)
+        limit = (None if reuse_limit_tokens is None
+                 else reuse_limit_tokens // m.block_tokens)
+        holding = self.cache.admit(chain, start, private, limit)
         while holding is None and self._running:
             start = self._release_earliest(start)
-            holding = self.cache.admit(chain, start, private)
+            holding = self.cache.admit(chain, start, private, limit)
         # A request larger than the whole cache is served without caching (an engine would
         # refuse it; the workload should not contain one).
         matched = holding.matched_blocks if holding is not None else 0

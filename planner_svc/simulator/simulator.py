@@ -18,15 +18,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from planner_svc.simulator.engine import Engine, EngineModel
+from planner_svc.simulator.chains import ChainBuilder
 from planner_svc.simulator.policies import Policy, PolicyContext, PolicyFactory
+from planner_svc.simulator.replica import Replica, ReplicaModel
 from planner_svc.simulator.workload import Workload
 
 
 @dataclass(frozen=True, slots=True)
 class ClusterSpec:
     n_destinations: int = 30
-    model: EngineModel = field(default_factory=EngineModel)
+    model: ReplicaModel = field(default_factory=ReplicaModel)
     n_routers: int = 1
     warmup_fraction: float = 0.3  # requests before this share of the stream are not measured
     control_interval_s: float = 0.0  # 0: the workload's interval
@@ -59,7 +60,7 @@ def simulate(
     workload: Workload, factory: PolicyFactory, cluster: ClusterSpec, *, seed: int
 ) -> RunResult:
     """Run `workload` through `cluster` with one `factory` policy per router."""
-    engines = [Engine(cluster.model) for _ in range(cluster.n_destinations)]
+    engines = [Replica(cluster.model) for _ in range(cluster.n_destinations)]
     # Shared by the routers of this run: what the planner knows (true rates, built plans).
     n_warm = int(len(workload) * cluster.warmup_fraction)
     extra: dict[str, object] = {
@@ -74,7 +75,6 @@ def simulate(
                 cluster.n_destinations,
                 workload.keys,
                 cluster.model,
-                engines,
                 seed=seed * 1_000 + r,
                 router=r,
                 n_routers=cluster.n_routers,
@@ -97,7 +97,7 @@ def _control_times(workload: Workload, cluster: ClusterSpec) -> list[float]:
 
 
 def _loop(
-    w: Workload, routers: list[Policy], engines: list[Engine], cluster: ClusterSpec, seed: int
+    w: Workload, routers: list[Policy], engines: list[Replica], cluster: ClusterSpec, seed: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     n = len(w)
     ts, keys = w.t.tolist(), w.key.tolist()
@@ -111,7 +111,8 @@ def _loop(
     window_start_i, window_start_t = 0, 0.0
     pop, push = heapq.heappop, heapq.heappush
     single = routers[0] if n_routers == 1 else None
-    admits = [e.admit_tuple for e in engines]
+    admits = [e.admit for e in engines]
+    chain_of = ChainBuilder(w, cluster.model.block_tokens).chain
     for i in range(n):
         now = ts[i]
         while pending and pending[0][0] <= now:
@@ -125,9 +126,10 @@ def _loop(
             next_control = controls.pop(0) if controls else float("inf")
         k = keys[i]
         d = (single or routers[router_of[i]]).route(i, k, prompts[i], prefixes[i], outputs[i], now)
-        served = admits[d](k, prompts[i], prefixes[i], outputs[i], now)
-        dest[i], cached[i], finish[i], first[i] = d, served[0], served[1], served[2]
-        push(pending, (served[1], i))
+        chain, answer, limit = chain_of(i)
+        served = admits[d](chain, prompts[i], outputs[i], now, answer, limit)
+        dest[i], cached[i], finish[i], first[i] = d, served[0], served[3], served[2]
+        push(pending, (served[3], i))
     return (
         np.asarray(dest, np.int32),
         np.asarray(cached, np.int64),

@@ -1,12 +1,16 @@
 """Workloads: the request stream a replay feeds through the policies, as numpy columns.
 
 A request has an arrival time, a routing key (an index into `keys`), prompt tokens, the
-reusable prefix tokens (the part of its prompt shared with the key's earlier requests) and
-output tokens. Synthetic scenarios model multi-turn prefixes that grow per request: key b
-has a system prompt of S_b tokens; its j-th request carries the context
-ctx_j = S_b + (j mod T)·u and u new tokens (prompt = ctx_j + u, reusable prefix = ctx_j), so
-the previous request's prompt is exactly this one's reusable prefix, and every T turns the
-conversation restarts from the system prompt. The best possible hit rate is E[ctx]/E[prompt].
+reusable prefix tokens (the part of its prompt shared with earlier requests) and output
+tokens. Synthetic scenarios also say what the content is (`system`, `conv`: see
+planner_svc.simulator.chains): key b has a system prompt of S_b tokens, and its requests
+are turns of conversations of T turns; turn j carries the system prompt, every earlier
+question *and answer* of its conversation, and u new tokens:
+prompt_j = S_b + Σ_{i<j} (u + output_i) + u, reusable prefix = prompt_j − u. Every T turns
+a new conversation starts from the system prompt. The best possible hit rate is
+E[prefix]/E[prompt]; what the engines reach depends on what earlier turns had computed by
+then (arrivals are open-loop here; the session workloads of
+planner_svc.simulator.sessions are closed-loop).
 
 Scenario builders (`SCENARIOS`): paper-like, whales, low-reuse, drifting; recorded traces
 come from `planner_svc.simulator.trace`. All are deterministic for a seed.
@@ -53,6 +57,10 @@ class Workload:
     interval_rates: np.ndarray | None = None
     interval_s: float = 0.0
     notes: dict[str, str] = field(default_factory=dict)
+    # Content (planner_svc.simulator.chains): per-key system prompt tokens and per-request
+    # conversation ids; None for length-only traces (each key one stream of content).
+    system: np.ndarray | None = None
+    conv: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.t)
@@ -91,19 +99,40 @@ def turn_index(key: np.ndarray) -> np.ndarray:
     return j
 
 
+@dataclass(frozen=True)
+class Shaped:
+    prompt: np.ndarray
+    prefix: np.ndarray
+    output: np.ndarray
+    system: np.ndarray  # per key
+    conv: np.ndarray  # per request
+
+
 def shape_requests(
     key: np.ndarray, n_keys: int, shape: PromptShape, rng: np.random.Generator
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(prompt, prefix, output) columns for a key sequence, per the multi-turn model."""
+) -> Shaped:
+    """Token columns and content for a key sequence, per the multi-turn model."""
     log_median = np.log(shape.system_tokens_median)
     system = np.exp(rng.normal(log_median, shape.system_tokens_sigma, n_keys))
     system = np.clip(system, 1, shape.max_prompt_tokens // 2).astype(np.int64)
-    phase = rng.integers(0, max(1, shape.turns_per_conversation), n_keys)
-    turn = (turn_index(key) + phase[key]) % max(1, shape.turns_per_conversation)
-    ctx = np.minimum(system[key] + turn * shape.turn_tokens, shape.max_prompt_tokens)
-    prompt = ctx + shape.turn_tokens
+    T = max(1, shape.turns_per_conversation)
+    phase = rng.integers(0, T, n_keys)
+    pos = turn_index(key) + phase[key]
+    conv = key.astype(np.int64) * (1 << 24) + pos // T  # (key, conversation number)
     output = rng.integers(shape.output_tokens_min, shape.output_tokens_max + 1, len(key))
-    return prompt.astype(np.int32), ctx.astype(np.int32), output.astype(np.int32)
+    # prefix = S + the (question + answer) tokens of the conversation's earlier turns
+    step = shape.turn_tokens + output.astype(np.int64)
+    order = np.argsort(conv, kind="stable")  # within a conversation: arrival order
+    c_sorted, s_sorted = conv[order], step[order]
+    run = np.cumsum(s_sorted) - s_sorted  # exclusive cumulative sum...
+    first = np.r_[0, np.nonzero(np.diff(c_sorted))[0] + 1]
+    base = np.repeat(run[first], np.diff(np.r_[first, len(key)]))
+    before = np.empty(len(key), np.int64)
+    before[order] = run - base  # ...restarted at each conversation
+    prefix = np.minimum(system[key] + before, shape.max_prompt_tokens - shape.turn_tokens)
+    prompt = prefix + shape.turn_tokens
+    return Shaped(prompt.astype(np.int32), prefix.astype(np.int32), output.astype(np.int32),
+                  system.astype(np.int32), conv)
 
 
 def _stream(
@@ -120,18 +149,20 @@ def _stream(
         for i in range(n_int):
             sel = np.nonzero(interval == i)[0]
             key[sel] = rng.choice(spec.n_keys, size=len(sel), p=shares_per_interval[i])
-    prompt, prefix, output = shape_requests(key, spec.n_keys, spec.shape, rng)
+    shaped = shape_requests(key, spec.n_keys, spec.shape, rng)
     return Workload(
         name=name,
         t=t,
         key=key.astype(np.int32),
-        prompt=prompt,
-        prefix=prefix,
-        output=output,
+        prompt=shaped.prompt,
+        prefix=shaped.prefix,
+        output=shaped.output,
         keys=paper_like_keys(spec.n_keys),
         interval_rates=shares_per_interval * spec.load_qps,
         interval_s=spec.interval_s,
         notes={"arrivals": spec.arrivals.label(), "keys": str(spec.n_keys)},
+        system=shaped.system,
+        conv=shaped.conv,
     )
 
 

@@ -6,18 +6,17 @@ from collections import Counter
 
 import numpy as np
 
-from planner_svc.simulator.engine import Engine, EngineModel
 from planner_svc.simulator.hashring import HashRing, stable_hash
 from planner_svc.simulator.policies import CHWBL, FlatP2C, PolicyContext, Sticky
 from planner_svc.simulator.preble import PrebleLike
 from planner_svc.simulator.reactive import DualMapLike, SGLangCacheAware
+from planner_svc.simulator.replica import ReplicaModel
 
 KEYS = [f"tenant-{i:05d}" for i in range(200)]
 
 
-def ctx(n: int = 4, seed: int = 1, model: EngineModel | None = None) -> PolicyContext:
-    m = model or EngineModel()
-    return PolicyContext(n, KEYS, m, [Engine(m) for _ in range(n)], seed=seed)
+def ctx(n: int = 4, seed: int = 1, model: ReplicaModel | None = None) -> PolicyContext:
+    return PolicyContext(n, KEYS, model or ReplicaModel(), seed=seed)
 
 
 def test_p2c_samples_two_distinct_replicas_and_takes_the_less_loaded() -> None:
@@ -66,18 +65,19 @@ def test_chwbl_takes_the_hashed_endpoint_until_it_is_over_the_bound() -> None:
     assert p.route(2, key, 10, 0, 1, 0.0) == hashed  # 3 <= 1.25 * 13 / 4
 
 
-def test_dualmap_prefers_the_candidate_holding_the_prefix_unless_its_ttft_breaks_the_slo() -> None:
-    m = EngineModel(prefill_s_per_token=1e-3)
-    c = ctx(model=m)
-    p = DualMapLike(c, ttft_slo_s=2.0)
+def test_dualmap_prefers_the_candidate_it_sent_the_prefix_unless_its_ttft_breaks_the_slo() -> None:
+    m = ReplicaModel(prefill_s_per_token=1e-3)
+    p = DualMapLike(ctx(model=m), ttft_slo_s=2.0)
     key = 11
     c1, c2 = p._candidates(key)
     assert c1 != c2
-    c.engines[c2].admit(key, 1_000, 0, 1, 0.0)  # c2 now holds the key's prefix
-    assert p.route(0, key, 1_100, 1_000, 1, 10.0) == c2
-    for j in range(5):  # give c2 a prefill backlog far beyond the SLO
-        c.engines[c2].admit(1_000 + j, 2_000, 0, 1, 10.0)
+    first = p.route(0, key, 1_000, 0, 1, 0.0)  # no hit anywhere: the lower TTFT, c1 on a tie
+    assert first == c1
+    # It remembers what it sent: c1 now holds the key's prefix as far as it knows.
     assert p.route(1, key, 1_100, 1_000, 1, 10.0) == c1
+    for j in range(5):  # its own dispatches give c1 a prefill backlog far beyond the SLO
+        p._remember(c1, 100 + j, 2_000, 0, 10.0)
+    assert p.route(10, key, 1_100, 1_000, 1, 10.0) == c2
 
 
 def test_sglang_uses_the_learned_tenant_above_the_threshold_and_least_load_when_imbalanced() -> (

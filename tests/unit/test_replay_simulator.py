@@ -14,7 +14,6 @@ from planner_svc.cli.replay_cmd import main as replay_main
 from planner_svc.simulator import arrivals
 from planner_svc.simulator.cacheroute_policy import CacheRoutePolicy, CacheRouteSettings, cacheroute
 from planner_svc.simulator.diagnose import diagnose
-from planner_svc.simulator.engine import EngineModel
 from planner_svc.simulator.experiment import (
     MODEL_8B,
     SIM_MODEL,
@@ -24,6 +23,7 @@ from planner_svc.simulator.experiment import (
 )
 from planner_svc.simulator.metrics import run_metrics, slo_capacity
 from planner_svc.simulator.policies import PolicyContext, flat_lb
+from planner_svc.simulator.replica import ReplicaModel
 from planner_svc.simulator.simulator import ClusterSpec, simulate
 from planner_svc.simulator.trace import (
     load_trace,
@@ -35,7 +35,7 @@ from planner_svc.simulator.workload import ScenarioSpec, paper_like, turn_index,
 from router_client.plan import RoutingPlan
 from router_client.routing import RouterCore
 
-MODEL = EngineModel(cache_capacity_tokens=600_000, prefill_s_per_token=1.5e-4)
+MODEL = ReplicaModel(kv_capacity_tokens=600_000, prefill_s_per_token=1.5e-4)
 CLUSTER = ClusterSpec(n_destinations=4, model=MODEL)
 
 
@@ -43,16 +43,18 @@ def small(load: float = 20.0, seed: int = 1, n: int = 4_000) -> ScenarioSpec:
     return ScenarioSpec(load, n, seed, n_keys=300, interval_s=20.0)
 
 
-def test_multi_turn_prefix_is_the_previous_prompt_of_the_key() -> None:
+def test_a_turn_carries_the_previous_prompt_and_its_answer() -> None:
     w = paper_like(small())
-    assert (w.prefix < w.prompt).all()
+    assert (w.prefix < w.prompt).all() and w.conv is not None and w.system is not None
     j = turn_index(w.key)
     k = int(np.bincount(w.key).argmax())
     idx = np.nonzero(w.key == k)[0]
     assert j[idx].tolist() == list(range(len(idx)))
-    grows = w.prefix[idx[1:]] == w.prompt[idx[:-1]]
-    restarts = w.prefix[idx[1:]] < w.prompt[idx[:-1]]
-    assert (grows | restarts).all() and grows.mean() > 0.6
+    same_conv = w.conv[idx[1:]] == w.conv[idx[:-1]]
+    grows = w.prefix[idx[1:]] == w.prompt[idx[:-1]] + w.output[idx[:-1]]
+    assert (grows[same_conv]).all() and same_conv.mean() > 0.6
+    starts = ~same_conv  # a new conversation starts from the key's system prompt
+    assert (w.prefix[idx[1:]][starts] == w.system[k]).all()
 
 
 def test_paper_like_rates_are_skewed_and_capped() -> None:
@@ -236,15 +238,15 @@ def test_whales_run_on_the_8b_engine_unless_told_otherwise() -> None:
     parser = argparse.ArgumentParser()
     add_commands(parser.add_subparsers())
 
-    def model(*argv: str) -> EngineModel:
+    def model(*argv: str) -> ReplicaModel:
         return config_from_args(parser.parse_args(["replay", *argv])).model
 
     assert model("--scenario", "whales") == MODEL_8B
     assert model("--scenario", "paper-like") == SIM_MODEL
     assert model("--scenario", "whales", "--engine", "70b") == SIM_MODEL
-    assert model("--scenario", "whales", "--cache-tokens", "123").cache_capacity_tokens == 123
+    assert model("--scenario", "whales", "--cache-tokens", "123").kv_capacity_tokens == 123
     assert MODEL_8B.prefill_s_per_token < SIM_MODEL.prefill_s_per_token
-    assert MODEL_8B.cache_capacity_tokens > SIM_MODEL.cache_capacity_tokens
+    assert MODEL_8B.kv_capacity_tokens > SIM_MODEL.kv_capacity_tokens
 
 
 def test_whale_count_and_share_reach_the_workload() -> None:
