@@ -9,6 +9,9 @@ PlannerError
 PublishError (the plan store refused an install; raised by the Redis adapter)
 ├── VersionRegression
 └── VersionConflict
+
+CorruptPointer (Unavailable): the current-version key holds something that is not a pointer
+to a retained plan (junk, a version past what exists); the planner repairs it.
 """
 
 from __future__ import annotations
@@ -44,3 +47,7 @@ class VersionRegression(PublishError):
 
 class VersionConflict(PublishError):
     """The version was already installed with different bytes."""
+
+
+class CorruptPointer(Unavailable):
+    """The current-version pointer is unparseable or names a plan that is not stored."""

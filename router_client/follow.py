@@ -192,7 +192,11 @@ def sync_round(f: PlanFollower) -> SyncRound:
     if not isinstance(pointer, Pointer):
         f.confirmed = False
         return None
-    f.confirmed = pointer.version <= f.version
+    # Only the pointer naming exactly what the router holds confirms it: an *older* pointer
+    # means the planner lost its history, and counting it as confirmation would let a
+    # router route on a plan nobody vouches for, forever.
+    f.confirmed = pointer.version == f.version and (
+        f.table is None or not f.table.digest or pointer.digest == f.table.digest)
     if not f.wants(pointer):
         return None
     if f.table is not None:

@@ -10,6 +10,7 @@ PEM files the operator hands over.
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -49,9 +50,11 @@ def save_private_key(key: Ed25519PrivateKey, path: str | Path) -> None:
         serialization.PrivateFormat.PKCS8,
         serialization.NoEncryption(),
     )
-    p = Path(path)
-    p.write_bytes(pem)
-    p.chmod(0o600)
+    # Created 0600 from the first byte (never world-readable, not even for an instant),
+    # and never over an existing file.
+    fd = os.open(Path(path), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(pem)
 
 
 def load_private_key(path: str | Path) -> Ed25519PrivateKey:

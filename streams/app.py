@@ -285,6 +285,7 @@ def create_app(settings: Settings) -> tuple[faust.App, StreamWorker]:
         value_serializer="raw",
         key_serializer="raw",
         web_host="127.0.0.1",
+        web_bind=settings.web_bind,
         web_port=settings.web_port,
         datadir=str(settings.data_dir),
         broker_session_timeout=6.0,

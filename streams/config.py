@@ -32,7 +32,7 @@ class StreamConfig:
     max_destinations: int = 4_096
     max_key_bytes: int = 512
     max_tokens: int = 10_000_000
-    max_future_ms: int = 300_000
+    max_future_ms: int = 10_000
     max_past_ms: int = 6 * 3_600_000
     max_producers: int = 100_000
     # Keys whose EWMA rate decayed below this and have no traffic are not published.

@@ -8,6 +8,7 @@ is delivered again after a restart is skipped instead of counted twice.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -114,10 +115,18 @@ class PartitionProcessor:
         out.rejected.extend(_rejects(cols, bad, reasons[bad]))
         good = cols if not bad.size else take(cols, np.flatnonzero(reasons == OK))
         keep = self.dedup.keep(good.producer, good.sequence)
-        dups = int(keep.size - np.count_nonzero(keep))
+        jumped = np.asarray(self.dedup.last_jumps, dtype=np.int64)
+        if jumped.size:  # forged or corrupt sequences: dead letters, not silent repeats
+            out.rejected.extend(_rejects(good, jumped, np.full(jumped.size, CODE["sequence_jump"])))
+        dups = int(keep.size - np.count_nonzero(keep)) - int(jumped.size)
         self.counters.duplicates += dups
-        if dups:
+        if dups or jumped.size:
             good = take(good, np.flatnonzero(keep))
+        # An event a little ahead of this worker's clock (within max_future) counts as now:
+        # event time must not move the windows' watermark past the wall clock, or a few
+        # events stamped in the future would make every real event "late".
+        if good.timestamp_ms.size and int(good.timestamp_ms.max()) > now_ms:
+            good = dataclasses.replace(good, timestamp_ms=np.minimum(good.timestamp_ms, now_ms))
         late, closed = self.windows.ingest(good)
         late_idx = np.flatnonzero(late)
         out.rejected.extend(_rejects(good, late_idx, np.full(late_idx.size, CODE["late"])))

@@ -27,6 +27,7 @@ class Settings:
     deadletter_topic: str = "cacheroute.deadletter"
     app_id: str = "cacheroute-streams"
     web_port: int = 6066
+    web_bind: str = "127.0.0.1"  # the metrics/web server's address (loopback unless set)
     data_dir: Path = Path(".cacheroute/streams")
     worker_id: str = ""
     window_s: float = 60.0
@@ -37,7 +38,10 @@ class Settings:
     ewma_alpha: float = 0.3
     max_tracked_keys: int = 262_144
     max_past_s: float = 6 * 3600.0
-    max_future_s: float = 300.0
+    # Events stamped further ahead than this are dead letters; nearer ones count as now.
+    # 10 s tolerates clock skew between hosts; more lets a few forged events blind the
+    # windows (every real event would be "late" until the forged time).
+    max_future_s: float = 10.0
     # Extra event-time history replayed on recovery beyond window/eviction + grace,
     # to cover producer linger and clock skew.
     replay_margin_s: float = 30.0
@@ -67,7 +71,8 @@ class Settings:
 
 _OPTIONS: tuple[tuple[str, type], ...] = (
     ("bootstrap", str), ("events_topic", str), ("snapshots_topic", str),
-    ("deadletter_topic", str), ("app_id", str), ("web_port", int), ("data_dir", Path),
+    ("deadletter_topic", str), ("app_id", str), ("web_port", int), ("web_bind", str),
+    ("data_dir", Path),
     ("worker_id", str), ("window_s", float), ("hop_s", float), ("grace_s", float),
     ("idle_s", float), ("eviction_s", float), ("ewma_alpha", float),
     ("max_tracked_keys", int), ("max_past_s", float), ("max_future_s", float),

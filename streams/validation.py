@@ -5,7 +5,7 @@ Reasons, in order of precedence (the first that applies is reported):
     unknown_type           the event body is none of request, cache hit, error
     missing_field          producer_id, sequence, timestamp, routing key or
                            destination unset; a cache hit without prompt tokens
-    invalid_key            routing key or destination too long, or holds NUL
+    invalid_key            routing key, destination or producer id too long, or holds NUL
     absurd_tokens          a token count above `max_tokens` (negative numbers
                            written into the uint32 fields wrap to ~4e9 and land here)
     cached_exceeds_prompt  cached_tokens > prompt_tokens
@@ -13,8 +13,9 @@ Reasons, in order of precedence (the first that applies is reported):
     timestamp_future       event time more than `max_future_ms` ahead of now
     timestamp_past         event time more than `max_past_ms` behind now
 
-Two more reasons are assigned elsewhere: `undecodable` (the message is not an
-EventBatch: decoding) and `late` (older than every window still open: windows).
+Three more reasons are assigned elsewhere: `undecodable` (the message is not an
+EventBatch: decoding), `late` (older than every window still open: windows) and
+`sequence_jump` (a producer's sequence leaping implausibly far: dedup).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ REASONS = (
     "timestamp_future",
     "timestamp_past",
     "late",
+    "sequence_jump",
 )
 CODE = {name: i for i, name in enumerate(REASONS)}
 
@@ -95,7 +97,9 @@ def _missing(cols: EventColumns, key_len: np.ndarray, dest_len: np.ndarray) -> n
 
 
 def _bad_names(cols: EventColumns, max_bytes: int) -> np.ndarray:
-    return _bad_strings(cols.key, max_bytes) | _bad_strings(cols.destination, max_bytes)
+    # The producer id too: a megabyte of id per event would grow the dedup state for good.
+    return (_bad_strings(cols.key, max_bytes) | _bad_strings(cols.destination, max_bytes)
+            | _bad_strings(cols.producer, max_bytes))
 
 
 def _bad_strings(values: Categorical, max_bytes: int) -> np.ndarray:

@@ -18,20 +18,30 @@ megabytes and the routers' clock starts with the pointer move. In that step:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import redis
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from google.protobuf.message import DecodeError
 
 from cacheroute.v1 import plan_pb2
-from planner_svc.errors import PublishError, VersionConflict, VersionRegression
+from planner_svc.errors import (
+    CorruptPointer,
+    PublishError,
+    Unavailable,
+    VersionConflict,
+    VersionRegression,
+)
 from router_client import signing
 from router_client.delta import make_delta
 from router_client.layout import DEFAULT_NAMESPACE, Layout, Pointer, parse_member, version_member
 from router_client.plan import RoutingPlan, Version, decode_plan, encode_plan
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 __all__ = ["PlanPublisher", "PublishError", "VersionConflict", "VersionRegression"]
 
@@ -118,6 +128,18 @@ return 1
 """
 
 
+def _outage_is_unavailable(fn: F) -> F:
+    """Redis being unreachable is `Unavailable` to the planner (and UNAVAILABLE to callers
+    of its API, which retry it), never an internal error."""
+    @functools.wraps(fn)
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise Unavailable(f"Redis is unreachable: {exc}") from exc
+    return wrapped  # type: ignore[return-value]
+
+
 class PlanPublisher:
     """Writes plans for routers; every method is one or a few Redis round trips."""
 
@@ -140,8 +162,10 @@ class PlanPublisher:
         self.layout = Layout(namespace)
         self.retain = retain
         self.junk_router_statuses = 0  # status values that did not parse (skipped)
+        self.junk_index_members = 0  # versions-index members that are not versions
         self._install = self._redis.register_script(_INSTALL_LUA)
 
+    @_outage_is_unavailable
     def install(self, plan: RoutingPlan, previous: RoutingPlan | None) -> PublishedVersion:
         """Publish `plan` (its version set by the caller) with a delta from `previous`.
 
@@ -151,6 +175,7 @@ class PlanPublisher:
         """
         return self.commit(self.prepare(plan, previous))
 
+    @_outage_is_unavailable
     def prepare(self, plan: RoutingPlan, previous: RoutingPlan | None) -> PreparedInstall:
         """The CPU half of `install` (encode, sign, delta): no write yet."""
         payload = encode_plan(plan)
@@ -159,6 +184,7 @@ class PlanPublisher:
         delta_blob = self._delta_blob(plan, previous, digest) if previous is not None else b""
         return PreparedInstall(plan.version, digest, plan_blob, delta_blob)
 
+    @_outage_is_unavailable
     def stage(self, prepared: PreparedInstall) -> PreparedInstall:
         """Upload the blobs ahead of `commit` (one round trip; they expire unless
         committed within STAGED_TTL_S). Returns the install to commit."""
@@ -171,6 +197,7 @@ class PlanPublisher:
         pipe.execute()
         return dataclasses.replace(prepared, staged=True)
 
+    @_outage_is_unavailable
     def commit(self, prepared: PreparedInstall) -> PublishedVersion:
         """The atomic half of `install`: one Lua script call. A staged install whose
         blobs are gone (expired, evicted) is committed with the blobs inline."""
@@ -221,16 +248,41 @@ class PlanPublisher:
         return bytes.fromhex(raw.decode()) if raw else None
 
     def current(self) -> PublishedVersion | None:
-        raw = self._redis.get(self.layout.current)
+        """The pointer; CorruptPointer if the key holds junk or names a plan not stored."""
+        raw = self._call(self._redis.get, self.layout.current)
         if raw is None:
             return None
-        p = Pointer.decode(raw)
+        try:
+            p = Pointer.decode(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise CorruptPointer(f"the current pointer is not a pointer: {bytes(raw)[:64]!r}") \
+                from exc
+        if not self._call(self._redis.exists, self.layout.plan(p.version)):
+            raise CorruptPointer(f"the current pointer names {p.version}, which is not stored")
         return PublishedVersion(p.version, p.digest)
 
+    def repair_pointer(self, version: Version, digest: bytes) -> None:
+        """Point at `version` (a stored plan of ours), overwriting whatever the pointer holds:
+        only after `current` reported it corrupt. The install script then moves it on as
+        usual (it refuses to move backwards from a *valid* pointer, never from junk)."""
+        if not self._call(self._redis.exists, self.layout.plan(version)):
+            raise KeyError(f"plan version {version} is not stored: republish it first")
+        self._call(self._redis.set, self.layout.current, Pointer(version, digest).encode())
+
+    def _call(self, fn: Any, *args: Any) -> Any:
+        """Redis being unreachable is Unavailable to the planner (and UNAVAILABLE to
+        callers of its API), never an internal error."""
+        try:
+            return fn(*args)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise Unavailable(f"Redis is unreachable: {exc}") from exc
+
+    @_outage_is_unavailable
     def load(self, version: Version) -> RoutingPlan:
         """The retained plan of `version`, verified; KeyError if it is not retained."""
         return self.decode_signed(self.signed_plan(version))
 
+    @_outage_is_unavailable
     def signed_plan(self, version: Version) -> bytes:
         """The stored SignedBlob bytes of `version` (what routers fetch); KeyError if gone."""
         raw = self._redis.get(self.layout.plan(version))
@@ -244,9 +296,17 @@ class PlanPublisher:
         return decode_plan(payload)
 
     def list_versions(self) -> list[Version]:
-        """Retained versions, oldest first."""
-        return [parse_member(m) for m in self._redis.zrange(self.layout.versions, 0, -1)]
+        """Retained versions, oldest first (members that are not versions are skipped: the
+        index must not become unreadable because of one bad write)."""
+        out = []
+        for m in self._call(self._redis.zrange, self.layout.versions, 0, -1):
+            try:
+                out.append(parse_member(m))
+            except (ValueError, UnicodeDecodeError):
+                self.junk_index_members += 1
+        return out
 
+    @_outage_is_unavailable
     def router_statuses(self, max_age_s: float = 60.0) -> list[plan_pb2.RouterStatus]:
         """The status each router reported recently (expired keys are skipped)."""
         since = int((time.time() - max_age_s) * 1000)
@@ -268,6 +328,7 @@ class PlanPublisher:
             out.append(status)
         return out
 
+    @_outage_is_unavailable
     def fleet_view(self, stale_after_s: float = 5.0) -> list[RouterSync]:
         """Each recently reporting router with its sync state against the current pointer."""
         cur = self.current()

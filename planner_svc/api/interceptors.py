@@ -1,14 +1,17 @@
 """One place for the policy every RPC shares: authentication, roles, error mapping, audit.
 
-- Tokens come as `authorization: Bearer <token>` metadata. With an operator token
-  configured, mutating RPCs need it (no credentials -> UNAUTHENTICATED, a reader's
-  token -> PERMISSION_DENIED). With a reader token configured, reads need either.
+- Tokens come as `authorization: Bearer <token>` metadata, compared in constant time.
+  As soon as any token is configured, mutating RPCs need the operator token (no
+  credentials -> UNAUTHENTICATED, a reader's token -> PERMISSION_DENIED; with only a
+  reader token configured nobody may mutate: auth cannot be half-configured open). With a
+  reader token configured, reads need either token.
 - Expected domain errors map to status codes here, so handlers just raise.
 - Every mutation is audit-logged with the caller's role, peer and request.
 """
 
 from __future__ import annotations
 
+import hmac
 import logging
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -23,6 +26,7 @@ audit = logging.getLogger("cacheroute.audit")
 log = logging.getLogger("cacheroute.planner.rpc")
 
 MUTATIONS = frozenset({"Replan", "Rollback", "SetMode", "UpdateConfig"})
+MAX_REQUEST_ID_CHARS = 128
 _CODES: list[tuple[type[Exception], grpc.StatusCode]] = [
     (InvalidRequest, grpc.StatusCode.INVALID_ARGUMENT),
     (PlanningError, grpc.StatusCode.INVALID_ARGUMENT),
@@ -71,10 +75,10 @@ class PlannerInterceptor(grpc.ServerInterceptor):
         return handler
 
     def _role(self, context: Any) -> str:
-        token = _bearer(context)
-        if self._operator and token == self._operator:
+        token = _bearer(context).encode("utf-8", "surrogatepass")
+        if self._operator and hmac.compare_digest(token, self._operator.encode()):
             return "operator"
-        if self._reader and token == self._reader:
+        if self._reader and hmac.compare_digest(token, self._reader.encode()):
             return "reader"
         if not self._operator and not self._reader:
             return "operator"  # auth switched off: everybody may do everything
@@ -82,7 +86,7 @@ class PlannerInterceptor(grpc.ServerInterceptor):
 
     def _authorize(self, method: str, context: Any) -> str:
         role = self._role(context)
-        needs_operator = method in MUTATIONS and bool(self._operator)
+        needs_operator = method in MUTATIONS and bool(self._operator or self._reader)
         needs_reader = bool(self._reader) or needs_operator
         if role in ("anonymous", "unknown") and needs_reader:
             context.abort(
@@ -116,6 +120,10 @@ class PlannerInterceptor(grpc.ServerInterceptor):
     def _wrap_unary(self, method: str, fn: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
         def handle(request: Any, context: Any) -> Any:
             role = self._authorize(method, context)
+            rid = getattr(request, "request_id", "")
+            if len(rid) > MAX_REQUEST_ID_CHARS:  # before it reaches the audit log
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                              f"request_id must be at most {MAX_REQUEST_ID_CHARS} characters")
             self._audit(method, role, request, context)
             try:
                 return fn(request, context)

@@ -218,12 +218,20 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
         )
 
 
+# Plausible ranges: outside them a value is a typo or an attack, never a configuration.
+TUNABLE_RANGES = {"q_cap": (1e-3, 1e7), "interval_s": (0.1, 86_400.0)}
+
+
 def _tunable_changes(request: planner_pb2.UpdateConfigRequest) -> dict[str, Any]:
     changes: dict[str, Any] = {}
     for name in ("q_cap", "interval_s"):
         if request.HasField(name):
-            _check_finite_positive(name, getattr(request, name))
-            changes[name] = getattr(request, name)
+            value = getattr(request, name)
+            _check_finite_positive(name, value)
+            lo, hi = TUNABLE_RANGES[name]
+            if not lo <= value <= hi:
+                raise InvalidRequest(f"{name} must be in [{lo:g}, {hi:g}], got {value:g}")
+            changes[name] = value
     for name in ("hysteresis", "min_dwell_s", "imbalance_tolerance"):
         if request.HasField(name):
             value = getattr(request, name)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import time
@@ -38,6 +39,11 @@ def add_stack_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--q-cap", type=float, default=60.0)
     p.add_argument("--warm-slots-per-destination", type=int, default=64)
     p.add_argument("--workdir", default="", help="keep logs and keys here (default: temporary)")
+    p.add_argument("--operator-token", default=os.environ.get("CACHEROUTE_OPERATOR_TOKEN", ""),
+                   help="the planner's operator token (env CACHEROUTE_OPERATOR_TOKEN; "
+                   "default: none, auth off)")
+    p.add_argument("--reader-token", default=os.environ.get("CACHEROUTE_READER_TOKEN", ""),
+                   help="the planner's reader token (env CACHEROUTE_READER_TOKEN)")
 
 
 def stack_options(args: argparse.Namespace) -> StackOptions:
@@ -51,6 +57,8 @@ def stack_options(args: argparse.Namespace) -> StackOptions:
         q_cap=args.q_cap,
         warm_slots_per_destination=args.warm_slots_per_destination,
         workdir=args.workdir,
+        operator_token=args.operator_token,
+        reader_token=args.reader_token,
     )
 
 

@@ -45,6 +45,7 @@ class StackOptions:
     deadletter_topic: str = "cacheroute.deadletter"
     workdir: str = ""  # empty: a fresh temporary directory, removed at stop
     operator_token: str = ""
+    reader_token: str = ""
     # The planner's --destinations as given (id=address[*weight],...); empty: ids only.
     destination_specs: str = ""
 
@@ -188,9 +189,11 @@ def start_planner(stack: LocalStack) -> ManagedProcess:
         str(o.warm_slots_per_destination),
         "--interval-s",
         str(o.interval_s),
-        "--operator-token",
-        o.operator_token,
     ]
+    # Only tokens that are set: an empty flag would override the planner's environment.
+    for flag, token in (("--operator-token", o.operator_token), ("--reader-token", o.reader_token)):
+        if token:
+            argv += [flag, token]
     proc = ManagedProcess("planner", argv, stack.workdir / "planner.log")
     proc.start()
     return proc

@@ -51,18 +51,21 @@ class Broadcast:
 
 
 class RequestCache:
-    """request id -> result of the first call, bounded (the oldest ids are forgotten)."""
+    """(kind, request id) -> result of the first call, bounded (the oldest are forgotten).
+
+    Keyed by the kind of call too: the same request id sent to two different mutations
+    is two requests (a Replan's result is no answer to a Rollback)."""
 
     def __init__(self, limit: int = 1000) -> None:
-        self._results: OrderedDict[str, Any] = OrderedDict()
+        self._results: OrderedDict[tuple[str, str], Any] = OrderedDict()
         self._limit = limit
 
-    def get(self, request_id: str) -> Any:
-        return self._results.get(request_id) if request_id else None
+    def get(self, kind: str, request_id: str) -> Any:
+        return self._results.get((kind, request_id)) if request_id else None
 
-    def remember(self, request_id: str, result: Any) -> Any:
+    def remember(self, kind: str, request_id: str, result: Any) -> Any:
         if request_id:
-            self._results[request_id] = result
+            self._results[(kind, request_id)] = result
             while len(self._results) > self._limit:
                 self._results.popitem(last=False)
         return result

@@ -7,6 +7,8 @@ import dataclasses
 from planner_svc.errors import Conflict, InvalidRequest
 from router_client.plan import DestinationSpec
 
+MAX_DESTINATIONS = 10_000  # per planner (docs/security.md)
+
 
 def edit_destinations(
     current: list[DestinationSpec], add: list[DestinationSpec], drain: list[str], remove: list[str]
@@ -26,4 +28,6 @@ def edit_destinations(
         del by_id[ident]
     if not by_id:
         raise InvalidRequest("removing every destination leaves nowhere to route")
+    if len(by_id) > MAX_DESTINATIONS:
+        raise InvalidRequest(f"at most {MAX_DESTINATIONS} destinations, asked for {len(by_id)}")
     return list(by_id.values())

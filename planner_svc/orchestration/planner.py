@@ -30,7 +30,13 @@ from planner_svc.control.guard import Mode
 from planner_svc.control.loop import Figures
 from planner_svc.control.telemetry import Telemetry
 from planner_svc.control.traffic import Traffic
-from planner_svc.errors import NotFound, Unavailable, VersionConflict, VersionRegression
+from planner_svc.errors import (
+    CorruptPointer,
+    NotFound,
+    Unavailable,
+    VersionConflict,
+    VersionRegression,
+)
 from planner_svc.orchestration.broadcast import Broadcast, RequestCache
 from planner_svc.orchestration.destinations import edit_destinations
 from planner_svc.orchestration.failpoints import failpoint
@@ -71,6 +77,7 @@ class Publisher(Protocol):
     def list_versions(self) -> list[Version]: ...
     def router_statuses(self, max_age_s: float = 60.0) -> list[Any]: ...
     def decode_signed(self, blob: bytes) -> RoutingPlan: ...
+    def repair_pointer(self, version: Version, digest: bytes) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -143,6 +150,7 @@ class Planner:
         self._plans: OrderedDict[Version, RoutingPlan] = OrderedDict()
         self._history = history
         self.version_conflicts = 0  # installs that found their version taken in Redis
+        self.pointer_repairs = 0  # times the current pointer held junk and was repaired
         # The stream's first windows may cover only part of a window of traffic (it just
         # started): the first plan waits until one full window length has passed since.
         self._first_window_end_ms: int | None = None
@@ -159,7 +167,11 @@ class Planner:
             durable = self._history.load() if self._history is not None else None
             if durable is not None:
                 self._restore_durable(durable)
-            current = self._publisher.current()
+            try:
+                current = self._publisher.current()
+            except CorruptPointer as exc:
+                log.error("ignoring the current pointer at start-up: %s", exc)
+                current = None
             if (
                 durable is not None
                 and durable.current is not None
@@ -189,11 +201,19 @@ class Planner:
             self.decisions.append(Decision.from_dict(record))
 
     def republish_if_missing(self) -> bool:
-        """Redis came back empty or behind: publish the installed plan again."""
+        """Redis came back empty or behind, or someone wrote junk into the pointer: publish
+        the installed plan again (and point at it)."""
         with self._lock:
             if self.installed is None:
                 return False
-            current = self._publisher.current()
+            try:
+                current = self._publisher.current()
+            except CorruptPointer as exc:
+                log.error("repairing the current pointer: %s", exc)
+                self.pointer_repairs += 1
+                self._publisher.install(self.installed.plan, None)  # stores the blobs again
+                self._publisher.repair_pointer(self.installed.plan.version, self.installed.digest)
+                return True
             if current is not None and current.version >= self.installed.plan.version:
                 return False
             self._publisher.install(self.installed.plan, None)
@@ -242,6 +262,7 @@ class Planner:
 
     def _install_first(self, now: float) -> Decision:
         assert self.traffic is not None
+        self._epoch_above_the_fleet()
         plan = self._candidate(fresh=True)
         self._install(plan, now, forced=False)
         self._last_tick_s = now
@@ -290,6 +311,21 @@ class Planner:
         if planned - wanted:
             parts.append(f"back in service: {', '.join(sorted(planned - wanted))}")
         return "fleet changed: " + "; ".join(parts)
+
+    def _epoch_above_the_fleet(self) -> None:
+        """Nothing installed, nothing durable: if routers still hold versions from before
+        (Redis and the history were both lost), start a new epoch above every version they
+        report, so versions never go backwards for them."""
+        try:
+            statuses = self._publisher.router_statuses()
+        except Exception as exc:  # no reports is no information: keep the epoch
+            log.warning("could not read router statuses before the first plan: %s", exc)
+            return
+        held = [s.applied.epoch for s in statuses if s.applied.epoch or s.applied.seq]
+        if held and max(held) >= self._epoch:
+            self._epoch = max(held) + 1
+            log.warning("routers hold versions up to epoch %d: starting epoch %d",
+                        max(held), self._epoch)
 
     def _serving_plan(self) -> RoutingPlan:
         """The planned table routers follow (in fallback: the last planned one)."""
@@ -396,7 +432,7 @@ class Planner:
         self, *, fresh: bool, force: bool, dry_run: bool, request_id: str = ""
     ) -> ReplanResult:
         with self._lock:
-            cached = self._once.get(request_id)
+            cached = self._once.get("replan", request_id)
             if cached is not None:
                 return cached  # type: ignore[no-any-return]
             if self.traffic is None:
@@ -408,7 +444,7 @@ class Planner:
             result = ReplanResult(candidate, plan_diff, figures, None, None)
             if not dry_run:
                 result = self._operator_install(result, force=force, request_id=request_id)
-            return self._once.remember(request_id, result)
+            return self._once.remember("replan", request_id, result)
 
     def _price(self, candidate: RoutingPlan) -> Figures | None:
         if self.installed is None or self.traffic is None:
@@ -440,7 +476,7 @@ class Planner:
     def rollback(self, version: Version, request_id: str = "") -> Installed:
         """Install the retained `version` again as a new version, and pin it."""
         with self._lock:
-            cached = self._once.get(request_id)
+            cached = self._once.get("rollback", request_id)
             if cached is not None:
                 return cached  # type: ignore[no-any-return]
             target = self.plan(version)
@@ -461,7 +497,7 @@ class Planner:
                 None,
                 request_id=request_id,
             )
-            return self._once.remember(request_id, installed)  # type: ignore[no-any-return]
+            return self._once.remember("rollback", request_id, installed)  # type: ignore[no-any-return]
 
     def release_pin(self) -> None:
         with self._lock:
@@ -494,7 +530,7 @@ class Planner:
     ) -> Tunables:
         """Change tunables and destinations together, or not at all (validated first)."""
         with self._lock:
-            cached = self._once.get(request_id)
+            cached = self._once.get("update_config", request_id)
             if cached is not None:
                 return cached  # type: ignore[no-any-return]
             new_tunables = dataclasses.replace(self.tunables, **tunables)
@@ -513,7 +549,7 @@ class Planner:
             if self.installed is not None and self.traffic is not None and self._drain_changed():
                 # A destination drained or removed: move its keys now, not at the next tick.
                 self.tick()
-            return self._once.remember(request_id, self.tunables)  # type: ignore[no-any-return]
+            return self._once.remember("update_config", request_id, self.tunables)  # type: ignore[no-any-return]
 
     def _apply_decision_settings(self) -> None:
         s = self._loop.settings

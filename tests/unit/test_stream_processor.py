@@ -71,7 +71,7 @@ def test_idle_tick_closes_windows_only_when_caught_up():
 def test_windows_before_the_replayed_history_are_marked_incomplete():
     proc = PartitionProcessor(0, CFG)
     proc.complete_since_ms = NOW
-    out = proc.process([(0, batch(req(1, ts=NOW + 1), req(2, ts=NOW + 30_000)))], NOW)
+    out = proc.process([(0, batch(req(1, ts=NOW + 1), req(2, ts=NOW + 30_000)))], NOW + 30_000)
     assert {proc.is_complete(w) for w in out.windows} == {False, True}
 
 
@@ -102,3 +102,21 @@ def test_slot_map_caps_and_recycles():
     assert m.lookup(["c", "a"]).tolist() == [0, -1]
     assert m.names(np.array([0, 1])) == ["c", "b"]
     assert m.live().tolist() == [True, True] and len(m) == 2
+
+
+def test_a_forged_sequence_jump_is_refused_and_does_not_poison_the_producer():
+    d = Deduplicator(max_jump=1_000)
+    assert d.keep(Categorical.of(["p"] * 3), np.array([1, 2, 3], dtype=np.uint64)).all()
+    forged = d.keep(Categorical.of(["p"]), np.array([2**64 - 1], dtype=np.uint64))
+    assert not forged.any() and d.last_jumps == [0] and d.jumps == 1 and d.duplicates == 0
+    assert d.keep(Categorical.of(["p"] * 2), np.array([4, 5], dtype=np.uint64)).all()
+
+
+def test_events_from_the_future_cannot_move_the_watermark_past_the_clock():
+    proc = PartitionProcessor(0, CFG)
+    future = proc.process([(0, batch(req(1, ts=NOW + 9_000)))], NOW)  # within max_future
+    assert not future.rejected
+    later = proc.process([(1, batch(req(2, ts=NOW + 100)))], NOW + 200)
+    assert not [r for r in later.rejected if r.reason == "late"]
+    too_far = proc.process([(2, batch(req(3, ts=NOW + 60_000)))], NOW + 300)
+    assert [r.reason for r in too_far.rejected] == ["timestamp_future"]
