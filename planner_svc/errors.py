@@ -4,7 +4,8 @@ PlannerError
 ├── InvalidRequest   -> INVALID_ARGUMENT   (the caller sent something wrong)
 ├── NotFound         -> NOT_FOUND          (no such plan version / destination)
 ├── Conflict         -> FAILED_PRECONDITION (valid request, wrong state)
-└── Unavailable      -> UNAVAILABLE        (not ready yet: no rates, Redis down; retry later)
+├── Unavailable      -> UNAVAILABLE        (not ready yet: no rates, Redis down; retry later)
+└── Busy             -> RESOURCE_EXHAUSTED (too many streams open; retry later)
 
 PublishError (the plan store refused an install; raised by the Redis adapter)
 ├── VersionRegression
@@ -51,3 +52,7 @@ class VersionConflict(PublishError):
 
 class CorruptPointer(Unavailable):
     """The current-version pointer is unparseable or names a plan that is not stored."""
+
+
+class Busy(PlannerError):
+    """A bounded resource (watch streams) is full."""

@@ -30,11 +30,14 @@ from planner_svc.orchestration.planner import Planner, Tunables
 from planner_svc.settings import PlannerSettings
 from router_client import signing
 from router_client.plan import parse_destinations
+from streams.assembly import SnapshotLimits
 
 log = logging.getLogger("cacheroute.planner")
 # Router reports older than this do not vote on destination health (routers report every
 # second; a router gone for this long is not there to route).
 ROUTER_REPORT_MAX_AGE_S = 10.0
+MAX_WATCHERS = 8
+UNARY_THREADS = 16
 SERVICE_NAME = planner_pb2.DESCRIPTOR.services_by_name["Planner"].full_name
 
 
@@ -176,16 +179,28 @@ def build_service(
         history=history,
     )
     planner.resume()
+    # Watch streams hold a thread each: they get at most MAX_WATCHERS, and the pool keeps
+    # UNARY_THREADS more, so GetStatus, GetCurrentVersion and health always get one.
     server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=16),
+        futures.ThreadPoolExecutor(max_workers=MAX_WATCHERS + UNARY_THREADS),
+        maximum_concurrent_rpcs=MAX_WATCHERS + 4 * UNARY_THREADS,
+        options=[
+            ("grpc.keepalive_time_ms", 30_000),
+            ("grpc.keepalive_timeout_ms", 10_000),
+            ("grpc.http2.max_pings_without_data", 0),
+            ("grpc.max_connection_idle_ms", 600_000),
+            ("grpc.max_connection_age_ms", 3_600_000),
+            ("grpc.max_connection_age_grace_ms", 30_000),
+            ("grpc.max_receive_message_length", settings.max_request_bytes),
+        ],
         interceptors=[
             PlannerInterceptor(
                 operator_token=settings.operator_token, reader_token=settings.reader_token
             )
         ],
-        options=[("grpc.max_receive_message_length", settings.max_request_bytes)],
     )
-    planner_pb2_grpc.add_PlannerServicer_to_server(PlannerServicer(planner, publisher), server)
+    servicer = PlannerServicer(planner, publisher, max_watchers=MAX_WATCHERS)
+    planner_pb2_grpc.add_PlannerServicer_to_server(servicer, server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
@@ -193,7 +208,10 @@ def build_service(
     )
     port = _bind(server, settings)
     consumer = (
-        SnapshotConsumer(settings.bootstrap, settings.snapshots_topic, planner.on_window)
+        SnapshotConsumer(settings.bootstrap, settings.snapshots_topic, planner.on_window,
+                         events_topic=settings.events_topic,
+                         limits=SnapshotLimits(window_ms=round(settings.stream_window_s * 1000),
+                                               hop_ms=round(settings.stream_hop_s * 1000)))
         if consume
         else None
     )

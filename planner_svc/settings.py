@@ -17,6 +17,11 @@ from typing import Any
 class PlannerSettings:
     bootstrap: str = "127.0.0.1:9092"
     snapshots_topic: str = "cacheroute.snapshots"
+    # What a real snapshot looks like (SnapshotLimits): a part per partition of the events
+    # topic, windows of the stream's length on its hop grid (0 = not checked).
+    events_topic: str = "cacheroute.events"
+    stream_window_s: float = 0.0
+    stream_hop_s: float = 0.0
     state_topic: str = "cacheroute.planner-state"
     consumer_group: str = "cacheroute-planner"
     redis_url: str = "redis://127.0.0.1:6379/0"

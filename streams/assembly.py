@@ -11,7 +11,12 @@ Rules:
 - windows not newer than the last completed one are ignored (the planner wants
   the newest rates, and a late duplicate must not complete a window twice);
 - at most `max_pending` windows are held; the oldest is dropped first, so a
-  partition that never reports cannot grow memory without bound.
+  partition that never reports cannot grow memory without bound;
+- every part is checked against `SnapshotLimits` before it is held (the snapshots
+  topic may be written by something hostile or buggy): a window ending far from the
+  planner's clock, a window of another length or off the hop grid, a partition count
+  that is not the events topic's, too many keys, or rates that are not plausible are
+  refused with `SnapshotError`, and cannot complete or displace a real window.
 """
 
 from __future__ import annotations
@@ -110,18 +115,57 @@ class _Pending:
         return len(self.parts) == sum(self.part_counts.values())
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SnapshotLimits:
+    """What a real snapshot looks like. Zero means "not checked"."""
+
+    max_ahead_ms: int = 30_000  # window_end beyond now by more than this: forged or skewed
+    max_behind_ms: int = 3_600_000  # older than this: not worth planning on
+    window_ms: int = 0  # the stream's window length
+    hop_ms: int = 0  # window ends lie on this grid
+    partitions: int = 0  # the events topic's partition count
+    max_keys: int = 10_000_000  # per part
+    max_rate_per_key: float = 1e6  # requests/s
+
+    def check(self, s: snapshot_pb2.RateSnapshot, now_ms: int | None) -> None:
+        end = s.window_end_ms
+        if now_ms is not None:
+            if end > now_ms + self.max_ahead_ms:
+                raise SnapshotError(f"window ends {end - now_ms} ms in the future")
+            if end < now_ms - self.max_behind_ms:
+                raise SnapshotError(f"window ended {now_ms - end} ms ago")
+        if self.window_ms and end - s.window_start_ms != self.window_ms:
+            raise SnapshotError(f"window of {end - s.window_start_ms} ms, the stream's are "
+                                f"{self.window_ms} ms")
+        if self.hop_ms and end % self.hop_ms:
+            raise SnapshotError(f"window end {end} is off the {self.hop_ms} ms hop grid")
+        if self.partitions and s.partition_count != self.partitions:
+            raise SnapshotError(f"partition_count {s.partition_count}, the events topic has "
+                                f"{self.partitions}")
+        rates = np.asarray(s.keys.rate_per_s, dtype=np.float64)
+        if len(rates) > self.max_keys:
+            raise SnapshotError(f"{len(rates)} keys in one part (at most {self.max_keys})")
+        if len(rates) and not (np.isfinite(rates).all() and rates.min() >= 0
+                               and rates.max() <= self.max_rate_per_key):
+            raise SnapshotError("rates that are negative, not finite or implausibly high")
+
+
 class WindowAssembler:
     """Collects snapshot parts; returns each window once it is complete."""
 
-    def __init__(self, max_pending: int = 16) -> None:
+    def __init__(self, max_pending: int = 16, limits: SnapshotLimits | None = None) -> None:
+        self.limits = limits or SnapshotLimits()
         self.max_pending = max_pending
         self._pending: dict[int, _Pending] = {}
         self.last_completed_ms: int | None = None
         self.dropped_windows = 0
 
-    def add(self, snapshot: snapshot_pb2.RateSnapshot) -> CompleteWindow | None:
-        """Hold one part; return the merged window when it completes it."""
+    def add(self, snapshot: snapshot_pb2.RateSnapshot,
+            now_ms: int | None = None) -> CompleteWindow | None:
+        """Hold one part; return the merged window when it completes it. `now_ms` (the
+        planner's clock) enables the time checks of `SnapshotLimits`."""
         _check_part(snapshot)
+        self.limits.check(snapshot, now_ms)
         end = snapshot.window_end_ms
         if self.last_completed_ms is not None and end <= self.last_completed_ms:
             return None

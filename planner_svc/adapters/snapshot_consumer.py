@@ -7,8 +7,10 @@ join would delay start-up by seconds) starting at the end, since only fresh rate
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -16,7 +18,8 @@ from confluent_kafka import OFFSET_END, Consumer, KafkaException, TopicPartition
 from google.protobuf.message import DecodeError
 
 from cacheroute.v1 import snapshot_pb2
-from streams.assembly import CompleteWindow, WindowAssembler
+from streams.assembly import CompleteWindow, SnapshotLimits, WindowAssembler
+from streams.errors import SnapshotError
 
 log = logging.getLogger("cacheroute.planner.snapshots")
 
@@ -29,11 +32,17 @@ class SnapshotConsumer:
         bootstrap: str,
         topic: str,
         on_window: Callable[[CompleteWindow], None],
+        *,
+        limits: SnapshotLimits | None = None,
+        events_topic: str = "",
         **kafka_config: Any,
     ) -> None:
         self._topic = topic
+        self._events_topic = events_topic
         self._on_window = on_window
-        self._assembler = WindowAssembler()
+        self._limits = limits or SnapshotLimits()
+        self._assembler = WindowAssembler(limits=self._limits)
+        self.refused = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="snapshots", daemon=True)
         self.undecodable = 0
@@ -52,6 +61,14 @@ class SnapshotConsumer:
 
     def start(self, from_beginning: bool = False) -> None:
         partitions = self._partitions()
+        if self._events_topic and not self._limits.partitions:
+            # A real window has a part per partition of the events topic: learn how many.
+            meta = self._consumer.list_topics(self._events_topic, timeout=10)
+            events = meta.topics.get(self._events_topic)
+            if events is not None and events.error is None and events.partitions:
+                self._limits = dataclasses.replace(self._limits,
+                                                   partitions=len(events.partitions))
+                self._assembler.limits = self._limits
         offset = 0 if from_beginning else OFFSET_END
         self._consumer.assign([TopicPartition(self._topic, p, offset) for p in partitions])
         self._thread.start()
@@ -77,7 +94,11 @@ class SnapshotConsumer:
         snap = snapshot_pb2.RateSnapshot()
         try:
             snap.ParseFromString(raw)
-            window = self._assembler.add(snap)
+            window = self._assembler.add(snap, int(time.time() * 1000))
+        except SnapshotError as exc:
+            self.refused += 1
+            log.warning("refusing a snapshot: %s", exc)
+            return
         except (DecodeError, ValueError) as exc:
             self.undecodable += 1
             log.warning("skipping a snapshot that does not decode: %s", exc)

@@ -19,7 +19,14 @@ from typing import Any
 import grpc
 from google.protobuf import text_format
 
-from planner_svc.errors import Conflict, InvalidRequest, NotFound, PlannerError, Unavailable
+from planner_svc.errors import (
+    Busy,
+    Conflict,
+    InvalidRequest,
+    NotFound,
+    PlannerError,
+    Unavailable,
+)
 from planner_svc.planning import PlanningError
 
 audit = logging.getLogger("cacheroute.audit")
@@ -33,6 +40,7 @@ _CODES: list[tuple[type[Exception], grpc.StatusCode]] = [
     (NotFound, grpc.StatusCode.NOT_FOUND),
     (Conflict, grpc.StatusCode.FAILED_PRECONDITION),
     (Unavailable, grpc.StatusCode.UNAVAILABLE),
+    (Busy, grpc.StatusCode.RESOURCE_EXHAUSTED),
 ]
 
 

@@ -7,7 +7,9 @@ errors become status codes in `planner_svc.api.interceptors`, not here.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,7 +17,7 @@ import grpc
 
 from cacheroute.v1 import plan_pb2, planner_pb2, planner_pb2_grpc
 from planner_svc.api import convert
-from planner_svc.errors import InvalidRequest, NotFound
+from planner_svc.errors import Busy, InvalidRequest, NotFound
 from planner_svc.orchestration.planner import Planner
 from planner_svc.planning import diff
 from router_client.plan import DestinationSpec, RoutingPlan, Version
@@ -46,10 +48,47 @@ def _version_arg(pb: plan_pb2.PlanVersion, name: str, *, required: bool) -> Vers
     return v
 
 
+class WatchSlots:
+    """At most `total` watch streams open, `per_peer` from one host: each holds a server
+    thread, and the pool must keep threads for unary calls (GetStatus, health)."""
+
+    def __init__(self, total: int, per_peer: int) -> None:
+        self.total, self.per_peer = total, per_peer
+        self._lock = threading.Lock()
+        self._open: dict[str, int] = {}
+
+    @contextlib.contextmanager
+    def slot(self, peer: str) -> Iterator[None]:
+        with self._lock:
+            if sum(self._open.values()) >= self.total:
+                raise Busy(f"{self.total} watch streams are open: retry later")
+            if self._open.get(peer, 0) >= self.per_peer:
+                raise Busy(f"{self.per_peer} watch streams from {peer} are open already")
+            self._open[peer] = self._open.get(peer, 0) + 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._open[peer] -= 1
+                if not self._open[peer]:
+                    del self._open[peer]
+
+    @property
+    def open(self) -> int:
+        return sum(self._open.values())
+
+
+def _peer_host(peer: str) -> str:
+    """`ipv4:127.0.0.1:5555` -> `ipv4:127.0.0.1` (one host, whatever its port)."""
+    return peer.rsplit(":", 1)[0] if peer.count(":") >= 2 else peer
+
+
 class PlannerServicer(planner_pb2_grpc.PlannerServicer):
-    def __init__(self, planner: Planner, publisher: Any) -> None:
+    def __init__(self, planner: Planner, publisher: Any, *, max_watchers: int = 8,
+                 max_watchers_per_peer: int = 4) -> None:
         self._planner = planner
         self._publisher = publisher
+        self._watchers = WatchSlots(max_watchers, max_watchers_per_peer)
 
     def _decision(self, d: Any) -> planner_pb2.Decision:
         return convert.decision_pb(d, self._planner.decision_meta.get(d.id))
@@ -121,6 +160,11 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
     def WatchPlans(
         self, request: Any, context: grpc.ServicerContext
     ) -> Iterator[planner_pb2.PlannerEvent]:
+        peer = _peer_host(context.peer())
+        with self._watchers.slot(peer):
+            yield from self._watch(context)
+
+    def _watch(self, context: grpc.ServicerContext) -> Iterator[planner_pb2.PlannerEvent]:
         for kind, payload in self._planner.events.watch(active=context.is_active):
             if kind == "decision":
                 yield planner_pb2.PlannerEvent(decision=self._decision(payload))

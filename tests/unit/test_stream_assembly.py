@@ -111,3 +111,31 @@ def test_inconsistent_parts_are_refused():
 def test_merge_of_empty_window_has_empty_arrays():
     w = merge_parts(roundtrip(build_snapshots(window([]), ctx(0, 1))))
     assert w.keys == [] and w.rate_per_s.size == 0 and w.hit_rate.size == 0
+
+
+def part(end: int, partition: int, count: int) -> snapshot_pb2.RateSnapshot:
+    parts = build_snapshots(window(["a", "b"], end=end), ctx(partition, count))
+    assert len(parts) == 1
+    return roundtrip(parts)[0]
+
+
+def test_forged_or_implausible_snapshots_are_refused():
+    from streams.assembly import SnapshotLimits
+
+    limits = SnapshotLimits(window_ms=6000, hop_ms=2000, partitions=2)
+    now = 1_800_000_000_000
+    asm = WindowAssembler(limits=limits)
+    for forged in (
+        part(2**62, 0, 2),  # from the far future
+        part(now - 4 * 3_600_000, 0, 2),  # hours old
+        part(now + 1000, 0, 2),  # off the hop grid
+        part(now, 0, 1),  # not the events topic's partition count
+    ):
+        with pytest.raises(SnapshotError):
+            asm.add(forged, now)
+    hot = part(now, 0, 2)
+    hot.keys.rate_per_s[0] = 5e9
+    with pytest.raises(SnapshotError):
+        asm.add(hot, now)
+    assert asm.add(part(now, 0, 2), now) is None
+    assert asm.add(part(now, 1, 2), now) is not None  # the real window still completes
