@@ -27,10 +27,9 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition
 from faust.transport.drivers import aiokafka as faust_aiokafka
 
-from cacheroute.v1 import events_pb2
 from streams.config import StreamConfig
 from streams.metrics import StreamCounters
-from streams.processor import PartitionProcessor, Rejected
+from streams.processor import PartitionProcessor, Rejected, dead_letter
 from streams.settings import Settings
 from streams.snapshots import SnapshotContext, build_snapshots
 from streams.windows import WindowResult
@@ -248,13 +247,14 @@ class StreamWorker:
 
     async def _publish_rejects(self, p: int, rejected: list[Rejected]) -> None:
         for r in rejected:
-            letter = events_pb2.DeadLetter(
-                reason=r.reason, detail=r.detail, raw=r.raw,
-                source_topic=self.settings.events_topic, source_partition=p,
-                source_offset=r.offset, rejected_at_ms=now_ms(),
-            )
-            await self.deadletter_topic.send(key=r.reason.encode(),
-                                             value=letter.SerializeToString())
+            letter = dead_letter(r, topic=self.settings.events_topic, partition=p,
+                                 now_ms=now_ms())
+            try:
+                await self.deadletter_topic.send(key=r.reason.encode(),
+                                                 value=letter.SerializeToString())
+            except Exception:  # one letter must never stop the agent (its counts would be lost)
+                self.counters.dead_letter_send_failures += 1
+                log.exception("could not publish a dead letter (%s)", r.reason)
 
 
 def _consumer_class(fetch_max_wait_ms: int) -> type:

@@ -13,6 +13,7 @@ class StreamCounters:
     events_by_type: Counter[str] = field(default_factory=Counter)
     dead_letters_by_reason: Counter[str] = field(default_factory=Counter)
     duplicates: int = 0
+    dead_letter_send_failures: int = 0
     overflow_events: int = 0
     messages: int = 0
     snapshots_published: int = 0
@@ -48,6 +49,9 @@ class StreamCounters:
                [(f'{{reason="{r}"}}', n) for r, n in sorted(self.dead_letters_by_reason.items())])
         metric("duplicates_total", "counter", "Events dropped as already counted.",
                [("", self.duplicates)])
+        metric("dead_letter_send_failures_total", "counter",
+               "Dead letters that could not be published (logged).",
+               [("", self.dead_letter_send_failures)])
         metric("overflow_events_total", "counter", "Events of keys beyond the tracked-key cap.",
                [("", self.overflow_events)])
         metric("messages_total", "counter", "Kafka messages processed.", [("", self.messages)])

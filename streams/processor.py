@@ -9,11 +9,13 @@ is delivered again after a restart is skipped instead of counted twice.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from cacheroute.v1 import events_pb2
 from streams.config import StreamConfig
 from streams.decoding import (
     KIND_CACHE_HIT,
@@ -39,6 +41,26 @@ class Rejected:
     detail: str
     raw: bytes
     offset: int
+
+
+MAX_DEAD_LETTER_RAW = 256 << 10  # far below the producer's 2 MB message limit
+MAX_DETAIL_CHARS = 1024
+
+
+def dead_letter(r: Rejected, *, topic: str, partition: int,
+                now_ms: int) -> events_pb2.DeadLetter:
+    """The dead-letter message of `r`, always small enough to produce: a raw part beyond
+    `MAX_DEAD_LETTER_RAW` is cut, and the detail says its full size and SHA-256 (so the
+    original can still be found and compared)."""
+    raw, detail = r.raw, r.detail[:MAX_DETAIL_CHARS]
+    if len(raw) > MAX_DEAD_LETTER_RAW:
+        digest = hashlib.sha256(raw).hexdigest()
+        detail = (f"{detail} [raw truncated from {len(raw)} bytes to {MAX_DEAD_LETTER_RAW}; "
+                  f"sha256={digest}]")
+        raw = raw[:MAX_DEAD_LETTER_RAW]
+    return events_pb2.DeadLetter(reason=r.reason, detail=detail, raw=raw, source_topic=topic,
+                                 source_partition=partition, source_offset=r.offset,
+                                 rejected_at_ms=now_ms)
 
 
 @dataclass

@@ -120,3 +120,15 @@ def test_events_from_the_future_cannot_move_the_watermark_past_the_clock():
     assert not [r for r in later.rejected if r.reason == "late"]
     too_far = proc.process([(2, batch(req(3, ts=NOW + 60_000)))], NOW + 300)
     assert [r.reason for r in too_far.rejected] == ["timestamp_future"]
+
+
+def test_a_dead_letter_always_fits_the_topic():
+    from streams.processor import MAX_DEAD_LETTER_RAW, Rejected, dead_letter
+
+    huge = Rejected("undecodable", "x" * 5000, bytes(range(256)) * 40_000, 7)  # ~10 MB
+    letter = dead_letter(huge, topic="t", partition=1, now_ms=5)
+    assert len(letter.raw) == MAX_DEAD_LETTER_RAW
+    assert "truncated from 10240000 bytes" in letter.detail and "sha256=" in letter.detail
+    assert len(letter.SerializeToString()) < 2 << 20
+    small = dead_letter(Rejected("late", "d", b"abc", 1), topic="t", partition=0, now_ms=5)
+    assert small.raw == b"abc" and small.detail == "d"
