@@ -10,6 +10,8 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+import time
+from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,7 +84,7 @@ class PlannerService:
     def start(self) -> None:
         self.server.start()
         if self.consumer is not None:
-            self.consumer.start()
+            _retrying("the snapshots topic", self.consumer.start)
         self._timer = threading.Thread(target=self._run_timer, name="planner-timer", daemon=True)
         self._timer.start()
         self._set_health(True)
@@ -178,7 +180,7 @@ def build_service(
         rate_column=settings.rate_column,
         history=history,
     )
-    planner.resume()
+    _retrying("Redis and the planner's history", planner.resume)
     # Watch streams hold a thread each: they get at most MAX_WATCHERS, and the pool keeps
     # UNARY_THREADS more, so GetStatus, GetCurrentVersion and health always get one.
     server = grpc.server(
@@ -218,6 +220,23 @@ def build_service(
     return PlannerService(
         settings, planner, publisher, server, health_servicer, consumer, port, threading.Event()
     )
+
+
+def _retrying(what: str, fn: Callable[[], object], max_delay_s: float = 5.0,
+              give_up_after_s: float = 600.0) -> None:
+    """Call `fn` until it succeeds: at start the planner waits for Redis and the broker
+    (a supervisor starts them in any order) instead of exiting."""
+    delay, deadline = 0.2, time.monotonic() + give_up_after_s
+    while True:
+        try:
+            fn()
+            return
+        except Exception as exc:  # Redis down (Unavailable), broker not up yet, ...
+            if time.monotonic() > deadline:
+                raise
+            log.warning("waiting for %s: %s", what, exc)
+            time.sleep(delay)
+            delay = min(max_delay_s, delay * 2)
 
 
 def _bind(server: grpc.Server, settings: PlannerSettings) -> int:

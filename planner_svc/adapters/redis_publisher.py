@@ -261,13 +261,27 @@ class PlanPublisher:
             raise CorruptPointer(f"the current pointer names {p.version}, which is not stored")
         return PublishedVersion(p.version, p.digest)
 
-    def repair_pointer(self, version: Version, digest: bytes) -> None:
-        """Point at `version` (a stored plan of ours), overwriting whatever the pointer holds:
-        only after `current` reported it corrupt. The install script then moves it on as
-        usual (it refuses to move backwards from a *valid* pointer, never from junk)."""
-        if not self._call(self._redis.exists, self.layout.plan(version)):
-            raise KeyError(f"plan version {version} is not stored: republish it first")
-        self._call(self._redis.set, self.layout.current, Pointer(version, digest).encode())
+    def clear_corrupt_pointer(self) -> bool:
+        """Delete the pointer if (and only if) it is still corrupt, so the next install sets
+        it afresh (the install script refuses to move a pointer backwards, and a junk one
+        naming version 1.2^64-1 would refuse every install forever). WATCH makes the check
+        and the delete one step against a concurrent valid install."""
+        with self._redis.pipeline() as pipe:
+            try:
+                pipe.watch(self.layout.current)
+                try:
+                    self.current()
+                    return False  # valid again
+                except CorruptPointer:
+                    pass
+                pipe.multi()
+                pipe.delete(self.layout.current)
+                pipe.execute()
+                return True
+            except redis.WatchError:
+                return False
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                raise Unavailable(f"Redis is unreachable: {exc}") from exc
 
     def _call(self, fn: Any, *args: Any) -> Any:
         """Redis being unreachable is Unavailable to the planner (and UNAVAILABLE to

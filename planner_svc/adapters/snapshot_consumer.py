@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from confluent_kafka import OFFSET_END, Consumer, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
 from google.protobuf.message import DecodeError
 
 from cacheroute.v1 import snapshot_pb2
@@ -38,6 +39,7 @@ class SnapshotConsumer:
         **kafka_config: Any,
     ) -> None:
         self._topic = topic
+        self._bootstrap = bootstrap
         self._events_topic = events_topic
         self._on_window = on_window
         self._limits = limits or SnapshotLimits()
@@ -60,6 +62,8 @@ class SnapshotConsumer:
         )
 
     def start(self, from_beginning: bool = False) -> None:
+        if self._thread.is_alive():
+            return
         partitions = self._partitions()
         if self._events_topic and not self._limits.partitions:
             # A real window has a part per partition of the events topic: learn how many.
@@ -77,8 +81,17 @@ class SnapshotConsumer:
         meta = self._consumer.list_topics(self._topic, timeout=10)
         topic = meta.topics.get(self._topic)
         if topic is None or topic.error is not None or not topic.partitions:
-            raise KafkaException(f"snapshots topic {self._topic!r} is missing")
+            self._create_topic()  # a broker that lost its (in-memory) topics
+            raise KafkaException(f"snapshots topic {self._topic!r} is missing (creating it)")
         return sorted(topic.partitions)
+
+    def _create_topic(self) -> None:
+        admin = AdminClient({"bootstrap.servers": self._bootstrap})
+        for future in admin.create_topics([NewTopic(self._topic, 1, 1)]).values():
+            try:
+                future.result(10)
+            except Exception as exc:  # exists already, or the broker is not ready: retried
+                log.info("creating %s: %s", self._topic, exc)
 
     def _run(self) -> None:
         while not self._stop.is_set():

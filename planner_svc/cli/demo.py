@@ -19,7 +19,7 @@ from planner_svc.devstack.fleet import (
     make_engines,
     run_fleets,
 )
-from planner_svc.devstack.stack import LocalStack, StackOptions, start_stack
+from planner_svc.devstack.stack import LocalStack, StackOptions, Supervisor, start_stack
 from router_client import RouterClient, RouterCore, signing
 from router_client.redis_source import RedisPlanSource
 from streams.emitter import EventEmitter
@@ -78,13 +78,14 @@ def describe(stack: LocalStack) -> str:
 def cmd_up(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _raise_interrupt)
     stack = start_stack(stack_options(args))
+    supervisor = Supervisor(stack)
     try:
         print("CacheRoute stack is up (Ctrl-C stops everything):\n" + describe(stack), flush=True)
-        while all(p.alive() for p in stack.processes()):
+        while True:  # a component that dies is restarted; the others keep running
+            for name in supervisor.check():
+                print(f"supervisor: restarted {name} (restart {supervisor.restarts[name]}; "
+                      "see its log)", file=sys.stderr, flush=True)
             time.sleep(0.5)
-        dead = [p.name for p in stack.processes() if not p.alive()]
-        print(f"stopping: {', '.join(dead)} exited (see logs)", file=sys.stderr)
-        return 1
     except KeyboardInterrupt:
         return 0
     finally:

@@ -25,6 +25,7 @@ from planner_svc.devstack.processes import (
     RedisServer,
     ServerStartError,
     free_port,
+    restart_redis,
     start_broker,
     start_redis,
 )
@@ -222,3 +223,68 @@ def wait_for_planner(stack: LocalStack, timeout_s: float = 30.0) -> None:
     raise ServerStartError(
         f"the planner did not answer in {timeout_s:.0f} s:\n{stack.planner.log_tail()}"
     )
+
+
+class Supervisor:
+    """Restarts whatever component of the stack died, with backoff, keeping the others.
+
+    A broker comes back on its port with the topics created again (its storage is in
+    memory); Redis on its port and data directory (the planner republishes what Redis
+    lost); a worker or the planner with its command line. Backoff doubles per restart of
+    a component, from 0.5 s to `max_backoff_s`, and resets once it has stayed up a minute.
+    """
+
+    def __init__(self, stack: LocalStack, max_backoff_s: float = 30.0) -> None:
+        self.stack = stack
+        self.max_backoff_s = max_backoff_s
+        self.restarts: dict[str, int] = {}
+        self._next: dict[str, float] = {}
+        self._up_since: dict[str, float] = {}
+
+    def check(self, now: float | None = None) -> list[str]:
+        """Restart dead components whose backoff has passed; the names restarted."""
+        now = time.monotonic() if now is None else now
+        done = []
+        for name, proc in self._components():
+            if proc.alive():
+                if now - self._up_since.get(name, now) > 60.0:
+                    self.restarts[name] = 0
+                continue
+            if now < self._next.get(name, 0.0):
+                continue
+            n = self.restarts.get(name, 0)
+            self._next[name] = now + min(self.max_backoff_s, 0.5 * 2**n)
+            try:
+                self._restart(name)
+            except ServerStartError as exc:
+                print(f"supervisor: {name} did not restart: {exc}", file=sys.stderr)
+                continue
+            self.restarts[name] = n + 1
+            self._up_since[name] = now
+            done.append(name)
+        return done
+
+    def _components(self) -> list[tuple[str, ManagedProcess]]:
+        s = self.stack
+        out = []
+        if s.broker is not None:
+            out.append(("broker", s.broker.process))
+        if s.redis is not None:
+            out.append(("redis", s.redis.process))
+        out += [(f"worker-{i}", w) for i, w in enumerate(s.workers)]
+        if s.planner is not None:
+            out.append(("planner", s.planner))
+        return out
+
+    def _restart(self, name: str) -> None:
+        s = self.stack
+        if name == "broker" and s.broker is not None:
+            s.broker.process.stop()
+            s.broker = start_broker(s.workdir, port=s.broker.port)
+            create_topics(s.bootstrap, s.options)
+        elif name == "redis" and s.redis is not None:
+            restart_redis(s.redis)
+        elif name.startswith("worker-"):
+            s.workers[int(name.split("-")[1])].start()
+        elif name == "planner" and s.planner is not None:
+            s.planner.start()

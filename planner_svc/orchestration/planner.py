@@ -77,7 +77,7 @@ class Publisher(Protocol):
     def list_versions(self) -> list[Version]: ...
     def router_statuses(self, max_age_s: float = 60.0) -> list[Any]: ...
     def decode_signed(self, blob: bytes) -> RoutingPlan: ...
-    def repair_pointer(self, version: Version, digest: bytes) -> None: ...
+    def clear_corrupt_pointer(self) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -211,8 +211,8 @@ class Planner:
             except CorruptPointer as exc:
                 log.error("repairing the current pointer: %s", exc)
                 self.pointer_repairs += 1
-                self._publisher.install(self.installed.plan, None)  # stores the blobs again
-                self._publisher.repair_pointer(self.installed.plan.version, self.installed.digest)
+                self._publisher.clear_corrupt_pointer()
+                self._publisher.install(self.installed.plan, None)  # blobs and pointer again
                 return True
             if current is not None and current.version >= self.installed.plan.version:
                 return False
