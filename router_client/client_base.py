@@ -418,8 +418,14 @@ class BaseRouterClient:
         return 0
 
     def metrics_text(self) -> str:
-        """The metrics in the Prometheus text exposition format."""
-        return render_prometheus(self.metrics(), self.router_id)
+        """The metrics in the Prometheus text exposition format (prometheus_client)."""
+        from prometheus_client import CollectorRegistry, generate_latest
+
+        from router_client.prom import RouterCollector
+
+        registry = CollectorRegistry()
+        registry.register(RouterCollector(self))
+        return generate_latest(registry).decode()
 
 
 def _replay(follower: PlanFollower, chain: Sequence[bytes]) -> RoutingTable | None:
@@ -441,49 +447,4 @@ def _delta_target(raw: bytes, f: PlanFollower) -> Pointer:
     return Pointer(version_from_pb(delta.target), bytes(delta.target_digest))
 
 
-_HELP = {
-    "decisions": ("counter", "Routing decisions by path."),
-    "plan_epoch": ("gauge", "Epoch of the applied plan version."),
-    "plan_seq": ("gauge", "Sequence of the applied plan version."),
-    "plan_age_s": ("gauge", "Seconds since the plan was last confirmed current."),
-    "fallback": ("gauge", "1 when routing everything by power-of-two-choices."),
-    "rejected_versions": ("counter", "Plan versions refused by verification."),
-    "ignored_older": ("counter", "Older versions or hints ignored."),
-    "applied_full": ("counter", "Full plans applied."),
-    "applied_full_edited": ("counter", "Full plans applied as an edit of the held table "
-                            "(the rest were built from scratch)."),
-    "applied_delta": ("counter", "Deltas applied."),
-    "delta_fallbacks": ("counter", "Deltas that could not be used (full plan fetched)."),
-    "reconnects": ("counter", "Plan-source reconnects."),
-    "unavailable_rounds": ("counter", "Sync rounds that found the source unreachable."),
-    "failed_rounds": ("counter", "Sync rounds that failed unexpectedly (see the log)."),
-    "destinations_unhealthy": ("gauge", "Destinations currently skipped as unhealthy."),
-    "ejections": ("counter", "Destinations marked unhealthy (outlier detection or probes)."),
-    "readmissions": ("counter", "Destinations readmitted after being unhealthy."),
-}
-
-
-def render_prometheus(metrics: Mapping[str, float], router_id: str) -> str:
-    lines: list[str] = []
-    label = f'router="{router_id}"'
-    decisions = {
-        k[len("decisions_") :]: v for k, v in metrics.items() if k.startswith("decisions_")
-    }
-    kind, text = _HELP["decisions"]
-    lines += [
-        f"# HELP cacheroute_router_decisions_total {text}",
-        f"# TYPE cacheroute_router_decisions_total {kind}",
-    ]
-    lines += [
-        f'cacheroute_router_decisions_total{{{label},path="{p}"}} {v}' for p, v in decisions.items()
-    ]
-    for name, value in metrics.items():
-        if name.startswith("decisions_") or name not in _HELP:
-            continue
-        kind, text = _HELP[name]
-        full = f"cacheroute_router_{name}" + ("_total" if kind == "counter" else "")
-        lines += [f"# HELP {full} {text}", f"# TYPE {full} {kind}", f"{full}{{{label}}} {value}"]
-    return "\n".join(lines) + "\n"
-
-
-__all__ = ["DELTA", "FULL", "BaseRouterClient", "render_prometheus"]
+__all__ = ["DELTA", "FULL", "BaseRouterClient"]

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 
 @dataclass
@@ -35,36 +40,51 @@ class StreamCounters:
         return sum(self.lag_by_partition.values())
 
     def to_prometheus(self, prefix: str = "cacheroute_streams") -> str:
-        """Prometheus text exposition format (version 0.0.4)."""
-        lines: list[str] = []
+        """Prometheus text exposition (prometheus_client: escaping and format are its)."""
+        registry = CollectorRegistry()
+        registry.register(_Collector(self, prefix))
+        return generate_latest(registry).decode()
 
-        def metric(name: str, kind: str, help_: str, samples: list[tuple[str, float]]) -> None:
-            lines.append(f"# HELP {prefix}_{name} {help_}")
-            lines.append(f"# TYPE {prefix}_{name} {kind}")
-            lines.extend(f"{prefix}_{name}{labels} {value:.17g}" for labels, value in samples)
 
-        metric("events_total", "counter", "Valid events counted, by type.",
-               [(f'{{type="{t}"}}', n) for t, n in sorted(self.events_by_type.items())])
-        metric("dead_letters_total", "counter", "Rejected events and messages, by reason.",
-               [(f'{{reason="{r}"}}', n) for r, n in sorted(self.dead_letters_by_reason.items())])
-        metric("duplicates_total", "counter", "Events dropped as already counted.",
-               [("", self.duplicates)])
-        metric("dead_letter_send_failures_total", "counter",
-               "Dead letters that could not be published (logged).",
-               [("", self.dead_letter_send_failures)])
-        metric("overflow_events_total", "counter", "Events of keys beyond the tracked-key cap.",
-               [("", self.overflow_events)])
-        metric("messages_total", "counter", "Kafka messages processed.", [("", self.messages)])
-        metric("snapshots_published_total", "counter", "Snapshot parts published.",
-               [("", self.snapshots_published)])
-        metric("consumer_lag_messages", "gauge", "Messages behind the log end, by partition.",
-               [(f'{{partition="{p}"}}', n) for p, n in sorted(self.lag_by_partition.items())])
-        metric("assigned_partitions", "gauge", "Source partitions owned.",
-               [("", self.assigned_partitions)])
-        metric("recovering_partitions", "gauge", "Partitions still replaying history.",
-               [("", self.recovering_partitions)])
-        metric("first_events_at_seconds", "gauge", "Wall time of the first counted message.",
-               [("", self.first_events_at_s)])
-        metric("last_events_at_seconds", "gauge", "Wall time of the latest counted message.",
-               [("", self.last_events_at_s)])
-        return "\n".join(lines) + "\n"
+class _Collector(Collector):
+    def __init__(self, c: StreamCounters, prefix: str) -> None:
+        self.c, self.prefix = c, prefix
+
+    def collect(self) -> Iterator[Metric]:
+        c, p = self.c, self.prefix
+        events = CounterMetricFamily(f"{p}_events", "Valid events counted, by type.",
+                                     labels=["type"])
+        for t, n in sorted(c.events_by_type.items()):
+            events.add_metric([t], n)
+        letters = CounterMetricFamily(f"{p}_dead_letters",
+                                      "Rejected events and messages, by reason.",
+                                      labels=["reason"])
+        for r, n in sorted(c.dead_letters_by_reason.items()):
+            letters.add_metric([r], n)
+        lag = GaugeMetricFamily(f"{p}_consumer_lag_messages",
+                                "Messages behind the log end, by partition.",
+                                labels=["partition"])
+        for part, n in sorted(c.lag_by_partition.items()):
+            lag.add_metric([str(part)], n)
+        yield events
+        yield letters
+        yield lag
+        for name, text, value in (
+            ("duplicates", "Events dropped as already counted.", c.duplicates),
+            ("dead_letter_send_failures", "Dead letters that could not be published (logged).",
+             c.dead_letter_send_failures),
+            ("overflow_events", "Events of keys beyond the tracked-key cap.", c.overflow_events),
+            ("messages", "Kafka messages processed.", c.messages),
+            ("snapshots_published", "Snapshot parts published.", c.snapshots_published),
+        ):
+            yield CounterMetricFamily(f"{p}_{name}", text, value=value)
+        for name, text, g in (
+            ("assigned_partitions", "Source partitions owned.", c.assigned_partitions),
+            ("recovering_partitions", "Partitions still replaying history.",
+             c.recovering_partitions),
+            ("first_events_at_seconds", "Wall time of the first counted message.",
+             c.first_events_at_s),
+            ("last_events_at_seconds", "Wall time of the latest counted message.",
+             c.last_events_at_s),
+        ):
+            yield GaugeMetricFamily(f"{p}_{name}", text, value=g)

@@ -22,8 +22,8 @@ import pytest
 from planner_svc.cli.gateway_cmd import FLAGS as GATEWAY_FLAGS
 from planner_svc.devstack.stack import StackOptions
 from planner_svc.settings import PlannerSettings, from_env
-from router_client.client_base import _HELP as ROUTER_HELP
-from router_client.client_base import render_prometheus
+from router_client.prom import METRICS as ROUTER_METRICS
+from router_client.prom import RouterCollector
 from streams.metrics import StreamCounters
 from streams.settings import Settings as StreamSettings
 from streams.settings import parse_settings
@@ -272,8 +272,17 @@ def exported_names() -> set[str]:
     counters.events_by_type.update({"request": 1})
     counters.dead_letters_by_reason.update({"bad": 1})
     counters.lag_by_partition[0] = 1
-    router = render_prometheus({**{k: 1.0 for k in ROUTER_HELP}, "decisions_planned": 1.0}, "r")
-    text = counters.to_prometheus() + router
+    class _Client:  # just what RouterCollector reads
+        router_id = "r"
+
+        @staticmethod
+        def metrics() -> dict[str, float]:
+            return {**dict.fromkeys(ROUTER_METRICS, 1.0), "decisions_planned": 1.0}
+
+    from prometheus_client import CollectorRegistry, generate_latest
+    registry = CollectorRegistry()
+    registry.register(RouterCollector(_Client()))  # type: ignore[arg-type]
+    text = counters.to_prometheus() + generate_latest(registry).decode()
     return set(re.findall(r"^(cacheroute_\w+)", text, re.M))
 
 

@@ -138,8 +138,8 @@ def test_metrics_are_attributes_and_prometheus_text():
         m = c.metrics()
         assert m["decisions_planned"] == 1 and m["decisions_unadmitted"] == 1
         text = c.metrics_text()
-        assert 'cacheroute_router_decisions_total{router="r",path="planned"} 1' in text
-        assert 'cacheroute_router_plan_seq{router="r"} 1' in text
+        assert 'cacheroute_router_decisions_total{path="planned",router="r"} 1.0' in text
+        assert 'cacheroute_router_plan_seq{router="r"} 1.0' in text
 
 
 def test_async_client_follows_the_same_way():

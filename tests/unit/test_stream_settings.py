@@ -40,9 +40,9 @@ def test_prometheus_text():
     c.dead_letters_by_reason["late"] += 2
     c.lag_by_partition[1] = 7
     text = c.to_prometheus()
-    assert 'cacheroute_streams_events_total{type="request"} 5\n' in text
-    assert 'cacheroute_streams_dead_letters_total{reason="late"} 2\n' in text
-    assert 'cacheroute_streams_consumer_lag_messages{partition="1"} 7\n' in text
+    assert 'cacheroute_streams_events_total{type="request"} 5.0\n' in text
+    assert 'cacheroute_streams_dead_letters_total{reason="late"} 2.0\n' in text
+    assert 'cacheroute_streams_consumer_lag_messages{partition="1"} 7.0\n' in text
     assert "# TYPE cacheroute_streams_duplicates_total counter" in text
     assert c.dead_letters == 2 and c.lag == 7
 
