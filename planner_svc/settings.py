@@ -8,6 +8,7 @@ Environment variables are `CACHEROUTE_<FIELD>` in upper case, e.g.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
@@ -80,9 +81,13 @@ def from_env(
     base = base or PlannerSettings()
     changes: dict[str, Any] = {}
     for f in fields(PlannerSettings):
-        raw = env.get(f"CACHEROUTE_{f.name.upper()}")
+        name = f"CACHEROUTE_{f.name.upper()}"
+        raw = env.get(name)
         if raw is not None and f.name != "extra":
-            changes[f.name] = _coerce(f.type, raw)
+            try:
+                changes[f.name] = _coerce(f.type, raw)
+            except ValueError:
+                raise SystemExit(f"{name}={raw!r}: not a valid {f.type}") from None
     return replace(base, **changes)
 
 
@@ -92,10 +97,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         if f.name == "extra":
             continue
         flag = "--" + f.name.replace("_", "-")
-        if "tuple" in str(f.type):
-            parser.add_argument(flag, default=None, help="comma-separated list")
-        else:
-            parser.add_argument(flag, default=None)
+        env = f"CACHEROUTE_{f.name.upper()}"
+        default = "" if f.default is dataclasses.MISSING else f.default
+        shown = ",".join(default) if isinstance(default, tuple) else default
+        kind = "comma-separated list; " if "tuple" in str(f.type) else ""
+        parser.add_argument(flag, default=None,
+                            help=f"{kind}default {shown!r}; env {env}")
 
 
 def from_args(args: argparse.Namespace, environ: dict[str, str] | None = None) -> PlannerSettings:
@@ -104,5 +111,9 @@ def from_args(args: argparse.Namespace, environ: dict[str, str] | None = None) -
     for f in fields(PlannerSettings):
         value = getattr(args, f.name, None)
         if value is not None and f.name != "extra":
-            changes[f.name] = _coerce(f.type, value) if isinstance(value, str) else value
+            try:
+                changes[f.name] = _coerce(f.type, value) if isinstance(value, str) else value
+            except ValueError:
+                raise SystemExit(f"--{f.name.replace('_', '-')} {value!r}: not a valid "
+                                 f"{f.type}") from None
     return replace(settings, **changes)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 
 from planner_svc.cli import gateway_cmd, ops, replay_cmd
@@ -58,7 +59,8 @@ def _add_plan_commands(sub: argparse._SubParsersAction) -> argparse._SubParsersA
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="cacheroute", description=__doc__)
+    parser = argparse.ArgumentParser(prog="cacheroute", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--log-level", default="WARNING")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_stack_commands(sub)
@@ -70,6 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # `cacheroute plan show | head`: a closed pipe ends the command quietly, as for any
+    # Unix tool, instead of a BrokenPipeError traceback.
+    if hasattr(signal, "SIGPIPE"):
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(
