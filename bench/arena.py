@@ -165,18 +165,30 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, default=1)
     ap.add_argument("--scenarios", default="paper-like,shared-system-prompt,whale,low-reuse")
     ap.add_argument("--engines", type=int, default=4)
+    ap.add_argument("--time-scale", type=float, default=1.0,
+                    help="engine model durations x this (1 = a 70B-class replica)")
+    ap.add_argument("--kv-tokens", type=int, default=60_000, help="KV cache per engine")
+    ap.add_argument("--rate-scale", type=float, default=1.0, help="offered load x this")
+    ap.add_argument("--warmup-s", type=float, default=0.0, help="0: 15 (quick) or 18")
+    ap.add_argument("--measure-s", type=float, default=0.0, help="0: 10 (quick) or 12")
+    ap.add_argument("--slo-ttft-s", type=float, default=2.0)
+    ap.add_argument("--routers", default="", help="comma-separated names (default: all)")
+    ap.add_argument("--capacity-scales", default="1,1.5,2,3,4",
+                    help="load multiples of the capacity sweep ('' skips it)")
     ap.add_argument("--out", default=str(OUT))
     args = ap.parse_args()
     quick = args.quick
-    setup = Setup(engines=args.engines, time_scale=0.5, kv_tokens=60_000,
+    setup = Setup(engines=args.engines, time_scale=args.time_scale, kv_tokens=args.kv_tokens,
                   # the warm-up covers CacheRoute's learning: a stream window (6 s) and a
                   # control interval (4 s) before its first plan
-                  warmup_s=15.0 if quick else 18.0, measure_s=10.0 if quick else 12.0,
-                  rate_scale=1.0, slo_ttft_s=1.0)
+                  warmup_s=args.warmup_s or (15.0 if quick else 18.0),
+                  measure_s=args.measure_s or (10.0 if quick else 12.0),
+                  rate_scale=args.rate_scale, slo_ttft_s=args.slo_ttft_s)
     names = ["paper-like"] if quick else args.scenarios.split(",")
-    scenarios = [SCENARIOS[n].scaled(sessions_per_s=SCENARIOS[n].sessions_per_s * 2)
-                 for n in names]  # time scale 0.5: engines twice as fast, traffic twice as dense
-    routers = [r for r in ROUTERS if r.installed]
+    scenarios = [SCENARIOS[n].scaled(sessions_per_s=SCENARIOS[n].sessions_per_s
+                                     * args.rate_scale / args.time_scale) for n in names]
+    wanted = set(args.routers.split(",")) if args.routers else None
+    routers = [r for r in ROUTERS if r.installed and (wanted is None or r.name in wanted)]
     missing = [r.name for r in ROUTERS if not r.installed]
     work = Path(tempfile.mkdtemp(prefix="arena-"))
     t_start = time.monotonic()
@@ -201,7 +213,8 @@ def main() -> int:
                                             stack, work, 1.0, label))
         cap: dict[str, float] = {}
         cap_rows: list[dict] = []
-        if not quick:
+        scales = [float(x) for x in args.capacity_scales.split(",") if x]
+        if not quick and scales:
             for name in ("paper-like", "whale"):
                 found = [s for s in scenarios if s.name == name]
                 if not found:
@@ -209,7 +222,7 @@ def main() -> int:
                 ranked = _best_peer(rows, name, 1)
                 for spec in [routers[0], *[r for r in routers if r.name == ranked]]:
                     value, sweep = capacity(spec, found[0], 1, setup, fleet, stack, work,
-                                            [1.0, 2.0, 3.0])
+                                            scales)
                     cap[f"{name}/{spec.name}"] = value
                     cap_rows += sweep
     finally:
