@@ -85,10 +85,11 @@ def _peer_host(peer: str) -> str:
 
 class PlannerServicer(planner_pb2_grpc.PlannerServicer):
     def __init__(self, planner: Planner, publisher: Any, *, max_watchers: int = 8,
-                 max_watchers_per_peer: int = 4) -> None:
+                 max_watchers_per_peer: int = 0) -> None:
         self._planner = planner
         self._publisher = publisher
-        self._watchers = WatchSlots(max_watchers, max_watchers_per_peer)
+        # Per host: all of them by default (operators often share one bastion host).
+        self._watchers = WatchSlots(max_watchers, max_watchers_per_peer or max_watchers)
 
     def _decision(self, d: Any) -> planner_pb2.Decision:
         return convert.decision_pb(d, self._planner.decision_meta.get(d.id))

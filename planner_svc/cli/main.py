@@ -10,6 +10,7 @@ import argparse
 import logging
 import signal
 import sys
+import threading
 
 from planner_svc.cli import gateway_cmd, ops, replay_cmd
 
@@ -74,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     # `cacheroute plan show | head`: a closed pipe ends the command quietly, as for any
     # Unix tool, instead of a BrokenPipeError traceback.
-    if hasattr(signal, "SIGPIPE"):
+    if hasattr(signal, "SIGPIPE") and threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     parser = build_parser()
     args = parser.parse_args(argv)

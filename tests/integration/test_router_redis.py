@@ -14,6 +14,7 @@ import redis
 
 from planner_svc.adapters.redis_publisher import PlanPublisher
 from planner_svc.devstack.processes import restart_redis
+from planner_svc.errors import Unavailable
 from router_client import AsyncRouterClient, RouterClient, signing
 from router_client.layout import Layout
 from router_client.plan import DestinationSpec, KeyTable, PlanConfig, RoutingPlan, Version
@@ -202,7 +203,7 @@ def test_redis_killed_and_restarted_mid_stream(redis_server, key):
                 pub.install(plan, prev)
                 prev, published[0] = plan, seq
                 seq += 1
-            except (redis.ConnectionError, redis.TimeoutError, OSError):
+            except (redis.ConnectionError, redis.TimeoutError, OSError, Unavailable):
                 time.sleep(0.05)
             time.sleep(0.01)
 
