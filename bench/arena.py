@@ -200,6 +200,7 @@ def main() -> int:
         hop_s=2.0, interval_s=4.0, q_cap=12.0, warm_slots_per_destination=12,
         workdir=str(work / "stack")))
     rows: list[dict[str, Any]] = []
+    cap_rows: list[dict[str, Any]] = []
     try:
         for scenario in scenarios:
             for seed in range(1, args.seeds + 1):
@@ -212,7 +213,6 @@ def main() -> int:
                         rows.append(run_one(spec, replicas, scenario, seed, setup, fleet,
                                             stack, work, 1.0, label))
         cap: dict[str, float] = {}
-        cap_rows: list[dict] = []
         scales = [float(x) for x in args.capacity_scales.split(",") if x]
         if not quick and scales:
             for name in ("paper-like", "whale"):
@@ -229,7 +229,7 @@ def main() -> int:
         stack.stop()
         fleet.stop()
     elapsed = time.monotonic() - t_start
-    summary = report(rows, cap, setup, Path(args.out), missing, elapsed, quick)
+    summary = report(rows, cap, setup, Path(args.out), missing, elapsed, quick, cap_rows)
     print(json.dumps(summary))
     shutil.rmtree(work, ignore_errors=True)
     return 0
@@ -250,7 +250,8 @@ def _best_peer(rows: list[dict], scenario: str, replicas: int) -> str:
 
 
 def report(rows: list[dict], cap: dict[str, float], setup: Setup, out: Path,
-           missing: list[str], elapsed_s: float, quick: bool) -> dict[str, Any]:
+           missing: list[str], elapsed_s: float, quick: bool,
+           cap_rows: list[dict] | None = None) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     keys = ["scenario", "seed", "router", "replicas", "rate_scale", "requests", "errors", "hit",
             "ttft_p50_s", "ttft_p99_s", "e2e_p99_s", "imbalance", "cpu_s", "router_rss_mb"]
@@ -260,6 +261,13 @@ def report(rows: list[dict], cap: dict[str, float], setup: Setup, out: Path,
         w.writeheader()
         for r in rows:
             w.writerow({k: (round(r[k], 4) if isinstance(r[k], float) else r[k]) for k in keys})
+    if cap_rows:
+        with open(out / f"arena-capacity{suffix}.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, keys)
+            w.writeheader()
+            for r in cap_rows:
+                w.writerow({k: (round(r[k], 4) if isinstance(r[k], float) else r[k])
+                            for k in keys})
     lines = [f"# Arena results{' (quick)' if quick else ''}", "",
              f"Command: `.venv/bin/python bench/arena.py{' --quick' if quick else ''}`; "
              f"{setup.engines} emulated engines (time scale {setup.time_scale}, "
@@ -282,8 +290,13 @@ def report(rows: list[dict], cap: dict[str, float], setup: Setup, out: Path,
                      f"{m['ttft_p99_s']:.3f} | {m['e2e_p99_s']:.3f} | {m['imbalance']:.2f} | "
                      f"{m['errors']:.0f} | {m['cpu_s']:.1f} |")
     if cap:
-        lines += ["", f"SLO capacity (sessions/s with TTFT p99 ≤ {setup.slo_ttft_s} s):", ""]
+        lines += ["", f"SLO capacity (sessions/s with TTFT p99 ≤ {setup.slo_ttft_s} s; the "
+                  "sweep's points are in arena-capacity.csv, with the requests each served):", ""]
         lines += [f"- {k}: {v:.2f}" for k, v in cap.items()]
+        for r in cap_rows or []:
+            lines.append(f"  - {r['scenario']} {r['router']} x{r['rate_scale']:g}: "
+                         f"{r['requests']} requests measured, TTFT p99 {r['ttft_p99_s']:.3f} s, "
+                         f"hit {r['hit']:.1%}")
     (out / f"arena{suffix}.md").write_text("\n".join(lines) + "\n")
     _plot(rows, out, suffix)
     paper = "paper-like"
