@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from planner_svc.planning.stats import imbalance
 from router_client.plan import RoutingPlan
 
 MODE_NAMES = {0: "auto", 1: "planned", 2: "fallback"}
@@ -137,7 +138,10 @@ def plan_dict(plan: RoutingPlan, loads: np.ndarray, top: int) -> dict[str, Any]:
     ids = plan.destination_ids
     table = plan.table
     keys_on = np.bincount(table.members.astype(np.int64), minlength=len(ids))
-    mean = float(loads.mean()) if len(loads) else 0.0
+    live = np.array([not d.draining for d in plan.destinations], bool)
+    weights = np.array([d.capacity_weight for d in plan.destinations], np.float64)
+    if not live.any():
+        live[:] = True
     order = np.argsort(-np.asarray(table.rates, np.float64), kind="stable")[:top]
     return {
         "version": str(plan.version),
@@ -149,7 +153,9 @@ def plan_dict(plan: RoutingPlan, loads: np.ndarray, top: int) -> dict[str, Any]:
         "admitted_keys": len(table),
         "admitted_rate_share": plan.stats.admitted_rate_share,
         "cold_tail_rate_per_s": plan.stats.cold_tail_rate_per_s,
-        "imbalance_max_over_mean": float(loads.max()) / mean if mean > 0 else 1.0,
+        # the one definition (planning.stats): max(load/w) / (Σ load / Σ w), live destinations
+        "imbalance_max_over_mean": imbalance(np.asarray(loads, np.float64)[live],
+                                             weights[live]) if len(loads) else 1.0,
         "destinations": [
             {
                 "id": d.id,

@@ -30,6 +30,7 @@ from functools import cached_property
 
 import numpy as np
 
+from planner_svc.planning.stats import imbalance as stats_imbalance
 from router_client.plan import DestinationSpec, RoutingPlan
 
 # The destinations as they are now (ids, draining flags, capacity weights).
@@ -168,13 +169,13 @@ def _loads(
 
 
 def imbalance(plan: RoutingPlan, loads: np.ndarray, fleet: Fleet | None = None) -> float:
-    """max/mean of load relative to capacity weight over live destinations (1.0 when idle)."""
+    """`planning.stats.imbalance` (the one definition) over the live destinations."""
     dests = fleet_of(plan, fleet)
     live = np.array([not d.draining for d in dests])
     weights = np.array([d.capacity_weight for d in dests], np.float64)
-    relative = (loads / weights)[live] if live.any() else loads / weights
-    mean = float(relative.mean()) if len(relative) else 0.0
-    return float(relative.max()) / mean if mean > 0 else 1.0
+    if not live.any():
+        live = np.ones(len(dests), bool)
+    return stats_imbalance(np.asarray(loads, np.float64)[live], weights[live])
 
 
 def _pair_codes(

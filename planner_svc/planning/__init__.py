@@ -2,7 +2,8 @@
 
 Pure: plain data, numpy and `router_client.plan` types in and out; no I/O, no clocks unless one is
 passed in. `build_plan` plans from scratch; `repack` replans from an installed plan with minimum
-churn; `evaluate` predicts what an installed plan does under new rates; `diff` compares plans.
+churn; `diff` compares plans. What an installed plan does under new rates is
+`planner_svc.control.traffic` (the control loop's one load projection).
 """
 
 from planner_svc.planning.admission import Admission, admit, replica_counts
@@ -10,22 +11,18 @@ from planner_svc.planning.build import build_plan
 from planner_svc.planning.config import PlanningConfig
 from planner_svc.planning.diff import PlanDiff, diff
 from planner_svc.planning.errors import PlanningError
-from planner_svc.planning.evaluate import PlanEvaluation, evaluate, plan_key_rates
 from planner_svc.planning.repack import repack
 from planner_svc.planning.stats import imbalance, table_loads
 
 __all__ = [
     "Admission",
     "PlanDiff",
-    "PlanEvaluation",
     "PlanningConfig",
     "PlanningError",
     "admit",
     "build_plan",
     "diff",
-    "evaluate",
     "imbalance",
-    "plan_key_rates",
     "repack",
     "replica_counts",
     "table_loads",

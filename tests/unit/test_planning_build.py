@@ -237,11 +237,11 @@ def test_public_api_is_exactly_what_all_lists() -> None:
     import planner_svc.planning as planning
 
     public = {n for n in dir(planning) if not n.startswith("_")}
-    modules = {"admission", "build", "config", "diff", "errors", "evaluate", "placement",
+    modules = {"admission", "build", "config", "diff", "errors", "placement",
                "repack", "stats"}
     assert set(planning.__all__) <= public and public - set(planning.__all__) <= modules
-    assert {"PlanningConfig", "PlanningError", "build_plan", "repack", "evaluate",
-            "PlanEvaluation", "diff", "PlanDiff"} <= set(planning.__all__)
+    assert {"PlanningConfig", "PlanningError", "build_plan", "repack",
+            "diff", "PlanDiff"} <= set(planning.__all__)
 
 
 @settings(max_examples=200, deadline=None)

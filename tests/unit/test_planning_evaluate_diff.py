@@ -1,11 +1,13 @@
-"""evaluate (an installed plan under new rates), diff (what changes between plans), rates."""
+"""The load projection (control.traffic, the one the control loop prices with) against the
+planner's own stats, diff (what changes between plans), rates."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from planner_svc.planning import PlanningConfig, build_plan, diff, evaluate
+from planner_svc.control.traffic import Traffic, expected_loads, imbalance
+from planner_svc.planning import PlanningConfig, build_plan, diff
 from planner_svc.simulator.rates import (
     cap_shares,
     gini,
@@ -16,40 +18,44 @@ from planner_svc.simulator.rates import (
 from router_client.plan import DestinationSpec
 
 
-def test_evaluate_at_the_planning_rates_reproduces_the_plan_stats() -> None:
+def test_projection_at_the_planning_rates_reproduces_the_plan_stats() -> None:
     keys = paper_like_keys(2_000)
     rates = paper_like_rates(2_000, 60.0, seed=1)
     config = PlanningConfig.uniform(6, q_cap=12.0, warm_slots_per_destination=40)
     plan = build_plan(keys, rates, config)
-    ev = evaluate(plan, keys, rates, config)
-    assert ev.expected_load_per_s == pytest.approx(np.array(plan.stats.expected_load_per_s))
-    assert ev.admitted_rate_share == pytest.approx(plan.stats.admitted_rate_share)
-    assert ev.cold_tail_rate_per_s == pytest.approx(plan.stats.cold_tail_rate_per_s)
-    assert ev.imbalance_max_over_mean == pytest.approx(plan.stats.imbalance_max_over_mean)
-    assert ev.overload_rate_per_s == 0.0 and ev.orphaned_keys == 0
+    loads = expected_loads(plan, Traffic(keys, rates))
+    assert loads == pytest.approx(np.array(plan.stats.expected_load_per_s))
+    assert imbalance(plan, loads) == pytest.approx(plan.stats.imbalance_max_over_mean)
 
 
-def test_evaluate_under_new_rates_reports_overload_and_fallback_traffic() -> None:
+def test_projection_under_new_rates_sends_new_keys_to_the_fallback() -> None:
     config = PlanningConfig.uniform(3, q_cap=10.0, warm_slots_per_destination=1)
     plan = build_plan(["a", "b", "c", "tail"], np.array([6.0, 5.0, 4.0, 3.0]), config)
     assert plan.table.as_dict() == {"a": (0,), "b": (1,), "c": (2,)}
     # a triples, c disappears from the key list, a new key shows up: it goes to the fallback.
-    ev = evaluate(plan, ["a", "b", "tail", "new"], np.array([18.0, 5.0, 3.0, 3.0]), config)
-    assert ev.admitted_rate_per_s == 23.0 and ev.cold_tail_rate_per_s == 6.0
-    assert ev.expected_load_per_s.tolist() == [20.0, 7.0, 2.0]
-    assert ev.overloaded_destinations == ("d000",) and ev.overload_rate_per_s == 10.0
-    assert ev.imbalance_max_over_mean == pytest.approx(20.0 / (29.0 / 3))
+    loads = expected_loads(plan, Traffic(["a", "b", "tail", "new"],
+                                         np.array([18.0, 5.0, 3.0, 3.0])))
+    assert loads.tolist() == [20.0, 7.0, 2.0]
+    assert imbalance(plan, loads) == pytest.approx(20.0 / (29.0 / 3))
 
 
-def test_evaluate_sends_keys_of_removed_destinations_to_the_fallback() -> None:
+def test_projection_sends_keys_of_removed_destinations_to_the_fallback() -> None:
     config = PlanningConfig.uniform(3, q_cap=10.0, warm_slots_per_destination=1)
     plan = build_plan(["a", "b", "c"], np.array([6.0, 5.0, 4.0]), config)
-    now = PlanningConfig((DestinationSpec("d001"), DestinationSpec("d002", draining=True),
-                          DestinationSpec("d009")), 10.0, 1)
-    ev = evaluate(plan, ["a", "b", "c"], np.array([6.0, 5.0, 4.0]), now)
-    assert ev.orphaned_keys == 2 and ev.admitted_rate_per_s == 5.0
-    assert ev.expected_load_per_s.tolist() == [10.0, 0.0, 5.0]
-    assert ev.destination_ids == ("d001", "d002", "d009")
+    now = (DestinationSpec("d001"), DestinationSpec("d002", draining=True),
+           DestinationSpec("d009"))
+    loads = expected_loads(plan, Traffic(["a", "b", "c"], np.array([6.0, 5.0, 4.0])), now)
+    assert loads.tolist() == [10.0, 0.0, 5.0]
+
+
+def test_one_imbalance_definition_with_unequal_weights() -> None:
+    """Loads [4, 1] on weights [2, 1]: max(load/w) / (Σ load / Σ w) = 2 / (5/3) = 1.2, from
+    the plan's stats and from the control loop's projection alike."""
+    specs = (DestinationSpec("a", capacity_weight=2.0), DestinationSpec("b"))
+    config = PlanningConfig(specs, 10.0, 1)
+    plan = build_plan(["x", "y"], np.array([4.0, 1.0]), config)
+    assert plan.stats.imbalance_max_over_mean == pytest.approx(1.2)
+    assert imbalance(plan, np.array([4.0, 1.0])) == pytest.approx(1.2)
 
 
 def test_diff_reports_added_removed_moved_and_traffic_shares() -> None:
