@@ -231,15 +231,20 @@ class ControlLoop:
                 "is still rewarming (its hit rate has not settled)"
             )
             return self._emit(now_s, Action.SKIP, reason, figures)
+        action, reason, smaller = self.rule(now_s, figures)
+        return self._emit(now_s, action, reason, figures, needs_smaller_step=smaller)
+
+    def rule(self, now_s: float, figures: Figures) -> tuple[Action, str, bool]:
+        """The install rule (ski rental with hysteresis, dwell and clamp) on `figures`: the
+        one place it is decided, for the loop's own steps and for an operator's replan."""
         since = float("inf") if self._last_install_s is None else now_s - self._last_install_s
-        action, reason, smaller = ski_rental(
+        return ski_rental(
             accumulated=self.accumulated,
             rewarm_cost=figures.rewarm_cost,
             since_install_s=since,
             moved_share=figures.moved_traffic_share,
             settings=self.settings.decision,
         )
-        return self._emit(now_s, action, reason, figures, needs_smaller_step=smaller)
 
     def _usable(self, now_s: float, t: Telemetry | None) -> tuple[Telemetry | None, str]:
         if t is None:

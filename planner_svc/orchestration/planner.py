@@ -458,11 +458,10 @@ class Planner:
     ) -> ReplanResult:
         now = self._clock()
         figures = result.figures
-        worth_it = figures is None or (
-            self._loop.accumulated >= figures.rewarm_cost * (1 + self.tunables.hysteresis)
-        )
-        if not (force or worth_it):
-            reason = "operator replan not installed: staleness below rewarm (use force)"
+        action, why, _smaller = (Action.INSTALL, "", False) if figures is None \
+            else self._loop.rule(now, figures)
+        if not force and action is not Action.INSTALL:
+            reason = f"operator replan not installed: {why} (use force)"
             return dataclasses.replace(
                 result,
                 decision=self._record(now, Action.KEEP, reason, figures, request_id=request_id),
