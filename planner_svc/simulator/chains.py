@@ -4,8 +4,12 @@ A synthetic workload describes conversations: key b has a system prompt of S_b t
 j-th turn of conversation c adds the user's message (u tokens), and its answer (the
 output) joins the next turn's prompt. As content:
 
-    turn j prompt = [system(b)] + [user(c,0), answer(c,0), ..., user(c,j-1), answer(c,j-1)]
-                    + [user(c,j)]                       answer = [answer(c,j)]
+    turn j prompt = [system(b)] + [user(c,0), answer(c,0), ..., user(c,j-1), answer(c,j-1),
+                                   user(c,j)]
+    answer = the same conversation segment, grown by answer(c,j)
+
+(each turn's prompt is a prefix of the next one's, so a conversation is one segment that
+grows; its blocks are evicted from the end, as vLLM evicts a request's tail first)
 
 so turns hit what earlier turns of the same conversation *computed* (an answer is cached
 when its request finishes; a turn sent before that finds only what was there), and every
@@ -24,6 +28,7 @@ from planner_svc.simulator.kvcache import Chain
 from planner_svc.simulator.workload import Workload
 
 _SYSTEM = 1 << 40  # segment-id spaces, so no two kinds of segment share an id
+_CONVERSATION = 1 << 50
 
 
 class ChainBuilder:
@@ -32,7 +37,6 @@ class ChainBuilder:
     def __init__(self, w: Workload, block_tokens: int) -> None:
         self.w = w
         self.bs = block_tokens
-        self._history: dict[int, list[tuple[int, int]]] = {}  # conversation -> segments
         self._conv = w.conv.tolist() if w.conv is not None else None
         self._system = w.system.tolist() if w.system is not None else None
         self._keys = w.key.tolist()
@@ -47,15 +51,11 @@ class ChainBuilder:
             # One growing stream of content per key; the trace's prefix bounds the reuse.
             return [(_SYSTEM + key, self._prompt[i] // bs)], (), self._prefix[i]
         conv = self._conv[i]
-        history = self._history.setdefault(conv, [])
         system = self._system[key]
-        user = self._prompt[i] - self._prefix[i]
-        turn = len(history) // 2
-        user_seg = (conv << 12) | (2 * turn)
-        answer_seg = user_seg | 1
+        spoken = self._prompt[i] - system  # the conversation so far, this question included
         head = [(_SYSTEM + key, system // bs)] if system >= bs else []
-        chain = [*head, *history, (user_seg, user // bs)]
-        answer = [(answer_seg, self._output[i] // bs)]
-        history.append((user_seg, user // bs))
-        history.append(answer[0])
-        return [c for c in chain if c[1] > 0], [a for a in answer if a[1] > 0], None
+        if spoken < bs:
+            return head, (), None
+        conv_seg = _CONVERSATION + conv
+        chain = [*head, (conv_seg, spoken // bs)]
+        return chain, [(conv_seg, (spoken + self._output[i]) // bs)], None

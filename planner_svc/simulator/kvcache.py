@@ -25,9 +25,9 @@ lets the simulator replay millions of requests (bench/simulator.py).
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import math
+from collections import OrderedDict
 from collections.abc import Sequence
 
 Chain = Sequence[tuple[int, int]]  # (segment id, blocks)
@@ -66,7 +66,7 @@ class Holding:
 class BlockCache:
     """See the module doc. Times are the caller's clock (virtual or real seconds)."""
 
-    __slots__ = ("_heap", "_nodes", "_root_children", "_seq", "capacity_blocks", "evicted_blocks",
+    __slots__ = ("_evictable", "_nodes", "_root_children", "capacity_blocks", "evicted_blocks",
                  "used_blocks")
 
     def __init__(self, capacity_blocks: int) -> None:
@@ -76,8 +76,9 @@ class BlockCache:
         self.used_blocks = 0  # cached segment blocks + private (output) blocks
         self.evicted_blocks = 0
         self._nodes: dict[tuple[int, int], _Node] = {}
-        self._heap: list[tuple[float, int, _Node]] = []  # eviction candidates (lazy)
-        self._seq = 0
+        # Unpinned leaf segments with blocks in memory, least recently used first. The
+        # caller's clock only moves forward, so "used last" is "appended last": no heap.
+        self._evictable: OrderedDict[_Node, None] = OrderedDict()
         self._root_children = 0
 
     # --- queries -----------------------------------------------------------------------
@@ -112,43 +113,49 @@ class BlockCache:
         caller waits for one to finish). At most `limit_blocks` count as hits (a trace that
         says how much of a prompt its predecessors share). Call `computed` once the prefill
         end is known."""
-        nodes, path, fresh = self._nodes, [], []
-        matched, parent, need, matching = 0, None, private_blocks, True
+        nodes = self._nodes
+        path: list[_Node] = []
+        grow: list[tuple[_Node, int]] = []  # segments this request computes, to their length
+        matched, parent, parent_uid, need, matching = 0, None, 0, private_blocks, True
         for seg, blocks in chain:
-            key = (parent.uid if parent is not None else 0, seg)
-            node = nodes.get(key)
+            node = nodes.get((parent_uid, seg))
             if node is None:
-                node = _Node(key, parent)
+                node = _Node((parent_uid, seg), parent)
                 need += blocks
                 matching = False
-                fresh.append(node)
+                grow.append((node, blocks))
             else:
-                if matching and node.ready_at <= now and node.cached:
-                    matched += min(node.cached, blocks)
-                if node.cached < blocks:
-                    need += blocks - node.cached
+                cached = node.cached
+                if matching:
+                    if node.ready_at > now:
+                        matching = False
+                    else:
+                        matched += cached if cached < blocks else blocks
+                if cached < blocks:
+                    need += blocks - cached
                     matching = False
-                    fresh.append(node)
-                elif node.ready_at > now:
-                    matching = False
+                    grow.append((node, blocks))
+            node.pins += 1  # pinned first: eviction must not take this request's own prefix
             path.append(node)
-            parent = node
-        for node in path:  # pinned first: eviction must not take this request's own prefix
-            node.pins += 1
-        if not self._make_room(need):
-            for node in path:
-                self._unpin(node, node.last_used)
+            parent, parent_uid = node, node.uid
+        if self.used_blocks + need > self.capacity_blocks and not self._make_room(need):
+            for node in path:  # back as they were: still in the LRU order they had
+                node.pins -= 1
             return None
-        for node, (_seg, blocks) in zip(path, chain, strict=True):
-            if node.cached < blocks:
-                if node.cached == 0:
-                    self._attach(node)
-                self.used_blocks += blocks - node.cached
-                node.cached = blocks
+        evictable = self._evictable
+        for node in path:
+            evictable.pop(node, None)
+        for node, blocks in grow:
+            if node.cached == 0:
+                if blocks == 0:
+                    continue
+                self._attach(node)
+            self.used_blocks += blocks - node.cached
+            node.cached = blocks
         self.used_blocks += private_blocks
         if limit_blocks is not None and matched > limit_blocks:
             matched = limit_blocks
-        return Holding(path, fresh, matched, private_blocks)
+        return Holding(path, [n for n, _ in grow], matched, private_blocks)
 
     def computed(self, holding: Holding, ready_at: float) -> None:
         """The prefill of the request holding `holding` ends at `ready_at`."""
@@ -157,10 +164,19 @@ class BlockCache:
 
     def release(self, holding: Holding, now: float, answer: Chain = ()) -> None:
         """The request finished at `now`: unpin its prompt, and cache `answer` (the output's
-        full blocks, continuing the prompt's chain) in place of its private blocks."""
+        full blocks, continuing the prompt's chain) in place of its private blocks. An answer
+        segment with the same id as the prompt's last one *extends* it (a conversation kept
+        as one growing segment: each turn's prompt is a prefix of the next one's)."""
         self.used_blocks -= holding.private_blocks
         parent = holding.nodes[-1] if holding.nodes else None
         budget = holding.private_blocks
+        if answer and parent is not None and answer[0][0] == parent.key[1]:
+            grow = min(answer[0][1] - parent.cached, budget)
+            if grow > 0:
+                self.used_blocks += grow
+                parent.cached += grow
+                budget -= grow
+            answer = answer[1:]
         for seg, blocks in answer:
             if blocks > budget:
                 break
@@ -186,28 +202,36 @@ class BlockCache:
     def _make_room(self, need: int) -> bool:
         if need > self.capacity_blocks:
             return False
-        heap = self._heap
+        evictable = self._evictable
+        skipped: list[_Node] = []  # the admitting request's own prefix, pinned: kept in place
+        fits = True
         while self.used_blocks + need > self.capacity_blocks:
-            if not heap:
-                return False
-            last_used, _seq, node = heapq.heappop(heap)
-            if (node.pins or node.children or not node.cached or last_used != node.last_used
-                    or self._nodes.get(node.key) is not node):
-                continue  # stale entry
+            if not evictable:
+                fits = False
+                break
+            node = next(iter(evictable))
+            if node.pins:
+                evictable.popitem(last=False)
+                skipped.append(node)
+                continue
             give = min(node.cached, self.used_blocks + need - self.capacity_blocks)
             node.cached -= give  # the segment's tail blocks go first
             self.used_blocks -= give
             self.evicted_blocks += give
             if node.cached == 0:
+                evictable.popitem(last=False)
                 self._detach(node)
-            else:
-                self._push(node)
-        return True
+        for node in reversed(skipped):
+            evictable[node] = None
+            evictable.move_to_end(node, last=False)
+        return fits
 
     def _attach(self, node: _Node) -> None:
         self._nodes[node.key] = node
-        if node.parent is not None:
-            node.parent.children += 1
+        parent = node.parent
+        if parent is not None:
+            parent.children += 1
+            self._evictable.pop(parent, None)  # no longer a leaf
         else:
             self._root_children += 1
 
@@ -218,7 +242,10 @@ class BlockCache:
             self._root_children -= 1
             return
         parent.children -= 1
-        self._candidate(parent)
+        if not parent.pins and not parent.children and parent.cached:
+            # A leaf again, and as old as the child just evicted: next in line.
+            self._evictable[parent] = None
+            self._evictable.move_to_end(parent, last=False)
 
     def _unpin(self, node: _Node, now: float) -> None:
         node.pins -= 1
@@ -227,21 +254,9 @@ class BlockCache:
 
     def _candidate(self, node: _Node) -> None:
         if not node.pins and not node.children and node.cached:
-            self._push(node)
-
-    def _push(self, node: _Node) -> None:
-        self._seq += 1
-        heapq.heappush(self._heap, (node.last_used, self._seq, node))
-        if len(self._heap) > 4 * len(self._nodes) + 1024:
-            self._compact()
-
-    def _compact(self) -> None:
-        """Drop stale heap entries (each node is pushed again whenever it changes)."""
-        live = [e for e in self._heap
-                if not e[2].pins and not e[2].children and e[2].cached
-                and e[0] == e[2].last_used and self._nodes.get(e[2].key) is e[2]]
-        heapq.heapify(live)
-        self._heap = live
+            evictable = self._evictable
+            evictable[node] = None
+            evictable.move_to_end(node)
 
 
 def blocks_of(tokens: int, block_tokens: int) -> int:
