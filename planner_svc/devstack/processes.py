@@ -152,6 +152,19 @@ class Broker:
         return f"127.0.0.1:{self.port}"
 
 
+def start_listening(name: str, argv: list[str], log: Path, port: int,
+                    timeout_s: float) -> ManagedProcess:
+    """Start a server and wait until it accepts on 127.0.0.1:`port`; if it exits or never
+    listens, stop it and raise with the end of its log."""
+    proc = ManagedProcess(name, argv, log)
+    proc.start()
+    assert proc.proc is not None
+    if not wait_for_port("127.0.0.1", port, timeout_s, proc.proc):
+        proc.stop()
+        raise ServerStartError(f"{name} did not listen on {port}:\n{proc.log_tail()}")
+    return proc
+
+
 def start_broker(workdir: Path, port: int | None = None, timeout_s: float = 20.0) -> Broker:
     port = port or free_port()
     url = f"tcp://127.0.0.1:{port}"
@@ -165,12 +178,7 @@ def start_broker(workdir: Path, port: int | None = None, timeout_s: float = 20.0
         "--storage-engine",
         "memory://tansu/",
     ]
-    proc = ManagedProcess("broker", argv, workdir / f"broker-{port}.log")
-    proc.start()
-    assert proc.proc is not None
-    if not wait_for_port("127.0.0.1", port, timeout_s, proc.proc):
-        proc.stop()
-        raise ServerStartError(f"broker did not listen on {port}:\n{proc.log_tail()}")
+    proc = start_listening("broker", argv, workdir / f"broker-{port}.log", port, timeout_s)
     return Broker(port, proc)
 
 
@@ -217,12 +225,7 @@ def start_redis(
         "always",
         *(extra_args or []),
     ]
-    proc = ManagedProcess("redis", argv, workdir / f"redis-{port}.log")
-    proc.start()
-    assert proc.proc is not None
-    if not wait_for_port("127.0.0.1", port, timeout_s, proc.proc):
-        proc.stop()
-        raise ServerStartError(f"redis-server did not listen on {port}:\n{proc.log_tail()}")
+    proc = start_listening("redis-server", argv, workdir / f"redis-{port}.log", port, timeout_s)
     return RedisServer(port, proc, datadir)
 
 
