@@ -202,6 +202,7 @@ class StreamWorker:
             return  # revoked meanwhile: the new owner counts these
         if not self.counters.first_events_at_s:
             self.counters.first_events_at_s = time.time()
+        self._check_log_reset(p, proc)
         outcome = proc.process(messages, now_ms())
         self.counters.last_events_at_s = time.time()
         await self._publish_rejects(p, outcome.rejected)
@@ -219,13 +220,25 @@ class StreamWorker:
                 caught_up = self.counters.lag_by_partition.get(p, 0) == 0
                 await self._publish_windows(proc, proc.tick(now, caught_up))
 
-    def _update_lag(self, p: int, proc: PartitionProcessor) -> None:
+    def _highwater(self, p: int) -> int | None:
         try:
             high = self.app.consumer.highwater(TopicPartition(self.settings.events_topic, p))
         except Exception:  # consumer not ready during a rebalance
-            return
+            return None
+        return None if high is None else int(high)
+
+    def _check_log_reset(self, p: int, proc: PartitionProcessor) -> None:
+        high = self._highwater(p)
+        if high is not None and p not in self.recovering and proc.log_reset(high, now_ms()):
+            log.warning("partition %d: the log ends at offset %d, below the %d already read "
+                        "(topic re-created or broker storage lost): counting from the new log",
+                        p, high, proc.next_offset)
+
+    def _update_lag(self, p: int, proc: PartitionProcessor) -> None:
+        self._check_log_reset(p, proc)
+        high = self._highwater(p)
         if high is not None:
-            self.counters.lag_by_partition[p] = max(0, int(high) - proc.next_offset)
+            self.counters.lag_by_partition[p] = max(0, high - proc.next_offset)
 
     # -- publishing ------------------------------------------------------------------
 

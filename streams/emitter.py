@@ -26,10 +26,11 @@ import threading
 import time
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka import KafkaError, KafkaException
 
 from cacheroute.v1 import events_pb2
 from streams.partitioning import partition_for_key
+from streams.producer import RenewingProducer
 
 log = logging.getLogger(__name__)
 _REQUEST, _CACHE_HIT, _ERROR = 1, 2, 3
@@ -65,7 +66,7 @@ class EventEmitter:
         config = {"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",
                   "linger.ms": 5, "message.max.bytes": 4 << 20}
         config.update({_property(k): v for k, v in kafka_config.items()})
-        self._producer = Producer(config)
+        self._producer = RenewingProducer(config)
         self._lock = threading.Lock()
         self._pending: list[tuple] = []
         self._sequence = 0

@@ -26,6 +26,7 @@ class StreamCounters:
     lag_by_partition: dict[int, int] = field(default_factory=dict)
     assigned_partitions: int = 0
     recovering_partitions: int = 0
+    log_resets: int = 0
     # Wall-clock seconds of the first and the latest message that carried events
     # (throughput = events / (last - first) without trusting an outside observer).
     first_events_at_s: float = 0.0
@@ -76,6 +77,8 @@ class _Collector(Collector):
             ("overflow_events", "Events of keys beyond the tracked-key cap.", c.overflow_events),
             ("messages", "Kafka messages processed.", c.messages),
             ("snapshots_published", "Snapshot parts published.", c.snapshots_published),
+            ("log_resets", "Partition logs found shorter than what was read (topic lost or "
+             "re-created): counting restarted from the new log.", c.log_resets),
         ):
             yield CounterMetricFamily(f"{p}_{name}", text, value=value)
         for name, text, g in (

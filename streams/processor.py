@@ -117,6 +117,22 @@ class PartitionProcessor:
             offsets.extend([offset] * len(batch))
         return columns_of(events, offsets) if events else None
 
+    def log_reset(self, log_end: int, now_ms: int) -> bool:
+        """Whether the partition's log now ends below what this state has read, and if
+        so start over on the new log. A Kafka log never shrinks: a shorter one was
+        deleted and created again, or the broker lost its storage. Its offsets begin
+        at 0 again; without this every new message would look already counted (below
+        `next_offset`) and the windows would stay empty while claiming to be complete.
+        Events the old log held but this state had not read are gone with it, so
+        windows that began before now are marked recovering. Repeats that the new
+        log may carry (producer retries) are still dropped by producer sequence."""
+        if log_end >= self.next_offset:
+            return False
+        self.next_offset = 0
+        self.complete_since_ms = max(self.complete_since_ms or 0, now_ms)
+        self.counters.log_resets += 1
+        return True
+
     def is_complete(self, window: WindowResult) -> bool:
         """Whether `window` holds every event of its range (False: recovering)."""
         return self.complete_since_ms is None or window.window_start_ms >= self.complete_since_ms

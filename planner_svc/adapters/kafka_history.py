@@ -23,12 +23,12 @@ from confluent_kafka import (
     Consumer,
     KafkaError,
     KafkaException,
-    Producer,
     TopicPartition,
 )
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from router_client.plan import Version
+from streams.producer import RenewingProducer
 
 log = logging.getLogger("cacheroute.planner.history")
 KEEP_DECISIONS = 1000
@@ -62,7 +62,7 @@ class KafkaHistory:
     def __init__(self, bootstrap: str, topic: str, **kafka_config: Any) -> None:
         self._bootstrap, self._topic, self._config = bootstrap, topic, kafka_config
         ensure_topic(bootstrap, topic)
-        self._producer = Producer(
+        self._producer = RenewingProducer(
             {
                 "bootstrap.servers": bootstrap,
                 "enable.idempotence": True,
@@ -70,7 +70,8 @@ class KafkaHistory:
                 "linger.ms": 5,
                 "message.max.bytes": 256 * 1024 * 1024,
                 **kafka_config,
-            }
+            },
+            stall_s=4.0,  # an install waits for this flush: replace a forgotten producer soon
         )
         self._plans: list[Version] = []
 

@@ -19,6 +19,7 @@ import grpc
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from cacheroute.v1 import planner_pb2, planner_pb2_grpc
+from planner_svc.adapters.kafka_history import ensure_topic
 from planner_svc.devstack.processes import (
     Broker,
     ManagedProcess,
@@ -29,6 +30,7 @@ from planner_svc.devstack.processes import (
     start_broker,
     start_redis,
 )
+from planner_svc.settings import PlannerSettings
 
 
 @dataclass(frozen=True)
@@ -131,6 +133,9 @@ def create_topics(bootstrap: str, options: StackOptions) -> None:
         except Exception as exc:
             if "TOPIC_ALREADY_EXISTS" not in str(exc):
                 raise ServerStartError(f"could not create topic {topic}: {exc}") from exc
+    # The planner creates its compacted history topic at start; a broker that lost its
+    # storage under a running planner would otherwise auto-create it uncompacted.
+    ensure_topic(bootstrap, PlannerSettings().state_topic)
 
 
 def start_worker(stack: LocalStack, index: int) -> ManagedProcess:

@@ -132,3 +132,19 @@ def test_a_dead_letter_always_fits_the_topic():
     assert len(letter.SerializeToString()) < 2 << 20
     small = dead_letter(Rejected("late", "d", b"abc", 1), topic="t", partition=0, now_ms=5)
     assert small.raw == b"abc" and small.detail == "d"
+
+
+def test_a_log_that_starts_over_is_counted_from_its_new_offsets():
+    # The broker lost its storage (or the topic was re-created): offsets begin at 0 again.
+    proc = PartitionProcessor(0, CFG)
+    proc.process([(o, batch(req(o + 1))) for o in range(5)], NOW)
+    assert not proc.log_reset(5, NOW)  # the log still ends where we are: nothing to do
+    assert proc.log_reset(2, NOW + 1_000)  # shorter than what was read: a new log
+    proc.process([(0, batch(req(6))), (1, batch(req(7)))], NOW + 1_000)
+    assert total_requests(proc) == 7
+    assert proc.counters.log_resets == 1
+    # windows that began before the loss may lack what the old log held unread
+    assert proc.complete_since_ms == NOW + 1_000
+    # the producer's repeats in the new log are still dropped by sequence
+    proc.process([(2, batch(req(7), req(8)))], NOW + 1_000)
+    assert total_requests(proc) == 8
