@@ -75,12 +75,12 @@ class Traffic(threading.Thread):
 
     def __init__(self, bootstrap: str, topic: str, dests: list[str]) -> None:
         super().__init__(daemon=True)
-        self.args_ = (bootstrap, topic, dests)
+        self.dests = dests
+        self.emitter = EventEmitter(bootstrap, topic, producer_id="soak")
         self.stop = threading.Event()
 
     def run(self) -> None:
-        bootstrap, topic, dests = self.args_
-        emitter = EventEmitter(bootstrap, topic, producer_id="soak")
+        dests, emitter = self.dests, self.emitter
         rng = np.random.default_rng(5)
         rates = np.full(HOT, 8.0)
         while not self.stop.is_set():
@@ -116,8 +116,10 @@ class VersionLog(threading.Thread):
 
     def poll(self) -> None:
         lay = Layout()
-        members = self.r.zrange(lay.versions, 0, -1)
-        versions = [parse_member(m) for m in members]
+        versions = []
+        for m in self.r.zrange(lay.versions, 0, -1):
+            with contextlib.suppress(ValueError):  # junk a hostile writer put in the index
+                versions.append(parse_member(m))
         digests = self.r.mget([lay.digest(v) for v in versions]) if versions else []
         for v, d in zip(versions, digests, strict=True):
             if d is None:
@@ -128,6 +130,9 @@ class VersionLog(threading.Thread):
 
 
 class Soak:
+    # The planner reaches Redis through a proxy that can corrupt a publication in flight.
+    corrupt_in_flight = True
+
     def __init__(self, workdir: Path, seed: int) -> None:
         self.workdir = workdir
         self.rng = random.Random(seed)
@@ -155,9 +160,11 @@ class Soak:
         self.redis = start_redis(self.workdir)
         create_topics(s.bootstrap, self.options)
         s.workers = [start_worker(s, 0)]
-        self.planner_proxy = FaultProxy(self.redis.port).start()
-        # The planner reaches Redis through its proxy (corrupt publications in flight).
-        s.redis = RedisServer(self.planner_proxy.port, self.redis.process, self.redis.datadir)
+        self.planner_proxy: FaultProxy | None = None
+        s.redis = self.redis
+        if self.corrupt_in_flight:
+            self.planner_proxy = FaultProxy(self.redis.port).start()
+            s.redis = RedisServer(self.planner_proxy.port, self.redis.process, self.redis.datadir)
         s.planner = start_planner(s)
         wait_for_planner(s)
         self.routers_proxy = FaultProxy(self.redis.port).start()
@@ -213,7 +220,8 @@ class Soak:
         self.versions.join(5)
         self.channel.close()
         self.routers_proxy.stop()
-        self.planner_proxy.stop()
+        if self.planner_proxy is not None:
+            self.planner_proxy.stop()
         assert self.stack.broker is not None
         for p in (self.stack.planner, *self.stack.workers, self.redis.process,
                   self.stack.broker.process):  # fmt: skip
@@ -280,7 +288,9 @@ class Soak:
         self.not_converged.append(f"{kind}: {[str(c.version) for c in self.clients]}")
 
     def sample(self) -> None:
-        conns = self.routers_proxy.open_connections() + self.planner_proxy.open_connections()
+        conns = self.routers_proxy.open_connections()
+        if self.planner_proxy is not None:
+            conns += self.planner_proxy.open_connections()
         self.samples.append((time.monotonic(), rss_mb(), open_fds() - 2 * conns))
 
     def run(self, minutes: float, fault_every_s: float) -> dict[str, Any]:
@@ -328,7 +338,8 @@ class Soak:
             "versions_applied": sum(len(h.applied) for h in self.histories),
             "rejections": sum(c.follower.rejections for c in self.clients),
             "delta_fallbacks": sum(c.follower.delta_fallbacks for c in self.clients),
-            "corrupted_publications": self.planner_proxy.stats.corrupted,
+            "corrupted_publications": (self.planner_proxy.stats.corrupted
+                                       if self.planner_proxy is not None else 0),
             "rss_warm_mb": round(baseline[1], 1),
             "rss_end_mb": round(rss_end, 1),
             "rss_growth_pct": round(100 * (rss_end - baseline[1]) / baseline[1], 2),

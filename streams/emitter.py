@@ -10,10 +10,15 @@ and counted in `.dropped`. A background thread groups buffered events by the
 partition of their routing key (`streams.partitioning`), packs up to
 `batch_max_events` of them into one `EventBatch` message per partition, and
 produces it with an idempotent producer (acks=all). Each event carries this
-emitter's `producer_id` and a sequence number that grows by one per event, so
+emitter's producer id and a sequence number that grows by one per event, so
 the stream can drop duplicates; within a partition the sequences increase,
-which is the contract `streams.dedup` relies on. Use one `producer_id` per
-emitter instance (the default adds host, pid and a random suffix).
+which is the contract `streams.dedup` relies on.
+
+The producer id on the wire is the given `producer_id` plus a random incarnation
+suffix (`gateway` -> `gateway.3fa2b1c0`): sequences start at 1 in every process, so
+two emitters sharing one id (gateway replicas with one config, a restarted process)
+would otherwise share a sequence space, and the stream would drop the newer one's
+events as repeats until its sequence passed the old high-water mark.
 """
 
 from __future__ import annotations
@@ -59,7 +64,7 @@ class EventEmitter:
         if not producer_id:
             raise ValueError("producer_id must be non-empty")
         self.topic = topic
-        self.producer_id = producer_id
+        self.producer_id = f"{producer_id}.{secrets.token_hex(4)}"  # see the module docstring
         self.batch_max_events = batch_max_events
         self.linger_s = linger_ms / 1000.0
         self.buffer_max_events = buffer_max_events

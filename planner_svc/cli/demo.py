@@ -83,7 +83,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         print("CacheRoute stack is up (Ctrl-C stops everything):\n" + describe(stack), flush=True)
         while True:  # a component that dies is restarted; the others keep running
             for name in supervisor.check():
-                print(f"supervisor: restarted {name} (restart {supervisor.restarts[name]}; "
+                print(f"supervisor: restarted {name} (restart {supervisor.restarted[name]}; "
                       "see its log)", file=sys.stderr, flush=True)
             time.sleep(0.5)
     except KeyboardInterrupt:

@@ -12,6 +12,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -242,7 +243,8 @@ class Supervisor:
     def __init__(self, stack: LocalStack, max_backoff_s: float = 30.0) -> None:
         self.stack = stack
         self.max_backoff_s = max_backoff_s
-        self.restarts: dict[str, int] = {}
+        self.restarts: dict[str, int] = {}  # since the component last stayed up (backoff)
+        self.restarted: Counter[str] = Counter()  # in total
         self._next: dict[str, float] = {}
         self._up_since: dict[str, float] = {}
 
@@ -250,7 +252,7 @@ class Supervisor:
         """Restart dead components whose backoff has passed; the names restarted."""
         now = time.monotonic() if now is None else now
         done = []
-        for name, proc in self._components():
+        for name, proc in self.components():
             if proc.alive():
                 if now - self._up_since.get(name, now) > 60.0:
                     self.restarts[name] = 0
@@ -265,11 +267,12 @@ class Supervisor:
                 print(f"supervisor: {name} did not restart: {exc}", file=sys.stderr)
                 continue
             self.restarts[name] = n + 1
+            self.restarted[name] += 1
             self._up_since[name] = now
             done.append(name)
         return done
 
-    def _components(self) -> list[tuple[str, ManagedProcess]]:
+    def components(self) -> list[tuple[str, ManagedProcess]]:
         s = self.stack
         out = []
         if s.broker is not None:

@@ -9,6 +9,7 @@ import os
 import stat
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 import grpc
@@ -16,7 +17,7 @@ import pytest
 import redis
 from confluent_kafka import Producer
 
-from cacheroute.v1 import plan_pb2, planner_pb2, planner_pb2_grpc, snapshot_pb2
+from cacheroute.v1 import plan_pb2, planner_pb2, planner_pb2_grpc
 from planner_svc.adapters.snapshot_consumer import SnapshotConsumer
 from planner_svc.devstack.processes import RedisServer
 from planner_svc.devstack.stack import StackOptions, create_topics
@@ -26,7 +27,15 @@ from router_client.layout import Layout
 from router_client.plan import Version
 from router_client.redis_source import RedisPlanSource
 from streams.assembly import SnapshotLimits
-from streams.columns import encode_keys
+from streams.emitter import EventEmitter
+from streams.processor import MAX_DEAD_LETTER_RAW
+from tests.faults.hostile import JUNK_POINTERS, forged_request, forged_snapshot, oversized_garbage
+from tests.integration.test_stream_support import (
+    SnapshotLog,
+    dead_letters,
+    make_topics,
+    start_worker,
+)
 from tests.service.harness import DESTS, feed, planner_settings
 from tests.waiting import eventually
 
@@ -50,20 +59,6 @@ def planner(redis_server: RedisServer, tmp_path: Path):
 
 # 1. A forged snapshot does not steer the planner ------------------------------------------
 
-def forged_snapshot(end_ms: int, partitions: int) -> bytes:
-    s = snapshot_pb2.RateSnapshot(window_start_ms=end_ms - 10_000, window_end_ms=end_ms,
-                                  source_partition=0, partition_count=partitions,
-                                  part_index=0, part_count=1, worker_id="evil")
-    keys = [f"forged-{i}" for i in range(5)]
-    s.keys.keys = encode_keys(keys)
-    s.keys.rate_per_s.extend([5000.0] * 5)
-    for name in ("ewma_rate_per_s", "prompt_tokens", "cached_tokens", "reuse_fraction",
-                 "interarrival_cv", "reusable_prefix_tokens"):
-        getattr(s.keys, name).extend([0.0] * 5)
-    s.keys.requests.extend([50_000] * 5)
-    return s.SerializeToString()
-
-
 def test_1_forged_snapshots_are_refused(broker, tmp_path):
     topic, events = f"snap-{os.getpid()}-{time.time_ns()}", f"ev-{time.time_ns()}"
     create_topics(broker.bootstrap, StackOptions(events_topic=events, snapshots_topic=topic,
@@ -85,12 +80,74 @@ def test_1_forged_snapshots_are_refused(broker, tmp_path):
         consumer.stop()
 
 
+# 2 and 3. Events cannot blind the telemetry; an oversized message loses nothing -------------
+
+def _telemetry(broker, tmp_path):
+    topics = make_topics(broker.bootstrap, partitions=2)
+    worker = start_worker(broker.bootstrap, topics, tmp_path, "--window-s", "600", "--hop-s", "2")
+    return topics, worker, SnapshotLog(broker.bootstrap, topics.snapshots)
+
+
+def _real_events(em: EventEmitter, n: int) -> None:
+    for i in range(n):
+        em.emit_request(f"k-{i % 20}", "engine-00", prompt_tokens=10)
+    assert em.flush(10) == 0
+
+
+def _hostile(bootstrap: str, topic: str, messages: list[tuple[int, bytes]]) -> None:
+    p = Producer({"bootstrap.servers": bootstrap, "message.max.bytes": 8 << 20})
+    for partition, value in messages:
+        p.produce(topic, value=value, partition=partition)
+    assert p.flush(15) == 0
+
+
+def _all_counted(snaps, n: int) -> bool:
+    return snaps.wait_for(lambda w: not w.recovering and int(w.requests.sum()) == n,
+                          timeout_s=60) is not None
+
+
+def test_2_future_events_and_forged_sequences_are_dead_lettered_real_ones_all_count(
+        broker, tmp_path):
+    topics, worker, snaps = _telemetry(broker, tmp_path)
+    try:
+        with EventEmitter(broker.bootstrap, topics.events, producer_id="real") as em:
+            _real_events(em, 200)
+            now = int(time.time() * 1000)
+            _hostile(broker.bootstrap, topics.events,
+                     [(p, forged_request("evil-clock", 1 + p, now + 290_000)) for p in (0, 1)]
+                     + [(p, forged_request(em.producer_id, 2**64 - 1, now)) for p in (0, 1)])
+            _real_events(em, 200)  # after the attack: none of these may be "late" or repeats
+        assert _all_counted(snaps, 400), worker.log_tail(20)
+        reasons = Counter(d.reason for d in dead_letters(broker.bootstrap, topics.deadletter))
+        assert reasons == {"timestamp_future": 2, "sequence_jump": 2}
+    finally:
+        snaps.close()
+        worker.stop()
+
+
+def test_3_an_oversized_message_is_dead_lettered_cut_to_size_and_nothing_is_lost(
+        broker, tmp_path):
+    topics, worker, snaps = _telemetry(broker, tmp_path)
+    try:
+        pid = worker.pid
+        with EventEmitter(broker.bootstrap, topics.events, producer_id="real") as em:
+            _real_events(em, 200)
+            _hostile(broker.bootstrap, topics.events, [(0, oversized_garbage(3 << 20))])
+            _real_events(em, 200)
+        assert _all_counted(snaps, 400), worker.log_tail(20)
+        assert worker.alive() and worker.pid == pid  # no crash, no restart
+        (letter,) = dead_letters(broker.bootstrap, topics.deadletter)
+        assert letter.reason == "undecodable"
+        assert len(letter.raw) == MAX_DEAD_LETTER_RAW
+        assert f"raw truncated from {3 << 20} bytes" in letter.detail and "sha256=" in letter.detail
+    finally:
+        snaps.close()
+        worker.stop()
+
+
 # 4. One Redis write does not wedge the planner ---------------------------------------------
 
-PAST_WHAT_IS_STORED = b"0000000000000001ffffffffffffffff " + b"00" * 32  # version 1.2^64-1
-
-
-@pytest.mark.parametrize("junk", [b"hello world", PAST_WHAT_IS_STORED])
+@pytest.mark.parametrize("junk", JUNK_POINTERS)
 def test_4_a_junk_pointer_is_repaired_and_installs_go_on(planner, redis_server, junk):
     r = redis.Redis.from_url(redis_server.url)
     lay = Layout()
