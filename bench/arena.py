@@ -40,12 +40,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from planner_svc.devstack.engines import EngineFleet, start_engines  # noqa: E402
+from planner_svc.devstack.llama import LlamaFleet, LlamaOptions, start_llama_fleet  # noqa: E402
 from planner_svc.devstack.routers import RouterSpec, peer_versions, start_routers  # noqa: E402
 from planner_svc.devstack.stack import LocalStack, StackOptions, start_stack  # noqa: E402
 from planner_svc.devstack.traffic import Driver, Record  # noqa: E402
 from planner_svc.simulator.sessions import SCENARIOS, Scenario, population, sessions  # noqa: E402
 
 OUT = ROOT / "docs" / "results" / "arena"
+Fleet = EngineFleet | LlamaFleet
 ROUTERS = [
     RouterSpec("cacheroute", "cacheroute"),
     RouterSpec("sglang cache_aware", "sglang", "cache_aware"),
@@ -58,6 +60,7 @@ REPLICATED = {"cacheroute", "sglang cache_aware", "vllm cache_aware"}  # statefu
 
 @dataclass(frozen=True)
 class Setup:
+    engine_kind: str  # "emulator" or "llama" (real llama-server processes)
     engines: int
     time_scale: float
     kv_tokens: int
@@ -67,15 +70,16 @@ class Setup:
     slo_ttft_s: float
 
 
-def summarise(records: list[Record], warmup_s: float,
-              stats: list[dict[str, Any]]) -> dict[str, Any]:
+def summarise(records: list[Record], warmup_s: float, loads: list[float]) -> dict[str, Any]:
+    """`loads`: what each engine served in the measured part (requests for the emulator,
+    prompt tokens for llama-server, which counts no requests)."""
     measured = [r for r in records if r.sent_s >= warmup_s]
     ok = [r for r in measured if r.ok]
     prompt = sum(r.prompt_tokens for r in ok)
     cached = sum(r.cached_tokens for r in ok)
     ttft = np.array([r.ttft_s for r in ok]) if ok else np.array([math.nan])
     e2e = np.array([r.e2e_s for r in ok]) if ok else np.array([math.nan])
-    per_engine = np.array([s["requests"] for s in stats], dtype=float)
+    per_engine = np.array(loads, dtype=float)
     return {
         "requests": len(measured),
         "errors": len(measured) - len(ok),
@@ -88,10 +92,10 @@ def summarise(records: list[Record], warmup_s: float,
 
 
 def run_one(spec: RouterSpec, replicas: int, scenario: Scenario, seed: int, setup: Setup,
-            fleet: EngineFleet, stack: LocalStack, work: Path, rate_scale: float,
+            fleet: Fleet, stack: LocalStack, work: Path, rate_scale: float,
             label: str) -> dict[str, Any]:
     for engine in fleet.urls:
-        fleet.control(engine, "reset", {})
+        fleet.reset(engine)
     cacheroute = {"redis-url": stack.redis_url, "public-key": str(stack.public_key_path),
                   "bootstrap": stack.bootstrap, "max-plan-age-s": "3600"}
     routers = start_routers(spec, replicas, fleet.urls, work, cacheroute=cacheroute)
@@ -116,11 +120,10 @@ def run_one(spec: RouterSpec, replicas: int, scenario: Scenario, seed: int, setu
         warm: dict[str, list[Any]] = {}
         records = asyncio.run(_drive_after(driver, plan, total, setup.warmup_s, fleet, warm,
                                            progress))
-        after = [fleet.control(e, "stats") for e in fleet.urls]
+        after = [fleet.load(e) for e in fleet.urls]
         print(file=sys.stderr)
-        stats = [{"requests": a["requests"] - b["requests"]}
-                 for a, b in zip(after, warm["stats"], strict=True)]
-        row = summarise(records, setup.warmup_s, stats)
+        loads = [a - b for a, b in zip(after, warm["loads"], strict=True)]
+        row = summarise(records, setup.warmup_s, loads)
         row.update(router=spec.name, replicas=replicas, scenario=scenario.name, seed=seed,
                    rate_scale=rate_scale, cpu_s=routers.cpu_seconds() - cpu0,
                    router_rss_mb=routers.peak_rss_mb())
@@ -130,13 +133,12 @@ def run_one(spec: RouterSpec, replicas: int, scenario: Scenario, seed: int, setu
 
 
 async def _drive_after(driver: Driver, plan: list[Any], total: float, warmup_s: float,
-                       fleet: EngineFleet, warm: dict[str, list[Any]],
+                       fleet: Fleet, warm: dict[str, list[Any]],
                        progress: Any) -> list[Record]:
     """Run the traffic; snapshot the engines' counters when the warm-up ends."""
     async def mark() -> None:
         await asyncio.sleep(warmup_s)
-        warm["stats"] = await asyncio.to_thread(
-            lambda: [fleet.control(e, "stats") for e in fleet.urls])
+        warm["loads"] = await asyncio.to_thread(lambda: [fleet.load(e) for e in fleet.urls])
 
     marker = asyncio.create_task(mark())
     records = await driver.run(plan, total, progress)
@@ -144,7 +146,7 @@ async def _drive_after(driver: Driver, plan: list[Any], total: float, warmup_s: 
     return records
 
 
-def capacity(spec: RouterSpec, scenario: Scenario, seed: int, setup: Setup, fleet: EngineFleet,
+def capacity(spec: RouterSpec, scenario: Scenario, seed: int, setup: Setup, fleet: Fleet,
              stack: LocalStack, work: Path, scales: list[float]) -> tuple[float, list[dict]]:
     """The highest offered load (sessions/s) whose TTFT p99 meets the SLO, by a sweep."""
     best, rows = 0.0, []
@@ -165,6 +167,9 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, default=1)
     ap.add_argument("--scenarios", default="paper-like,shared-system-prompt,whale,low-reuse")
     ap.add_argument("--engines", type=int, default=4)
+    ap.add_argument("--engine-kind", choices=("emulator", "llama"), default="emulator",
+                    help="emulated engines, or real llama.cpp llama-server processes on a "
+                    "tiny random model (built on first use; see planner_svc/devstack/llama.py)")
     ap.add_argument("--time-scale", type=float, default=1.0,
                     help="engine model durations x this (1 = a 70B-class replica)")
     ap.add_argument("--kv-tokens", type=int, default=60_000, help="KV cache per engine")
@@ -178,7 +183,10 @@ def main() -> int:
     ap.add_argument("--out", default=str(OUT))
     args = ap.parse_args()
     quick = args.quick
-    setup = Setup(engines=args.engines, time_scale=args.time_scale, kv_tokens=args.kv_tokens,
+    llama = args.engine_kind == "llama"
+    setup = Setup(engine_kind=args.engine_kind, engines=args.engines,
+                  # llama-server runs at its own speed: no time scale
+                  time_scale=1.0 if llama else args.time_scale, kv_tokens=args.kv_tokens,
                   # the warm-up covers CacheRoute's learning: a stream window (6 s) and a
                   # control interval (4 s) before its first plan
                   warmup_s=args.warmup_s or (15.0 if quick else 18.0),
@@ -186,15 +194,21 @@ def main() -> int:
                   rate_scale=args.rate_scale, slo_ttft_s=args.slo_ttft_s)
     names = ["paper-like"] if quick else args.scenarios.split(",")
     scenarios = [SCENARIOS[n].scaled(sessions_per_s=SCENARIOS[n].sessions_per_s
-                                     * args.rate_scale / args.time_scale) for n in names]
+                                     * args.rate_scale / setup.time_scale) for n in names]
     wanted = set(args.routers.split(",")) if args.routers else None
     routers = [r for r in ROUTERS if r.installed and (wanted is None or r.name in wanted)]
     missing = [r.name for r in ROUTERS if not r.installed]
     work = Path(tempfile.mkdtemp(prefix="arena-"))
     t_start = time.monotonic()
-    fleet = start_engines(work, setup.engines, extra=[
-        "--time-scale", str(setup.time_scale), "--kv-tokens", str(setup.kv_tokens),
-        "--faults", "--model", "arena-model"])
+    fleet: Fleet
+    if llama:  # real time: the model's own speed, KV per the host-RAM cache (~527 B/token)
+        (work / "llama").mkdir()
+        fleet = start_llama_fleet(work / "llama", setup.engines, LlamaOptions(
+            cache_ram_mib=max(1, setup.kv_tokens * 527 >> 20)))
+    else:
+        fleet = start_engines(work, setup.engines, extra=[
+            "--time-scale", str(setup.time_scale), "--kv-tokens", str(setup.kv_tokens),
+            "--faults", "--model", "arena-model"])
     stack = start_stack(StackOptions(
         destinations=setup.engines, destination_specs=fleet.destinations(), window_s=6.0,
         hop_s=2.0, interval_s=4.0, q_cap=12.0, warm_slots_per_destination=12,
@@ -255,7 +269,7 @@ def report(rows: list[dict], cap: dict[str, float], setup: Setup, out: Path,
     out.mkdir(parents=True, exist_ok=True)
     keys = ["scenario", "seed", "router", "replicas", "rate_scale", "requests", "errors", "hit",
             "ttft_p50_s", "ttft_p99_s", "e2e_p99_s", "imbalance", "cpu_s", "router_rss_mb"]
-    suffix = "-quick" if quick else ""
+    suffix = ("-llama" if setup.engine_kind == "llama" else "") + ("-quick" if quick else "")
     with open(out / f"arena{suffix}.csv", "w", newline="") as f:
         w = csv.DictWriter(f, keys)
         w.writeheader()
@@ -269,9 +283,15 @@ def report(rows: list[dict], cap: dict[str, float], setup: Setup, out: Path,
                 w.writerow({k: (round(r[k], 4) if isinstance(r[k], float) else r[k])
                             for k in keys})
     lines = [f"# Arena results{' (quick)' if quick else ''}", "",
-             f"Command: `.venv/bin/python bench/arena.py{' --quick' if quick else ''}`; "
-             f"{setup.engines} emulated engines (time scale {setup.time_scale}, "
-             f"{setup.kv_tokens:,} KV tokens each), warm-up {setup.warmup_s:.0f} s then "
+             f"Command: `.venv/bin/python bench/arena.py{' --quick' if quick else ''}"
+             f"{' --engine-kind llama' if setup.engine_kind == 'llama' else ''}`; "
+             + (f"{setup.engines} llama.cpp llama-server processes (tiny random model, one "
+                f"thread each, 2 slots, a host-RAM prompt cache of ~{setup.kv_tokens:,} tokens; "
+                "imbalance by prompt tokens served), "
+                if setup.engine_kind == "llama" else
+                f"{setup.engines} emulated engines (time scale {setup.time_scale}, "
+                f"{setup.kv_tokens:,} KV tokens each), ")
+             + f"warm-up {setup.warmup_s:.0f} s then "
              f"{setup.measure_s:.0f} s measured per run; peers {json.dumps(peer_versions())}; "
              f"whole run {elapsed_s / 60:.1f} min.", ""]
     if missing:
@@ -318,8 +338,10 @@ def report(rows: list[dict], cap: dict[str, float], setup: Setup, out: Path,
         if peer_cap and not math.isnan(peer_cap) else None,
         "peer_versions": peer_versions(),
         "elapsed_min": round(elapsed_s / 60, 2),
-        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
     }
+    if setup.engine_kind == "llama":  # the real-engine fleet's figures, named apart
+        summary = {f"llama_{k}": v for k, v in summary.items()}
+    summary["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
     return summary
 
 

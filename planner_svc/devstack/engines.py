@@ -426,6 +426,14 @@ class EngineFleet:
         with urllib.request.urlopen(req, timeout=10) as resp:
             return json.loads(resp.read())
 
+    def reset(self, engine: str) -> None:
+        """Cold caches, zero counters (the arena's start of a run)."""
+        self.control(engine, "reset", {})
+
+    def load(self, engine: str) -> float:
+        """Requests served so far."""
+        return float(self.control(engine, "stats")["requests"])
+
     def stop(self) -> None:
         self.process.stop()
 
