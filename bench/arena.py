@@ -180,6 +180,9 @@ def main() -> int:
     ap.add_argument("--routers", default="", help="comma-separated names (default: all)")
     ap.add_argument("--capacity-scales", default="1,1.5,2,3,4",
                     help="load multiples of the capacity sweep ('' skips it)")
+    ap.add_argument("--settle-s", type=float, default=15.0,
+                    help="idle time after start-up, before the first run (the stream worker "
+                    "and planner start on the same cores the engines use)")
     ap.add_argument("--out", default=str(OUT))
     args = ap.parse_args()
     quick = args.quick
@@ -213,6 +216,7 @@ def main() -> int:
         destinations=setup.engines, destination_specs=fleet.destinations(), window_s=6.0,
         hop_s=2.0, interval_s=4.0, q_cap=12.0, warm_slots_per_destination=12,
         workdir=str(work / "stack")))
+    time.sleep(args.settle_s)
     rows: list[dict[str, Any]] = []
     cap_rows: list[dict[str, Any]] = []
     try:

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from types import FrameType
 
 from planner_svc.devstack.fleet import (
-    EngineFleet,
     FleetOptions,
+    ModelFleet,
     Tally,
     Workload,
     make_engines,
@@ -139,7 +139,7 @@ def run_demo(stack: LocalStack, options: FleetOptions, duration_s: float) -> Dem
     ).start()
     flat = RouterCore(ids, seed=options.seed + 1)
     emitter = EventEmitter(stack.bootstrap, stack.options.events_topic, producer_id="demo-fleet")
-    planned = EngineFleet(
+    planned = ModelFleet(
         "cacheroute",
         make_engines(ids, options),
         router.route,
@@ -152,7 +152,7 @@ def run_demo(stack: LocalStack, options: FleetOptions, duration_s: float) -> Dem
             k, d, prompt_tokens=p, cached_tokens=c, output_tokens=o, e2e_ms=ms
         ),
     )
-    baseline = EngineFleet(
+    baseline = ModelFleet(
         "flat-lb",
         make_engines(ids, options),
         flat.route,

@@ -82,8 +82,10 @@ Router = Callable[[str], str]
 
 
 @dataclass
-class EngineFleet:
-    """R engines behind one router; `serve` dispatches, `complete` retires finished work."""
+class ModelFleet:
+    """R engines of the replica model (in process, no HTTP) behind one router: the demo's
+    fleet. `serve` dispatches, `complete` retires finished work. (The HTTP engines are
+    `devstack.engines.EngineFleet`.)"""
 
     name: str
     engines: dict[str, Replica]
@@ -185,7 +187,7 @@ class Workload:
 
 def run_fleets(
     workload: Workload,
-    fleets: list[EngineFleet],
+    fleets: list[ModelFleet],
     duration_s: float,
     report_every_s: float,
     report: Callable[[float, list[Tally]], None],
