@@ -27,6 +27,7 @@ from router_client.layered import Members, layer
 from router_client.plan import (
     MAX_PLAN_BYTES,
     SCHEMA,
+    BuiltBy,
     KeyTable,
     RoutingPlan,
     _version_pb,
@@ -41,7 +42,6 @@ from router_client.plan import (
     version_from_pb,
 )
 from router_client.routing import (
-    FALLBACK,
     RoutingTable,
     destination_columns,
     lookup_from_columns,
@@ -148,7 +148,7 @@ def apply_delta(table: RoutingTable, delta: plan_pb2.PlanDelta) -> RoutingTable:
         lookup=lookup,
         created_at_ms=delta.created_at_ms,
         digest=bytes(delta.target_digest),
-        planner_fallback=delta.config.built_by == FALLBACK,
+        planner_fallback=delta.config.built_by == BuiltBy.FALLBACK,
         draining=frozenset(draining),
         addresses=addresses,
         weights=weights,

@@ -85,6 +85,21 @@ def parse_destinations(items: str | Sequence[str]) -> list[DestinationSpec]:
     return specs
 
 
+class BuiltBy:
+    """What made a plan: `PlanConfig.built_by` on the wire (plan.proto). Routers act on one
+    value: a plan built by FALLBACK tells them to route everything by power-of-two-choices
+    (the planner's guard switched to Flat-LB); the others are for people and the audit log."""
+
+    BUILD = "build"  # fresh LPT (planning.build)
+    REPACK = "repack"  # churn-aware repack of the installed plan (planning.repack)
+    FALLBACK = "fallback"  # the installed plan re-published in fallback mode
+    ROLLBACK = "rollback:"  # + the version an operator rolled back to
+
+    @staticmethod
+    def rollback(version: object) -> str:
+        return f"{BuiltBy.ROLLBACK}{version}"
+
+
 @dataclass(frozen=True, slots=True)
 class PlanConfig:
     q_cap: float
@@ -92,7 +107,7 @@ class PlanConfig:
     warm_slots: int
     byte_aware: bool = False
     imbalance_tolerance: float = 0.03
-    built_by: str = "build"
+    built_by: str = BuiltBy.BUILD
 
 
 @dataclass(eq=False)

@@ -68,6 +68,7 @@ from cacheroute.v1 import plan_pb2
 from router_client.errors import NoPlanAvailable, PlanRejected
 from router_client.layered import LayeredLookup, Members, flat
 from router_client.plan import (
+    BuiltBy,
     PlanKeys,
     RoutingPlan,
     Version,
@@ -78,6 +79,7 @@ from router_client.plan import (
 )
 from router_client.rebase import plan_edit
 
+# A router's routing mode (RouterCore.mode, the router status): by the plan, or all by P2C.
 PLANNED = "planned"
 FALLBACK = "fallback"
 
@@ -114,7 +116,7 @@ class RoutingTable:
             lookup=lookup_from_columns(plan.table.keys, plan.table.set_offsets, plan.table.members),
             created_at_ms=plan.created_at_ms,
             digest=digest,
-            planner_fallback=plan.config.built_by == FALLBACK,
+            planner_fallback=plan.config.built_by == BuiltBy.FALLBACK,
             draining=frozenset(i for i, d in enumerate(plan.destinations) if d.draining),
             addresses=tuple(d.address for d in plan.destinations),
             weights=_weights_or_empty(tuple(d.capacity_weight for d in plan.destinations)),
@@ -148,7 +150,7 @@ class RoutingTable:
             lookup=lookup,
             created_at_ms=pb.created_at_ms,
             digest=digest,
-            planner_fallback=pb.config.built_by == FALLBACK,
+            planner_fallback=pb.config.built_by == BuiltBy.FALLBACK,
             draining=frozenset(draining),
             addresses=addresses,
             weights=weights,

@@ -44,6 +44,7 @@ from planner_svc.orchestration.fleet_health import reported_down, with_reported_
 from planner_svc.orchestration.window_view import telemetry_from_window, traffic_from_window
 from planner_svc.planning import PlanDiff, PlanningConfig, build_plan, diff, repack
 from router_client.plan import (
+    BuiltBy,
     DestinationSpec,
     KeyTable,
     PlanStats,
@@ -331,9 +332,9 @@ class Planner:
         """The planned table routers follow (in fallback: the last planned one)."""
         assert self.installed is not None
         plan = self.installed.plan
-        if plan.config.built_by == "fallback":
+        if plan.config.built_by == BuiltBy.FALLBACK:
             for older in reversed(self._plans.values()):
-                if older.config.built_by != "fallback":
+                if older.config.built_by != BuiltBy.FALLBACK:
                     return older
         return plan
 
@@ -402,7 +403,7 @@ class Planner:
             failpoint("publish.after_history")
         self.installed = Installed(versioned, published.digest, now)
         self._remember(versioned)
-        if versioned.config.built_by not in ("fallback",):
+        if versioned.config.built_by != BuiltBy.FALLBACK:
             self._loop.record_install(now, forced=forced)
         self.events.publish("installed", self.version_info(versioned, published.digest))
         log.info(
@@ -420,7 +421,7 @@ class Planner:
 
     def _fallback_plan(self, base: RoutingPlan) -> RoutingPlan:
         """Flat-LB for every key: the same destinations and an empty key table."""
-        config = dataclasses.replace(base.config, built_by="fallback")
+        config = dataclasses.replace(base.config, built_by=BuiltBy.FALLBACK)
         stats = PlanStats(cold_tail_rate_per_s=self.traffic.total_rate if self.traffic else 0.0)
         return RoutingPlan(
             config=config, destinations=base.destinations, table=KeyTable.empty(), stats=stats
@@ -483,7 +484,7 @@ class Planner:
             installed = self._install(
                 dataclasses.replace(
                     target,
-                    config=dataclasses.replace(target.config, built_by=f"rollback:{version}"),
+                    config=dataclasses.replace(target.config, built_by=BuiltBy.rollback(version)),
                 ),
                 now,
                 forced=True,
