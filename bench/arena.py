@@ -287,8 +287,7 @@ def report(rows: list[dict], cap: dict[str, float], setup: Setup, out: Path,
                 w.writerow({k: (round(r[k], 4) if isinstance(r[k], float) else r[k])
                             for k in keys})
     lines = [f"# Arena results{' (quick)' if quick else ''}", "",
-             f"Command: `.venv/bin/python bench/arena.py{' --quick' if quick else ''}"
-             f"{' --engine-kind llama' if setup.engine_kind == 'llama' else ''}`; "
+             "Command: `" + " ".join([".venv/bin/python bench/arena.py", *sys.argv[1:]]) + "`; "
              + (f"{setup.engines} llama.cpp llama-server processes (tiny random model, one "
                 f"thread each, 2 slots, a host-RAM prompt cache of ~{setup.kv_tokens:,} tokens; "
                 "imbalance by prompt tokens served), "

@@ -42,11 +42,13 @@ from prometheus_client.core import CollectorRegistry, CounterMetricFamily, Gauge
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
+from planner_svc.control.guard import Mode
 from planner_svc.control.traffic import expected_loads
+from planner_svc.orchestration.planner import PlannerStatus
 
 PREFIX = "cacheroute_planner_"
 ACTIONS = ("install", "keep", "skip", "fallback", "resume")
-MODES = ("planned", "fallback")
+MODES = tuple(m.value for m in Mode)
 
 
 def _gauge(name: str, help_: str, value: float | None) -> Iterator[Metric]:
@@ -94,11 +96,11 @@ class PlannerCollector(Collector):
         yield from self._control(status, decisions)
         yield from self._traffic(status, traffic, telemetry)
         yield from self._stream(status, telemetry)
-        yield from self._config(status["tunables"])
+        yield from self._config(status.tunables)
 
-    def _plan(self, s: Mapping[str, Any]) -> Iterator[Metric]:
-        installed = s["installed"]
-        yield from _gauge("pinned", "1 while a rollback pins the plan.", float(s["pinned"]))
+    def _plan(self, s: PlannerStatus) -> Iterator[Metric]:
+        installed = s.installed
+        yield from _gauge("pinned", "1 while a rollback pins the plan.", float(s.pinned))
         if installed is None:
             return
         plan = installed.plan
@@ -110,7 +112,7 @@ class PlannerCollector(Collector):
         yield from _gauge("plan_epoch", "Epoch of the installed plan version.", plan.version.epoch)
         yield from _gauge("plan_seq", "Sequence of the installed plan version.", plan.version.seq)
         yield from _gauge("plan_age_seconds", "Seconds since the plan was installed.",
-                          s["installed_age_s"])
+                          s.installed_age_s)
         yield from _gauge("plan_created_timestamp_seconds", "When the plan was built (Unix).",
                           plan.created_at_ms / 1000.0)
         yield from _gauge("plan_build_seconds", "Seconds the installed plan took to build.",
@@ -122,8 +124,8 @@ class PlannerCollector(Collector):
         yield from _gauge("plan_imbalance_ratio", "Max/mean expected load when it was built.",
                           plan.stats.imbalance_max_over_mean)
 
-    def _control(self, s: Mapping[str, Any], decisions: list[Any]) -> Iterator[Metric]:
-        mode = str(s["mode"])
+    def _control(self, s: PlannerStatus, decisions: list[Any]) -> Iterator[Metric]:
+        mode = str(s.mode)
         yield _labelled("mode", "1 for the mode routers are in.", "mode",
                         {m: float(m == mode) for m in MODES})
         yield _labelled("decisions", "Control decisions by action.", "action",
@@ -133,11 +135,11 @@ class PlannerCollector(Collector):
             yield from _gauge("last_install_moved_traffic_ratio",
                               "Traffic share the latest install moved (its churn).",
                               installs[-1].moved_traffic_share)
-        figures = s["figures"]
+        figures = s.figures
         if figures is not None:
             yield from self._figures(figures)
         yield from _gauge("staleness_accumulated_prefill_tokens",
-                          "Staleness accumulated since the last install.", s["accumulated"])
+                          "Staleness accumulated since the last install.", s.accumulated)
 
     def _figures(self, f: Any) -> Iterator[Metric]:
         yield from _gauge("candidate_moved_traffic_ratio",
@@ -168,8 +170,8 @@ class PlannerCollector(Collector):
                 self._counted_through = max(self._counted_through, decisions[-1].id)
             return {a: float(n) for a, n in self._decisions.items()}
 
-    def _traffic(self, s: Mapping[str, Any], traffic: Any, telemetry: Any) -> Iterator[Metric]:
-        installed = s["installed"]
+    def _traffic(self, s: PlannerStatus, traffic: Any, telemetry: Any) -> Iterator[Metric]:
+        installed = s.installed
         if installed is not None and traffic is not None:
             plan = installed.plan
             loads = dict(zip(plan.destination_ids, expected_loads(plan, traffic).tolist(),
@@ -183,7 +185,7 @@ class PlannerCollector(Collector):
             yield from _gauge("traffic_requests_per_second", "Measured total request rate.",
                               traffic.total_rate)
         yield _labelled("destination_draining", "1 while a destination drains.", "destination",
-                        {d.id: float(d.draining) for d in s["destinations"]})
+                        {d.id: float(d.draining) for d in s.destinations})
         if telemetry is None:
             return
         measured = dict(telemetry.destination_loads_per_s)
@@ -201,15 +203,15 @@ class PlannerCollector(Collector):
             yield from _gauge("p99_e2e_seconds", "Worst destination's p99 end-to-end latency.",
                               telemetry.p99_ms / 1000.0)
 
-    def _stream(self, s: Mapping[str, Any], telemetry: Any) -> Iterator[Metric]:
+    def _stream(self, s: PlannerStatus, telemetry: Any) -> Iterator[Metric]:
         yield from _gauge("rates_age_seconds", "Age of the newest complete rate window.",
-                          s["rates_age_s"])
+                          s.rates_age_s)
         end_ms = getattr(self._planner, "rates_window_end_ms", 0)
         if end_ms:
             yield from _gauge("rates_window_end_timestamp_seconds",
                               "End of the newest complete rate window (Unix).", end_ms / 1000.0)
         yield from _gauge("rates_recovering", "1 while a stream worker rebuilds its state.",
-                          float(s["rates_recovering"]))
+                          float(s.rates_recovering))
 
     def _config(self, t: Any) -> Iterator[Metric]:
         yield from _gauge("interval_seconds", "Control interval.", t.interval_s)

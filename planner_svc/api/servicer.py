@@ -98,21 +98,20 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
 
     def GetStatus(self, request: Any, context: grpc.ServicerContext) -> planner_pb2.PlannerStatus:
         s = self._planner.status()
-        installed = s["installed"]
-        last = s["last_decision"]
-        drift = s["figures"].drift if s["figures"] is not None else None
+        installed, last = s.installed, s.last_decision
+        drift = s.figures.drift if s.figures is not None else None
         return planner_pb2.PlannerStatus(
-            mode=convert.MODE_TO_PB[s["mode"]],
+            mode=convert.MODE_TO_PB[s.mode],
             installed=convert.version_pb(installed.plan.version) if installed else None,
-            installed_age_s=s["installed_age_s"],
+            installed_age_s=s.installed_age_s,
             drift=convert.drift_pb(drift) if drift is not None else None,
-            penalties=convert.penalties_pb(s["figures"], s["accumulated"]),
+            penalties=convert.penalties_pb(s.figures, s.accumulated),
             last_decision=self._decision(last) if last is not None else None,
-            rates_age_s=s["rates_age_s"] if math.isfinite(s["rates_age_s"]) else -1.0,
-            rates_recovering=s["rates_recovering"],
-            config=convert.config_pb(s["tunables"], s["destinations"]),
-            pinned=s["pinned"],
-            mode_reason=s["mode_reason"],
+            rates_age_s=s.rates_age_s if math.isfinite(s.rates_age_s) else -1.0,
+            rates_recovering=s.rates_recovering,
+            config=convert.config_pb(s.tunables, s.destinations),
+            pinned=s.pinned,
+            mode_reason=s.mode_reason,
         )
 
     def GetCurrentVersion(

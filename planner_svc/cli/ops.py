@@ -44,8 +44,7 @@ from planner_svc.cli import ops_view as view
 from planner_svc.cli.ops_client import DEFAULT_PLANNER, OpsError, PlannerConnection, connect
 from router_client.plan import RoutingPlan, Version, decode_plan
 
-MODES = {"planned": planner_pb2.PLANNED, "fallback": planner_pb2.FALLBACK,
-         "auto": planner_pb2.MODE_UNSPECIFIED}
+MODES = {name: value for value, name in view.MODE_NAMES.items()}  # `mode set` choices
 SETTABLE = {  # `config set` keys and how their values parse
     "q_cap": float,
     "warm_slots_per_destination": int,

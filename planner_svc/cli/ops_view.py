@@ -14,10 +14,12 @@ from typing import Any
 
 import numpy as np
 
+from planner_svc.api.convert import MODE_TO_PB
 from planner_svc.planning.stats import imbalance
 from router_client.plan import RoutingPlan
 
-MODE_NAMES = {0: "auto", 1: "planned", 2: "fallback"}
+# The planner's modes by their wire value; "auto" (unspecified) clears an operator's override.
+MODE_NAMES = {0: "auto", **{int(pb): mode.value for mode, pb in MODE_TO_PB.items()}}
 BAR_WIDTH = 40
 _EIGHTHS = " ▏▎▍▌▋▊▉"
 

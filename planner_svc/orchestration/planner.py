@@ -98,6 +98,24 @@ class ReplanResult:
 
 
 @dataclass(frozen=True)
+class PlannerStatus:
+    """One consistent view of the planner (taken under its lock): GetStatus and /metrics."""
+
+    mode: Mode
+    mode_reason: str
+    installed: Installed | None
+    installed_age_s: float
+    figures: Figures | None  # of the latest control-loop round
+    accumulated: float  # staleness accumulated since the last install, tokens
+    last_decision: Decision | None
+    rates_age_s: float  # inf before the first window
+    rates_recovering: bool
+    pinned: bool
+    tunables: Tunables
+    destinations: list[DestinationSpec]
+
+
+@dataclass(frozen=True)
 class Tunables:
     """What `UpdateConfig` may change at run time."""
 
@@ -634,24 +652,23 @@ class Planner:
             "current": current,
         }
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> PlannerStatus:
         with self._lock:
             now = self._clock()
-            figures = self._loop.last_figures
-            return {
-                "mode": self.mode,
-                "mode_reason": self.mode_reason or self._loop.guard.reason,
-                "installed": self.installed,
-                "installed_age_s": now - self.installed.installed_at_s if self.installed else 0.0,
-                "figures": figures,
-                "accumulated": self._loop.accumulated,
-                "last_decision": self.decisions[-1] if self.decisions else None,
-                "rates_age_s": now - self.traffic.window_end_s if self.traffic else math.inf,
-                "rates_recovering": bool(self.telemetry and self.telemetry.recovering),
-                "pinned": self.pinned,
-                "tunables": self.tunables,
-                "destinations": self.destinations,
-            }
+            return PlannerStatus(
+                mode=self.mode,
+                mode_reason=self.mode_reason or self._loop.guard.reason,
+                installed=self.installed,
+                installed_age_s=now - self.installed.installed_at_s if self.installed else 0.0,
+                figures=self._loop.last_figures,
+                accumulated=self._loop.accumulated,
+                last_decision=self.decisions[-1] if self.decisions else None,
+                rates_age_s=now - self.traffic.window_end_s if self.traffic else math.inf,
+                rates_recovering=bool(self.telemetry and self.telemetry.recovering),
+                pinned=self.pinned,
+                tunables=self.tunables,
+                destinations=list(self.destinations),
+            )
 
     # --- decisions and watchers ------------------------------------------------------------
 
