@@ -8,24 +8,18 @@ lists what is checked. Restarts are the stack's Supervisor's only.
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.bench_module import load_bench
 from tests.timing import bound
 
 pytestmark = pytest.mark.integration
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_chaos(minutes: float, fault_every_s: float) -> dict[str, Any]:
-    spec = importlib.util.spec_from_file_location("chaos", ROOT / "bench" / "chaos.py")
-    assert spec is not None and spec.loader is not None
-    chaos = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(chaos)
-    return chaos.run_chaos(minutes, fault_every_s)  # type: ignore[no-any-return]
+    return load_bench("chaos").run_chaos(minutes, fault_every_s)  # type: ignore[no-any-return]
 
 
 @pytest.mark.timeout(900)

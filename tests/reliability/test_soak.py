@@ -12,26 +12,20 @@ every 12 s (each of the five kinds at least once). The CI tier runs the chaos te
 
 from __future__ import annotations
 
-import importlib.util
 import os
-from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.bench_module import load_bench
 from tests.timing import bound
 
 pytestmark = pytest.mark.integration
 FAULTS = ("redis_kill", "worker_kill", "blackhole", "corrupt_publish", "planner_restart")
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_soak(minutes: float, fault_every_s: float) -> dict[str, Any]:
-    spec = importlib.util.spec_from_file_location("soak", ROOT / "bench" / "soak.py")
-    assert spec is not None and spec.loader is not None
-    soak = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(soak)
-    return soak.run_soak(minutes, fault_every_s)  # type: ignore[no-any-return]
+    return load_bench("soak").run_soak(minutes, fault_every_s)  # type: ignore[no-any-return]
 
 
 def check(fig: dict[str, Any]) -> None:
