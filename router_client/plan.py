@@ -21,6 +21,8 @@ from typing import Any
 import numpy as np
 from google.protobuf.message import DecodeError
 
+from cacheroute import keyblob
+from cacheroute.keyblob import encode_keys
 from cacheroute.v1 import plan_pb2
 from router_client.errors import PlanRejected
 
@@ -208,22 +210,12 @@ class RoutingPlan:
 # --- key blobs ---------------------------------------------------------------
 
 
-def encode_keys(keys: Sequence[str]) -> bytes:
-    if not keys:
-        return b""
-    return ("\0".join(keys) + "\0").encode("utf-8")
-
-
 def decode_keys(blob: bytes) -> list[str]:
-    if not blob:
-        return []
-    if not blob.endswith(b"\0"):
-        raise PlanRejected("malformed", "key blob is not NUL-terminated")
+    """The plan's keys (`cacheroute.keyblob`); PlanRejected if the blob is malformed."""
     try:
-        text = blob.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise PlanRejected("malformed", f"key blob is not UTF-8: {exc}") from exc
-    return text.split("\0")[:-1]
+        return keyblob.decode_keys(blob)
+    except ValueError as exc:
+        raise PlanRejected("malformed", str(exc)) from exc
 
 
 # --- plan <-> protobuf ---------------------------------------------------------

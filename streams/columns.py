@@ -1,4 +1,5 @@
-"""Key columns on the wire: routing keys as one NUL-terminated UTF-8 blob.
+"""Key columns on the wire: routing keys as one NUL-terminated UTF-8 blob
+(`cacheroute.keyblob`, the codec plans use too).
 
 Columnar keys decode 128k entries in milliseconds, where a repeated string
 field would allocate one protobuf object per key.
@@ -6,18 +7,16 @@ field would allocate one protobuf object per key.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from cacheroute import keyblob
+from cacheroute.keyblob import encode_keys
+from streams.errors import SnapshotError
 
-
-def encode_keys(keys: Sequence[str]) -> bytes:
-    """`["a", "bc"]` -> `b"a\\0bc\\0"` (keys never contain NUL: validation rejects them)."""
-    if not keys:
-        return b""
-    return ("\0".join(keys) + "\0").encode("utf-8")
+__all__ = ["decode_keys", "encode_keys"]
 
 
 def decode_keys(blob: bytes) -> list[str]:
-    """Inverse of `encode_keys`."""
-    if not blob:
-        return []
-    return blob.decode("utf-8").split("\0")[:-1]
+    """A snapshot's keys; SnapshotError if the blob is malformed (not NUL-terminated UTF-8)."""
+    try:
+        return keyblob.decode_keys(blob)
+    except ValueError as exc:
+        raise SnapshotError(str(exc)) from exc

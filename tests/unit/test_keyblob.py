@@ -1,0 +1,33 @@
+"""The one key-column codec of both wire formats (plans and snapshots), and how each
+library reports a malformed blob."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from cacheroute.keyblob import decode_keys, encode_keys
+from router_client.errors import PlanRejected
+from router_client.plan import decode_keys as plan_keys
+from streams.columns import decode_keys as snapshot_keys
+from streams.errors import SnapshotError
+
+KEYS = st.lists(st.text(st.characters(blacklist_characters="\0", blacklist_categories=("Cs",)),
+                        max_size=20), max_size=50)
+
+
+@given(KEYS)
+def test_round_trip_in_both_libraries(keys):
+    blob = encode_keys(keys)
+    assert decode_keys(blob) == plan_keys(blob) == snapshot_keys(blob) == keys
+
+
+@pytest.mark.parametrize("blob", [b"no terminator", b"\xff\xfe\0"])
+def test_malformed_blobs_are_each_librarys_own_error(blob):
+    with pytest.raises(ValueError):
+        decode_keys(blob)
+    with pytest.raises(PlanRejected):
+        plan_keys(blob)
+    with pytest.raises(SnapshotError):
+        snapshot_keys(blob)
