@@ -48,15 +48,11 @@ def drift_pb(d: Any) -> planner_pb2.Drift:
     )
 
 
-def decision_pb(
-    d: Decision, meta: tuple[Version | None, str] | None = None
-) -> planner_pb2.Decision:
-    """`meta`: (the version the decision installed, the operator's request id), if any."""
+def decision_pb(d: Decision) -> planner_pb2.Decision:
     p = d.penalties
-    installed, request_id = meta or (None, "")
     return planner_pb2.Decision(
-        installed=version_pb(installed) if installed is not None else None,
-        request_id=request_id,
+        installed=version_pb(Version.parse(d.installed)) if d.installed else None,
+        request_id=d.request_id,
         id=d.id,
         at_ms=int(d.at_s * 1000),
         action=str(d.action),

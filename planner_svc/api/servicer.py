@@ -92,7 +92,7 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
         self._watchers = WatchSlots(max_watchers, max_watchers_per_peer or max_watchers)
 
     def _decision(self, d: Any) -> planner_pb2.Decision:
-        return convert.decision_pb(d, self._planner.decision_meta.get(d.id))
+        return convert.decision_pb(d)
 
     # --- reads ---------------------------------------------------------------
 

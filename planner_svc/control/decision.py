@@ -64,6 +64,8 @@ class Decision:
     moved_traffic_share: float = 0.0
     needs_smaller_step: bool = False
     mode: str = "planned"
+    installed: str = ""  # the version ("epoch.seq") this decision installed, if any
+    request_id: str = ""  # the operator's request that made it, if any
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe plain dict (the decision log's record format)."""

@@ -162,7 +162,8 @@ class Planner:
         self.mode_reason = ""
         self.decisions: deque[Decision] = deque(maxlen=1000)
         # decision id -> (version it installed, operator request id), for the API's records.
-        self.decision_meta: dict[int, tuple[Version | None, str]] = {}
+        # The version the current step installed, for the decision that step logs next.
+        self._installed_by_step: Version | None = None
         self._last_tick_s = -math.inf
         self._once = RequestCache()  # request id -> result: a retried mutation acts once
         self.events = Broadcast()  # installs and decisions, for WatchPlans
@@ -420,6 +421,7 @@ class Planner:
             self._history.record_install(versioned.version, blob)
             failpoint("publish.after_history")
         self.installed = Installed(versioned, published.digest, now)
+        self._installed_by_step = versioned.version
         self._remember(versioned)
         if versioned.config.built_by != BuiltBy.FALLBACK:
             self._loop.record_install(now, forced=forced)
@@ -706,17 +708,11 @@ class Planner:
         Call it after any install the decision caused, so the record names that version.
         """
         last = self.decisions[-1].id if self.decisions else 0
-        decision = dataclasses.replace(decision, id=last + 1)
-        installed_now = (
-            self.installed is not None and self.installed.installed_at_s == decision.at_s
-        )
-        if decision.action in (Action.INSTALL, Action.FALLBACK, Action.RESUME) and installed_now:
-            assert self.installed is not None
-            self.decision_meta[decision.id] = (self.installed.plan.version, request_id)
-        elif request_id:
-            self.decision_meta[decision.id] = (None, request_id)
-        while len(self.decision_meta) > (self.decisions.maxlen or 1000):
-            self.decision_meta.pop(next(iter(self.decision_meta)))
+        installed, self._installed_by_step = self._installed_by_step, None
+        acted = decision.action in (Action.INSTALL, Action.FALLBACK, Action.RESUME)
+        decision = dataclasses.replace(
+            decision, id=last + 1, request_id=request_id,
+            installed=str(installed) if acted and installed is not None else "")
         self.decisions.append(decision)
         if self._history is not None:
             self._history.record_decision(decision.to_dict())
