@@ -123,7 +123,6 @@ class ControlLoop:
         self._last_install_s: float | None = None
         self._last_window_s: float | None = None
         self.last_window: Telemetry | None = None  # newest usable telemetry seen
-        self._next_id = 1
 
     # --- pricing -------------------------------------------------------------
 
@@ -405,7 +404,7 @@ class ControlLoop:
             measured_used=figures.measured_used,
         )
         decision = Decision(
-            id=self._next_id,
+            id=0,  # numbered by whoever keeps the decision log (the planner)
             at_s=now_s,
             action=action,
             reason=reason,
@@ -415,7 +414,6 @@ class ControlLoop:
             needs_smaller_step=needs_smaller_step,
             mode=str(self.guard.mode),
         )
-        self._next_id += 1
         self.last_decision = decision
         return decision
 
@@ -430,7 +428,6 @@ class ControlLoop:
             "last_step_s": self._last_step_s,
             "last_install_s": self._last_install_s,
             "last_window_s": self._last_window_s,
-            "next_id": self._next_id,
             "warm": self.warm.to_dict(),
             "rewarm": self.rewarm.to_dict(),
             "guard": self.guard.to_dict(),
@@ -451,7 +448,7 @@ class ControlLoop:
         loop = cls(settings, validated=ValidatedRange(**data["validated"]))
         loop.accumulated, loop._rate = data["accumulated"], data["rate"]
         loop._last_step_s, loop._last_install_s = data["last_step_s"], data["last_install_s"]
-        loop._last_window_s, loop._next_id = data["last_window_s"], data["next_id"]
+        loop._last_window_s = data["last_window_s"]
         loop.warm = WarmAdvantage.from_dict(data["warm"])
         loop.rewarm = RewarmFactor.from_dict(data["rewarm"])
         loop.guard = GuardState.from_dict(data["guard"])
