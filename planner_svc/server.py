@@ -27,7 +27,7 @@ from planner_svc.adapters.snapshot_consumer import SnapshotConsumer
 from planner_svc.api.interceptors import PlannerInterceptor
 from planner_svc.api.metrics import MetricsServer, planner_registry, start_metrics_server
 from planner_svc.api.servicer import PlannerServicer
-from planner_svc.control import ControlLoop, ValidatedRange
+from planner_svc.control import ControlLoop, GuardSettings, LoopSettings, ValidatedRange
 from planner_svc.orchestration.planner import Planner, Tunables
 from planner_svc.settings import PlannerSettings
 from router_client import signing
@@ -172,8 +172,15 @@ def build_service(
         p99_ms_max=settings.validated_p99_ms_max or None,
         hit_rate_min=settings.validated_hit_rate_min or None,
     )
+    try:
+        guard = GuardSettings(enter_after_s=settings.guard_enter_after_s,
+                              resume_dwell_s=settings.guard_resume_dwell_s,
+                              min_fallback_s=settings.guard_min_fallback_s,
+                              p99_resume_margin=settings.guard_p99_resume_margin)
+    except ValueError as exc:
+        raise SystemExit(f"--guard-* settings: {exc}") from None
     planner = Planner(
-        loop=ControlLoop(validated=validated),
+        loop=ControlLoop(LoopSettings(guard=guard), validated=validated),
         publisher=publisher,
         destinations=destinations,
         tunables=tunables_from(settings),

@@ -49,6 +49,14 @@ class PlannerSettings:
     validated_active_keys_max: int = 0
     validated_p99_ms_max: float = 0.0
     validated_hit_rate_min: float = 0.0
+    # The guard's clocks (planner_svc/control/guard.py): out of range this long before
+    # falling back; back in range this long (doubling when a resumed plan fails again at
+    # once) and at least `guard_min_fallback_s` in fallback before resuming; resuming also
+    # needs the p99 below the limit by this margin.
+    guard_enter_after_s: float = 0.0
+    guard_resume_dwell_s: float = 60.0
+    guard_min_fallback_s: float = 0.0
+    guard_p99_resume_margin: float = 0.1
     retain_versions: int = 50
     # Access control: empty = no auth. Operators may mutate; readers may only read.
     operator_token: str = ""

@@ -7,7 +7,7 @@ planning core for a candidate, and calls `ControlLoop.step` (see `loop`).
 
 from planner_svc.control.decision import Action, Decision, DecisionSettings, Penalties
 from planner_svc.control.drift import Drift, measure_drift
-from planner_svc.control.guard import GuardState, Mode, ValidatedRange
+from planner_svc.control.guard import GuardSettings, GuardState, Mode, ValidatedRange
 from planner_svc.control.loop import ControlLoop, Figures, InstallRecord, LoopSettings
 from planner_svc.control.penalties import RewarmFactor, WarmAdvantage
 from planner_svc.control.telemetry import Telemetry
@@ -20,6 +20,7 @@ __all__ = [
     "DecisionSettings",
     "Drift",
     "Figures",
+    "GuardSettings",
     "GuardState",
     "InstallRecord",
     "LoopSettings",

@@ -2,18 +2,26 @@
 
 A plan is only trusted inside the range it was validated for (shadow replay /
 canary): an active-set size, a p99 ceiling, a hit-rate floor. When fresh
-telemetry leaves that range the guard sends routers to Flat-LB; when it comes
-back and stays back for `resume_dwell_s`, the guard resumes the plan.
+telemetry leaves that range for `enter_after_s` the guard sends routers to
+Flat-LB; when it is back for `resume_dwell_s` (and the fleet has been in fallback
+for `min_fallback_s`) the guard resumes the plan.
 
-Two rules keep the guard honest:
-- p99 and hit rate are only checked in planned mode: in fallback they are
-  Flat-LB's figures (worse by construction) and would pin the fleet there. The
-  active set is checked in both modes, since it does not depend on routing.
-- An operator's forced mode overrides the guard until released; a release
-  that finds the fleet in range resumes at once (the operator already waited).
+Rules that keep the guard from flapping (a p99 held at 9 s against a 3.5 s limit
+used to flip fallback <-> resume every ~70 s, because fallback ignored the p99):
+- The p99 counts in both modes, with hysteresis: entering needs p99 above the
+  limit, resuming needs it below `(1 - p99_resume_margin)` x the limit. An overload
+  that Flat-LB does not cure keeps the fleet in fallback.
+- The hit-rate floor counts only in planned mode: in fallback it is Flat-LB's hit
+  rate, lower by construction, and would pin the fleet there. The active set counts
+  in both modes (it does not depend on routing).
+- Each fallback entered within `2 x` the dwell of the last resume doubles the next
+  dwell (up to `max_resume_dwell_s`): a plan that fails again as soon as it resumes
+  waits longer each time.
+- An operator's forced mode overrides the guard until released; a release that finds
+  the fleet in range resumes at once (the operator already waited).
 
-Pure: `guard_step` maps (state, now, telemetry) to a new state and a transition.
-Telemetry passed here must already be fresh and not recovering (the loop checks).
+Pure: `guard_step` maps (state, now, telemetry, settings) to a new state and a
+transition. Telemetry passed here must already be fresh and not recovering.
 """
 
 from __future__ import annotations
@@ -32,6 +40,25 @@ class Mode(StrEnum):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class GuardSettings:
+    """How long the range must be left before falling back, and restored before resuming."""
+
+    enter_after_s: float = 0.0
+    resume_dwell_s: float = 60.0
+    min_fallback_s: float = 0.0
+    p99_resume_margin: float = 0.1  # resume needs p99 <= (1 - margin) x the validated p99
+    max_resume_dwell_s: float = 3600.0
+
+    def __post_init__(self) -> None:
+        for name in ("enter_after_s", "resume_dwell_s", "min_fallback_s", "max_resume_dwell_s"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"guard {name} must be >= 0, got {getattr(self, name)!r}")
+        if not 0.0 <= self.p99_resume_margin < 1.0:
+            raise ValueError(f"guard p99_resume_margin must be in [0, 1), got "
+                             f"{self.p99_resume_margin!r}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ValidatedRange:
     """Where the installed plan was validated; None = unchecked."""
 
@@ -40,11 +67,17 @@ class ValidatedRange:
     p99_ms_max: float | None = None
     hit_rate_min: float | None = None
 
-    def violations(self, telemetry: Telemetry, mode: Mode) -> list[str]:
-        """Human-readable reasons why `telemetry` is outside the range (empty = inside)."""
+    def violations(self, telemetry: Telemetry, mode: Mode,
+                   p99_resume_margin: float = 0.0) -> list[str]:
+        """Human-readable reasons why `telemetry` is outside the range (empty = inside).
+        In fallback the p99 must be below the limit by `p99_resume_margin` and the hit
+        rate is not checked (see the module docstring)."""
         found = _active_set_violations(self, telemetry.active_keys)
         if mode is Mode.PLANNED:
-            found += _service_violations(self, telemetry)
+            found += _p99_violations(self, telemetry, 0.0)
+            found += _hit_violations(self, telemetry)
+        else:
+            found += _p99_violations(self, telemetry, p99_resume_margin)
         return found
 
     def to_dict(self) -> dict[str, Any]:
@@ -59,43 +92,56 @@ def _active_set_violations(r: ValidatedRange, active: int) -> list[str]:
     return []
 
 
-def _service_violations(r: ValidatedRange, t: Telemetry) -> list[str]:
-    found = []
-    if r.p99_ms_max is not None and t.p99_ms is not None and t.p99_ms > r.p99_ms_max:
-        found.append(f"p99 {t.p99_ms:.0f} ms is above the validated {r.p99_ms_max:.0f} ms")
+def _p99_violations(r: ValidatedRange, t: Telemetry, margin: float) -> list[str]:
+    if r.p99_ms_max is None or t.p99_ms is None:
+        return []
+    limit = r.p99_ms_max * (1.0 - margin)
+    if t.p99_ms <= limit:
+        return []
+    if margin:
+        return [f"p99 {t.p99_ms:.0f} ms is above {limit:.0f} ms (the validated "
+                f"{r.p99_ms_max:.0f} ms less the {margin:.0%} resume margin)"]
+    return [f"p99 {t.p99_ms:.0f} ms is above the validated {r.p99_ms_max:.0f} ms"]
+
+
+def _hit_violations(r: ValidatedRange, t: Telemetry) -> list[str]:
     if r.hit_rate_min is not None and t.hit_rate < r.hit_rate_min:
-        found.append(f"hit rate {t.hit_rate:.1%} is below the validated {r.hit_rate_min:.1%}")
-    return found
+        return [f"hit rate {t.hit_rate:.1%} is below the validated {r.hit_rate_min:.1%}"]
+    return []
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GuardState:
-    """Current mode, an operator override, and since when the fleet has been in range."""
+    """Current mode, an operator override, and the clocks of the guard's rules."""
 
     mode: Mode = Mode.PLANNED
     forced: Mode | None = None
-    in_range_since_s: float | None = None
+    in_range_since_s: float | None = None  # in fallback: back in range since
     released: bool = False  # an operator released a forced mode: resume without dwell
     reason: str = ""
+    out_of_range_since_s: float | None = None  # in planned mode: out of range since
+    fallback_since_s: float | None = None
+    planned_since_s: float | None = None
+    dwell_s: float | None = None  # the current resume dwell (None: the configured one)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "mode": str(self.mode),
-            "forced": None if self.forced is None else str(self.forced),
-            "in_range_since_s": self.in_range_since_s,
-            "released": self.released,
-            "reason": self.reason,
-        }
+        data = {f: getattr(self, f) for f in self.__dataclass_fields__}
+        data["mode"] = str(self.mode)
+        data["forced"] = None if self.forced is None else str(self.forced)
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> GuardState:
         forced = data["forced"]
+        extra = {f: data[f] for f in ("out_of_range_since_s", "fallback_since_s",
+                                      "planned_since_s", "dwell_s") if f in data}
         return cls(
             mode=Mode(data["mode"]),
             forced=None if forced is None else Mode(forced),
             in_range_since_s=data["in_range_since_s"],
             released=data["released"],
             reason=data["reason"],
+            **extra,
         )
 
 
@@ -121,25 +167,50 @@ def guard_step(
     now_s: float,
     telemetry: Telemetry | None,
     validated: ValidatedRange,
-    resume_dwell_s: float,
+    settings: GuardSettings | None = None,
 ) -> GuardVerdict:
     """Advance the guard by one control step on fresh telemetry (None = no evidence)."""
+    g = settings or GuardSettings()
     if state.forced is not None or telemetry is None:
         return GuardVerdict(state)
-    problems = validated.violations(telemetry, state.mode)
-    if problems:
-        reason = "; ".join(problems)
-        changed = Mode.FALLBACK if state.mode is Mode.PLANNED else None
-        fallen = replace(state, mode=Mode.FALLBACK, in_range_since_s=None, released=False)
-        return GuardVerdict(replace(fallen, reason=reason), changed)
+    problems = validated.violations(telemetry, state.mode, g.p99_resume_margin)
     if state.mode is Mode.PLANNED:
-        return GuardVerdict(replace(state, in_range_since_s=None, released=False, reason=""))
-    return _maybe_resume(state, now_s, resume_dwell_s)
+        return _maybe_fall_back(state, now_s, problems, g)
+    if problems:
+        return GuardVerdict(replace(state, in_range_since_s=None, released=False,
+                                    reason="; ".join(problems)))
+    return _maybe_resume(state, now_s, g)
 
 
-def _maybe_resume(state: GuardState, now_s: float, dwell_s: float) -> GuardVerdict:
+def _maybe_fall_back(state: GuardState, now_s: float, problems: list[str],
+                     g: GuardSettings) -> GuardVerdict:
+    if not problems:
+        return GuardVerdict(replace(state, out_of_range_since_s=None, released=False,
+                                    reason=""))
+    since = now_s if state.out_of_range_since_s is None else state.out_of_range_since_s
+    reason = "; ".join(problems)
+    if now_s - since < g.enter_after_s:
+        waiting = (f"{reason} (for {now_s - since:.0f} s; falls back after "
+                   f"{g.enter_after_s:.0f} s)")
+        return GuardVerdict(replace(state, out_of_range_since_s=since, reason=waiting))
+    dwell = g.resume_dwell_s
+    resumed = state.planned_since_s
+    if resumed is not None and state.dwell_s is not None and \
+            now_s - resumed < 2 * state.dwell_s:  # failed again soon after resuming
+        dwell = min(g.max_resume_dwell_s, 2 * state.dwell_s)
+    fallen = GuardState(mode=Mode.FALLBACK, fallback_since_s=now_s, dwell_s=dwell,
+                        reason=reason)
+    return GuardVerdict(fallen, Mode.FALLBACK)
+
+
+def _maybe_resume(state: GuardState, now_s: float, g: GuardSettings) -> GuardVerdict:
     since = now_s if state.in_range_since_s is None else state.in_range_since_s
-    if state.released or now_s - since >= dwell_s:
-        reason = f"back in the validated range for {max(0.0, now_s - since):.0f} s"
-        return GuardVerdict(GuardState(mode=Mode.PLANNED, reason=reason), Mode.PLANNED)
-    return GuardVerdict(replace(state, in_range_since_s=since))
+    dwell = g.resume_dwell_s if state.dwell_s is None else state.dwell_s
+    in_fallback = now_s - (now_s if state.fallback_since_s is None else state.fallback_since_s)
+    if state.released or (now_s - since >= dwell and in_fallback >= g.min_fallback_s):
+        reason = (f"back in the validated range for {max(0.0, now_s - since):.0f} s "
+                  f"(dwell {dwell:.0f} s)")
+        return GuardVerdict(GuardState(mode=Mode.PLANNED, planned_since_s=now_s,
+                                       dwell_s=dwell, reason=reason), Mode.PLANNED)
+    return GuardVerdict(replace(state, in_range_since_s=since,
+                                reason=f"in range for {now_s - since:.0f} s of {dwell:.0f} s"))

@@ -57,6 +57,7 @@ from planner_svc.control.decision import (
 from planner_svc.control.dip import InstallRecord, Settling
 from planner_svc.control.drift import measure_drift
 from planner_svc.control.guard import (
+    GuardSettings,
     GuardState,
     Mode,
     ValidatedRange,
@@ -96,7 +97,7 @@ class LoopSettings:
     # most `max_settle_s`, even if drift keeps the hit rate moving.
     settle_span: float = 3.0
     max_settle_s: float = 600.0
-    resume_dwell_s: float = 60.0
+    guard: GuardSettings = field(default_factory=GuardSettings)
     history_limit: int = 100
 
 
@@ -200,9 +201,7 @@ class ControlLoop:
         if usable is not None:
             self._learn(usable)
             self._anchor_baseline(installed, traffic, fleet)
-        verdict = guard_step(
-            self.guard, now_s, usable, self.validated, self.settings.resume_dwell_s
-        )
+        verdict = guard_step(self.guard, now_s, usable, self.validated, self.settings.guard)
         self.guard = verdict.state
         figures = self.price(installed, traffic, candidate, usable, fleet)
         self.last_figures = figures
@@ -364,6 +363,16 @@ class ControlLoop:
     def set_validated_range(self, validated: ValidatedRange) -> None:
         """Record the range the installed plan was validated for (shadow replay / canary)."""
         self.validated = validated
+
+    def guard_only(self, now_s: float, telemetry: Telemetry | None) -> Decision | None:
+        """The guard alone, for steps where the plan itself is held (an operator's rollback
+        pins the plan, not the safety net): a decision when the mode changes, else None."""
+        usable, _ = self._usable(now_s, telemetry)
+        verdict = guard_step(self.guard, now_s, usable, self.validated, self.settings.guard)
+        self.guard = verdict.state
+        if verdict.changed_to is None:
+            return None
+        return self._mode_changed(now_s, verdict.changed_to, self.last_figures or Figures())
 
     def force_mode(self, now_s: float, mode: Mode | None, reason: str) -> Decision:
         """Operator override: force `mode` until released with `mode=None`."""

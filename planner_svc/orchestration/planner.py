@@ -272,8 +272,21 @@ class Planner:
                 return None
             self._last_tick_s = now
             if self.pinned:
-                return None
+                return self._guard_while_pinned(now)
             return self._control_step(now)
+
+    def _guard_while_pinned(self, now: float) -> Decision | None:
+        """A pinned plan is not replanned, but the guard still falls back and resumes
+        (to the pinned plan)."""
+        assert self.installed is not None
+        decision = self._loop.guard_only(now, self.telemetry)
+        if decision is None:
+            return None
+        if decision.action is Action.FALLBACK:
+            self._install(self._fallback_plan(self.installed.plan), now, forced=False)
+        elif decision.action is Action.RESUME:
+            self._install(self._serving_plan(), now, forced=False)
+        return self._log(decision)
 
     def _rates_cover_a_window(self) -> bool:
         if self._first_window_end_ms is None:

@@ -495,3 +495,44 @@ def test_guard_falls_back_outside_the_validated_range_and_resumes(redis_server, 
         assert "fallback" in actions and "resume" in actions
     finally:
         svc.stop(0)
+
+
+def test_the_guard_acts_while_a_rollback_pins_the_plan(redis_server, tmp_path):
+    """The pin holds the plan, not the safety net: out of range, the pinned fleet falls
+    back; back in range, it resumes to the pinned plan (not a new candidate)."""
+    settings = planner_settings(
+        redis_server.url, tmp_path, interval_s=5.0, validated_hit_rate_min=0.5,
+        guard_resume_dwell_s=20.0,
+    )
+    svc = build_service(settings, consume=False)
+    try:
+        keys = paper_like_keys(400)
+        start = int(time.time() * 1000)
+
+        def window_at(step: int, hit: float, seed: int = 1) -> None:
+            end = start + step * 5_000
+            svc.planner.on_window(make_window(
+                keys, paper_like_rates(400, 300.0, seed=seed), window_end_ms=end, window_s=5.0,
+                hit_rate=hit, destinations=list(DESTS)))
+            svc.planner.tick(now_s=end / 1000.0 + 0.1)
+
+        for step in range(3):
+            window_at(step, 0.8)
+        pinned_from = svc.planner.installed.plan.version
+        svc.planner.rollback(pinned_from)
+        pinned = svc.publisher.load(svc.publisher.current().version)
+        assert svc.planner.pinned
+        for step in range(3, 6):
+            window_at(step, 0.2, seed=7)  # out of range, and rates that would replan
+        assert svc.planner.mode == "fallback"
+        assert svc.publisher.load(svc.publisher.current().version).config.built_by == "fallback"
+        for step in range(6, 14):
+            window_at(step, 0.8, seed=7)
+        assert svc.planner.mode == "planned" and svc.planner.pinned
+        resumed = svc.publisher.load(svc.publisher.current().version)
+        assert resumed.version > pinned.version
+        assert resumed.table.keys == pinned.table.keys  # the pinned table, not a replan
+        actions = [d.action for d in svc.planner.decisions]
+        assert actions.count("fallback") == 1 and actions.count("resume") == 1
+    finally:
+        svc.stop(0)

@@ -1,13 +1,23 @@
-"""The fallback guard: enter, stay, resume after its dwell, operator override."""
+"""The fallback guard: enter, stay, resume after its dwell with hysteresis, operator override."""
 
 from __future__ import annotations
 
-from planner_svc.control.guard import GuardState, Mode, ValidatedRange, force, guard_step
+import pytest
+
+from planner_svc.control.guard import (
+    GuardSettings,
+    GuardState,
+    Mode,
+    ValidatedRange,
+    force,
+    guard_step,
+)
 from planner_svc.control.telemetry import Telemetry
 
 RANGE = ValidatedRange(
     active_keys_min=100, active_keys_max=1000, p99_ms_max=3500.0, hit_rate_min=0.8
 )
+DWELL_60 = GuardSettings(resume_dwell_s=60)
 
 
 def window(t: float, *, active: int = 500, p99: float = 1800.0, hit: float = 0.9) -> Telemetry:
@@ -28,50 +38,114 @@ def test_each_limit_triggers_fallback_with_a_reason() -> None:
         (window(0, p99=5700.0), "p99 5700 ms"),
         (window(0, hit=0.6), "hit rate 60.0%"),
     ):
-        verdict = guard_step(GuardState(), 0.0, bad, RANGE, resume_dwell_s=60)
+        verdict = guard_step(GuardState(), 0.0, bad, RANGE, DWELL_60)
         assert verdict.changed_to is Mode.FALLBACK
         assert words in verdict.state.reason
 
 
 def test_in_range_or_no_evidence_changes_nothing() -> None:
-    assert guard_step(GuardState(), 0.0, window(0), RANGE, 60).changed_to is None
-    assert guard_step(GuardState(), 0.0, None, RANGE, 60).changed_to is None
+    assert guard_step(GuardState(), 0.0, window(0), RANGE, DWELL_60).changed_to is None
+    assert guard_step(GuardState(), 0.0, None, RANGE, DWELL_60).changed_to is None
     fallen = GuardState(mode=Mode.FALLBACK)
-    assert guard_step(fallen, 0.0, None, RANGE, 60).state.mode is Mode.FALLBACK
+    assert guard_step(fallen, 0.0, None, RANGE, DWELL_60).state.mode is Mode.FALLBACK
 
 
 def test_resumes_only_after_staying_in_range_for_the_dwell() -> None:
-    state = guard_step(GuardState(), 0.0, window(0, p99=9000.0), RANGE, 60).state
-    # Flat-LB's own p99 and hit rate are worse; only the active set gates the resume.
+    state = guard_step(GuardState(), 0.0, window(0, p99=9000.0), RANGE, DWELL_60).state
+    # Flat-LB's hit rate is lower by construction and does not gate the resume; the
+    # active set and the p99 (less the resume margin) do.
     timeline = [
-        (10, window(10, p99=5700.0, hit=0.6)),
+        (10, window(10, hit=0.6)),
         (40, window(40, active=5000)),
-        (50, window(50)),
-        (100, window(100)),
-        (110, window(110)),
+        (50, window(50, hit=0.6)),
+        (60, window(60, p99=3400.0)),  # under the limit, not under 90 % of it
+        (70, window(70)),
+        (120, window(120)),
+        (130, window(130)),
     ]
     changes = []
     for t, w in timeline:
-        verdict = guard_step(state, float(t), w, RANGE, resume_dwell_s=60)
+        verdict = guard_step(state, float(t), w, RANGE, DWELL_60)
         state = verdict.state
         changes.append(verdict.changed_to)
-    # In range from 10, broken at 40, in range again from 50: resume at 110 = 50 + 60.
-    assert changes == [None, None, None, None, Mode.PLANNED]
+    # In range from 10, broken at 40 and at 60, in range again from 70: resume at 130.
+    assert changes == [None, None, None, None, None, None, Mode.PLANNED]
     assert state.mode is Mode.PLANNED and "back in the validated range" in state.reason
+
+
+def test_a_p99_held_above_the_limit_falls_back_once_and_stays_then_resumes_once() -> None:
+    """The flapping the operator saw: p99 9 s against 3.5 s flipped every ~70 s."""
+    state, changes = GuardState(), []
+    for t in range(0, 600, 5):  # ten minutes at the limit x 2.6
+        verdict = guard_step(state, float(t), window(t, p99=9000.0), RANGE, DWELL_60)
+        state = verdict.state
+        changes.append((t, verdict.changed_to))
+    assert [c for c in changes if c[1]] == [(0, Mode.FALLBACK)]
+    assert state.mode is Mode.FALLBACK and "p99 9000 ms" in state.reason
+    for t in range(600, 700, 5):  # restored
+        verdict = guard_step(state, float(t), window(t, p99=1500.0), RANGE, DWELL_60)
+        state = verdict.state
+        changes.append((t, verdict.changed_to))
+    assert [c for c in changes if c[1]] == [(0, Mode.FALLBACK), (660, Mode.PLANNED)]
+
+
+def test_entering_needs_the_condition_for_enter_after_s() -> None:
+    g = GuardSettings(enter_after_s=30, resume_dwell_s=60)
+    state = GuardState()
+    for t in (0, 10, 20):
+        verdict = guard_step(state, float(t), window(t, p99=9000.0), RANGE, g)
+        assert verdict.changed_to is None and "falls back after 30 s" in verdict.state.reason
+        state = verdict.state
+    state = guard_step(state, 25.0, window(25), RANGE, g).state  # a good window resets it
+    for t in (30, 40, 50):
+        verdict = guard_step(state, float(t), window(t, p99=9000.0), RANGE, g)
+        state = verdict.state
+    assert verdict.changed_to is None
+    assert guard_step(state, 60.0, window(60, p99=9000.0), RANGE, g).changed_to is Mode.FALLBACK
+
+
+def test_a_plan_that_fails_right_after_resuming_waits_twice_as_long() -> None:
+    g = GuardSettings(resume_dwell_s=60, max_resume_dwell_s=200)
+    state, resumes = GuardState(), []
+    t = 0
+    for _round in range(4):  # fail in planned mode, recover in fallback, again and again
+        state = guard_step(state, float(t), window(t, p99=9000.0), RANGE, g).state
+        assert state.mode is Mode.FALLBACK
+        start = t
+        while state.mode is Mode.FALLBACK:
+            t += 5
+            state = guard_step(state, float(t), window(t), RANGE, g).state
+        resumes.append(t - start)
+        t += 5
+    assert resumes == [65, 125, 205, 205]  # dwell 60, 120, 200 (the cap), 200: + the first step
+
+
+def test_min_fallback_s_holds_the_fallback_even_when_the_range_is_back() -> None:
+    g = GuardSettings(resume_dwell_s=0, min_fallback_s=100)
+    state = guard_step(GuardState(), 0.0, window(0, p99=9000.0), RANGE, g).state
+    assert guard_step(state, 50.0, window(50), RANGE, g).changed_to is None
+    assert guard_step(state, 100.0, window(100), RANGE, g).changed_to is Mode.PLANNED
+
+
+def test_guard_settings_are_validated() -> None:
+    with pytest.raises(ValueError, match="p99_resume_margin"):
+        GuardSettings(p99_resume_margin=1.5)
+    with pytest.raises(ValueError, match="enter_after_s"):
+        GuardSettings(enter_after_s=-1)
 
 
 def test_forced_mode_overrides_the_guard_until_released() -> None:
     verdict = force(GuardState(), Mode.FALLBACK, "maintenance")
     assert verdict.changed_to is Mode.FALLBACK
     state = verdict.state
-    state = guard_step(state, 0.0, window(0), RANGE, 60).state  # in range, but forced
+    state = guard_step(state, 0.0, window(0), RANGE, DWELL_60).state  # in range, but forced
     assert state.mode is Mode.FALLBACK
     state = force(state, None, "").state
-    verdict = guard_step(state, 1.0, window(1), RANGE, resume_dwell_s=60)
+    verdict = guard_step(state, 1.0, window(1), RANGE, DWELL_60)
     assert verdict.changed_to is Mode.PLANNED  # released + in range: no dwell
     # Forcing planned keeps the plan even far out of range.
     state = force(GuardState(), Mode.PLANNED, "I know").state
-    assert guard_step(state, 0.0, window(0, p99=9e3), RANGE, 60).changed_to is None
+    assert guard_step(state, 0.0, window(0, p99=9e3), RANGE, DWELL_60).changed_to is None
 
 
 def test_guard_state_round_trips() -> None:

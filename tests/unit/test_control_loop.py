@@ -17,6 +17,7 @@ from planner_svc.control import (
     ControlLoop,
     Decision,
     DecisionSettings,
+    GuardSettings,
     LoopSettings,
     Mode,
     Telemetry,
@@ -144,19 +145,22 @@ def test_skips_while_rewarming_and_learns_the_rewarm_factor() -> None:
 
 
 def test_guard_falls_back_and_resumes_through_the_loop() -> None:
-    lp = loop(resume_dwell_s=30.0)
+    lp = loop(guard=GuardSettings(resume_dwell_s=30.0))
     lp.set_validated_range(ValidatedRange(p99_ms_max=3500.0, active_keys_max=10))
     assert step(lp, 0.0, window(0.0, p99_ms=1000.0, active_keys=3)).action is Action.KEEP
     bad = step(lp, 10.0, window(10.0, p99_ms=9000.0, active_keys=3))
     assert bad.action is Action.FALLBACK and "p99 9000 ms" in bad.reason
     assert bad.mode == "fallback"
     assert step(lp, 20.0, window(20.0, p99_ms=9000.0, active_keys=3)).action is Action.SKIP
-    assert step(lp, 50.0, window(50.0, p99_ms=9000.0, active_keys=3)).action is Action.RESUME
+    # still above the limit in fallback: no resume (it used to resume here, then flap)
+    assert step(lp, 50.0, window(50.0, p99_ms=9000.0, active_keys=3)).action is Action.SKIP
+    assert step(lp, 60.0, window(60.0, p99_ms=1000.0, active_keys=3)).action is Action.SKIP
+    assert step(lp, 90.0, window(90.0, p99_ms=1000.0, active_keys=3)).action is Action.RESUME
     assert lp.settling is not None  # back on a cold plan: follow its dip
 
 
 def test_operator_forces_and_releases_fallback() -> None:
-    lp = loop(resume_dwell_s=1e9)
+    lp = loop(guard=GuardSettings(resume_dwell_s=1e9))
     step(lp, 0.0, window(0.0))
     forced = lp.force_mode(1.0, Mode.FALLBACK, "maintenance window")
     assert forced.action is Action.FALLBACK and "maintenance window" in forced.reason
