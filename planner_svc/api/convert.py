@@ -7,9 +7,9 @@ from typing import Any
 
 from cacheroute.v1 import plan_pb2, planner_pb2
 from planner_svc.control.decision import Decision
-from planner_svc.control.guard import Mode
+from planner_svc.control.guard import GuardSettings, Mode, ValidatedRange
 from planner_svc.control.loop import Figures
-from planner_svc.orchestration.planner import Tunables
+from planner_svc.orchestration.planner import Guard, Tunables
 from planner_svc.planning import PlanDiff
 from router_client.plan import RoutingPlan, Version, destinations_to_pb
 
@@ -94,8 +94,38 @@ def diff_pb(d: PlanDiff) -> planner_pb2.PlanDiff:
     )
 
 
-def config_pb(t: Tunables, destinations: list[Any]) -> planner_pb2.PlannerConfig:
+def guard_pb(g: Guard) -> planner_pb2.GuardConfig:
+    v, s = g.validated, g.settings
+    return planner_pb2.GuardConfig(
+        active_keys_min=v.active_keys_min, active_keys_max=v.active_keys_max or 0,
+        p99_ms_max=v.p99_ms_max or 0.0, hit_rate_min=v.hit_rate_min or 0.0,
+        enter_after_s=s.enter_after_s, resume_dwell_s=s.resume_dwell_s,
+        min_fallback_s=s.min_fallback_s, p99_resume_margin=s.p99_resume_margin)
+
+
+def guard_from_pb(pb: planner_pb2.GuardConfig) -> Guard:
+    """ValueError (with the field's name) for a value no guard can use."""
+    for name in ("p99_ms_max", "hit_rate_min", "enter_after_s", "resume_dwell_s",
+                 "min_fallback_s", "p99_resume_margin"):
+        value = getattr(pb, name)
+        if not (math.isfinite(value) and value >= 0):
+            raise ValueError(f"guard {name} must be a finite number >= 0, got {value}")
+    if pb.hit_rate_min > 1:
+        raise ValueError(f"guard hit_rate_min must be in [0, 1], got {pb.hit_rate_min}")
+    if pb.active_keys_max and pb.active_keys_max < pb.active_keys_min:
+        raise ValueError("guard active_keys_max must be 0 (unchecked) or >= active_keys_min")
+    validated = ValidatedRange(
+        active_keys_min=pb.active_keys_min, active_keys_max=pb.active_keys_max or None,
+        p99_ms_max=pb.p99_ms_max or None, hit_rate_min=pb.hit_rate_min or None)
+    settings = GuardSettings(enter_after_s=pb.enter_after_s, resume_dwell_s=pb.resume_dwell_s,
+                             min_fallback_s=pb.min_fallback_s,
+                             p99_resume_margin=pb.p99_resume_margin)
+    return Guard(validated, settings)
+
+
+def config_pb(t: Tunables, destinations: list[Any], guard: Guard) -> planner_pb2.PlannerConfig:
     return planner_pb2.PlannerConfig(
+        guard=guard_pb(guard),
         q_cap=t.q_cap,
         warm_slots_per_destination=t.warm_slots_per_destination,
         interval_s=t.interval_s,

@@ -109,7 +109,7 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
             last_decision=self._decision(last) if last is not None else None,
             rates_age_s=s.rates_age_s if math.isfinite(s.rates_age_s) else -1.0,
             rates_recovering=s.rates_recovering,
-            config=convert.config_pb(s.tunables, s.destinations),
+            config=convert.config_pb(s.tunables, s.destinations, s.guard),
             pinned=s.pinned,
             mode_reason=s.mode_reason,
         )
@@ -250,15 +250,22 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
     ) -> planner_pb2.UpdateConfigResponse:
         tunables = _tunable_changes(request)
         add = [_destination(d) for d in request.add_destinations]
+        guard = None
+        if request.HasField("guard"):
+            try:
+                guard = convert.guard_from_pb(request.guard)
+            except ValueError as exc:
+                raise InvalidRequest(str(exc)) from None
         tun = self._planner.update_config(
             tunables=tunables,
             add=add,
             drain=list(request.drain_destinations),
             remove=list(request.remove_destinations),
             request_id=request.request_id,
+            guard=guard,
         )
         return planner_pb2.UpdateConfigResponse(
-            config=convert.config_pb(tun, self._planner.destinations)
+            config=convert.config_pb(tun, self._planner.destinations, self._planner.guard)
         )
 
 

@@ -52,6 +52,15 @@ SETTABLE = {  # `config set` keys and how their values parse
     "hysteresis": float,
     "min_dwell_s": float,
     "imbalance_tolerance": float,
+    # the fallback guard (0 = unchecked for the range); sent as one GuardConfig
+    "guard.active_keys_min": int,
+    "guard.active_keys_max": int,
+    "guard.p99_ms_max": float,
+    "guard.hit_rate_min": float,
+    "guard.enter_after_s": float,
+    "guard.resume_dwell_s": float,
+    "guard.min_fallback_s": float,
+    "guard.p99_resume_margin": float,
 }
 _VERSION = re.compile(r"^\d+(\.\d+)?$")
 
@@ -239,7 +248,16 @@ def _update_config(args: argparse.Namespace, conn: PlannerConnection, **fields: 
 
 def cmd_config_set(args: argparse.Namespace, conn: PlannerConnection) -> None:
     changes = parse_assignments(args.assignments)
-    data = view.config_dict(_update_config(args, conn, **changes))
+    fields: dict[str, Any] = {k: v for k, v in changes.items() if not k.startswith("guard.")}
+    guard_changes = {k[len("guard."):]: v for k, v in changes.items() if k.startswith("guard.")}
+    if guard_changes:  # the guard is replaced as a whole: start from the planner's
+        status = conn.call("GetStatus", planner_pb2.GetStatusRequest(), retries=args.retries)
+        guard = planner_pb2.GuardConfig()
+        guard.CopyFrom(status.config.guard)
+        for name, value in guard_changes.items():
+            setattr(guard, name, value)
+        fields["guard"] = guard
+    data = view.config_dict(_update_config(args, conn, **fields))
     emit(args, data, lambda: "updated " + ", ".join(changes) + "\n" + view.render_config(data))
 
 

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 from planner_svc.control import ControlLoop
 from planner_svc.control.decision import Action, Decision, Penalties
 from planner_svc.control.drift import Drift
-from planner_svc.control.guard import Mode
+from planner_svc.control.guard import GuardSettings, Mode, ValidatedRange
 from planner_svc.control.loop import Figures
 from planner_svc.control.telemetry import Telemetry
 from planner_svc.control.traffic import Traffic
@@ -98,6 +98,22 @@ class ReplanResult:
 
 
 @dataclass(frozen=True)
+class Guard:
+    """The guard's configuration: the validated range and its clocks."""
+
+    validated: ValidatedRange
+    settings: GuardSettings
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"validated": dataclasses.asdict(self.validated),
+                "settings": dataclasses.asdict(self.settings)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Guard:
+        return cls(ValidatedRange(**data["validated"]), GuardSettings(**data["settings"]))
+
+
+@dataclass(frozen=True)
 class PlannerStatus:
     """One consistent view of the planner (taken under its lock): GetStatus and /metrics."""
 
@@ -113,6 +129,7 @@ class PlannerStatus:
     pinned: bool
     tunables: Tunables
     destinations: list[DestinationSpec]
+    guard: Guard
 
 
 @dataclass(frozen=True)
@@ -214,9 +231,11 @@ class Planner:
             self._destinations = [DestinationSpec(**d) for d in durable.config["destinations"]]
             self._apply_decision_settings()
         if durable.loop is not None:
-            settings, validated = self._loop.settings, self._loop.validated
-            self._loop = ControlLoop.restore(durable.loop, settings)
-            self._loop.set_validated_range(validated)  # configuration, not state
+            guard = self.guard  # configuration, not the loop's state
+            self._loop = ControlLoop.restore(durable.loop, self._loop.settings)
+            self._apply_guard(guard)
+        if durable.config is not None and "guard" in durable.config:
+            self._apply_guard(Guard.from_dict(durable.config["guard"]))  # changed at run time
         for record in durable.decisions[-self.decisions.maxlen :]:  # type: ignore[operator]
             self.decisions.append(Decision.from_dict(record))
 
@@ -560,8 +579,10 @@ class Planner:
         drain: list[str],
         remove: list[str],
         request_id: str = "",
+        guard: Guard | None = None,
     ) -> Tunables:
-        """Change tunables and destinations together, or not at all (validated first)."""
+        """Change tunables, destinations and the guard together, or not at all (validated
+        first). A new guard acts at the next control step."""
         with self._lock:
             cached = self._once.get("update_config", request_id)
             if cached is not None:
@@ -571,10 +592,14 @@ class Planner:
             self._planning_config(new_tunables, new_destinations)  # refuse a bad edit now
             self.tunables, self._destinations = new_tunables, new_destinations
             self._apply_decision_settings()
+            if guard is not None:
+                self._apply_guard(guard)
+                log.info("guard configuration changed: %s", guard.to_dict())
             if self._history is not None:
                 self._history.record_config(
                     {
                         "tunables": dataclasses.asdict(self.tunables),
+                        "guard": self.guard.to_dict(),
                         "destinations": [dataclasses.asdict(d) for d in self._destinations],
                     }
                 )
@@ -683,7 +708,16 @@ class Planner:
                 pinned=self.pinned,
                 tunables=self.tunables,
                 destinations=list(self.destinations),
+                guard=self.guard,
             )
+
+    @property
+    def guard(self) -> Guard:
+        return Guard(self._loop.validated, self._loop.settings.guard)
+
+    def _apply_guard(self, guard: Guard) -> None:
+        self._loop.set_validated_range(guard.validated)
+        self._loop.settings = dataclasses.replace(self._loop.settings, guard=guard.settings)
 
     # --- decisions and watchers ------------------------------------------------------------
 

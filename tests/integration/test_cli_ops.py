@@ -189,6 +189,15 @@ def test_config_and_destinations(service):
     assert service.planner.tunables.q_cap == 30.0
     rc, out, _ = cli(service, "config", "set", "hysteresis=0.2")
     assert rc == 0 and out.startswith("updated hysteresis")
+    # the guard at run time: one field at a time, the others kept
+    cli_json(service, "config", "set", "guard.p99_ms_max=3500", "guard.resume_dwell_s=120")
+    data = cli_json(service, "config", "set", "guard.enter_after_s=30")
+    assert data["guard"]["p99_ms_max"] == 3500 and data["guard"]["enter_after_s"] == 30
+    assert service.planner.guard.settings.resume_dwell_s == 120
+    rc, out, _ = cli(service, "config", "get", token=READER)
+    lines = {line.split()[0]: line.split()[1:] for line in out.splitlines()}
+    assert lines["guard.p99_ms_max"] == ["3500"]
+    assert lines["guard.hit_rate_min"] == ["0", "(unchecked)"]
 
     rc, out, _ = cli(service, "destinations", "add", "d6", "--address", "10.0.0.6:8000")
     assert rc == 0 and out.startswith("d6 added") and "10.0.0.6:8000" in out

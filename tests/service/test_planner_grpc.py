@@ -536,3 +536,42 @@ def test_the_guard_acts_while_a_rollback_pins_the_plan(redis_server, tmp_path):
         assert actions.count("fallback") == 1 and actions.count("resume") == 1
     finally:
         svc.stop(0)
+
+
+def test_the_guard_is_set_at_run_time_refused_when_absurd_and_survives_a_restart(
+        broker, redis_server, tmp_path):
+    import uuid
+
+    settings = planner_settings(
+        redis_server.url, tmp_path, bootstrap=broker.bootstrap,
+        state_topic=f"planner-state-{uuid.uuid4().hex[:8]}", validated_p99_ms_max=9000.0,
+    )
+    first = build_service(settings, consume=False, durable=True)
+    first.start()
+    try:
+        feed(first)
+        first.planner.tick()
+        s = stub_for(first)
+        status = s.GetStatus(planner_pb2.GetStatusRequest(), timeout=5)
+        assert status.config.guard.p99_ms_max == 9000
+        guard = planner_pb2.GuardConfig(p99_ms_max=3500, hit_rate_min=0.5, enter_after_s=30,
+                                        resume_dwell_s=120, p99_resume_margin=0.2)
+        reply = s.UpdateConfig(planner_pb2.UpdateConfigRequest(guard=guard), timeout=10)
+        assert reply.config.guard == guard
+        for bad in (planner_pb2.GuardConfig(p99_resume_margin=1.5),
+                    planner_pb2.GuardConfig(hit_rate_min=2.0),
+                    planner_pb2.GuardConfig(resume_dwell_s=float("nan"))):
+            with pytest.raises(grpc.RpcError) as err:
+                s.UpdateConfig(planner_pb2.UpdateConfigRequest(guard=bad), timeout=10)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert first.planner.guard.settings.resume_dwell_s == 120  # refused edits change nothing
+    finally:
+        first.stop(0)
+    second = build_service(settings, consume=False, durable=True)
+    try:
+        g = second.planner.guard
+        assert g.validated.p99_ms_max == 3500 and g.validated.hit_rate_min == 0.5
+        assert (g.settings.enter_after_s, g.settings.resume_dwell_s,
+                g.settings.p99_resume_margin) == (30, 120, 0.2)
+    finally:
+        second.stop(0)

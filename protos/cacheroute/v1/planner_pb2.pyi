@@ -249,8 +249,28 @@ class SetModeResponse(_message.Message):
     mode: Mode
     def __init__(self, mode: _Optional[_Union[Mode, str]] = ...) -> None: ...
 
+class GuardConfig(_message.Message):
+    __slots__ = ("active_keys_min", "active_keys_max", "p99_ms_max", "hit_rate_min", "enter_after_s", "resume_dwell_s", "min_fallback_s", "p99_resume_margin")
+    ACTIVE_KEYS_MIN_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_KEYS_MAX_FIELD_NUMBER: _ClassVar[int]
+    P99_MS_MAX_FIELD_NUMBER: _ClassVar[int]
+    HIT_RATE_MIN_FIELD_NUMBER: _ClassVar[int]
+    ENTER_AFTER_S_FIELD_NUMBER: _ClassVar[int]
+    RESUME_DWELL_S_FIELD_NUMBER: _ClassVar[int]
+    MIN_FALLBACK_S_FIELD_NUMBER: _ClassVar[int]
+    P99_RESUME_MARGIN_FIELD_NUMBER: _ClassVar[int]
+    active_keys_min: int
+    active_keys_max: int
+    p99_ms_max: float
+    hit_rate_min: float
+    enter_after_s: float
+    resume_dwell_s: float
+    min_fallback_s: float
+    p99_resume_margin: float
+    def __init__(self, active_keys_min: _Optional[int] = ..., active_keys_max: _Optional[int] = ..., p99_ms_max: _Optional[float] = ..., hit_rate_min: _Optional[float] = ..., enter_after_s: _Optional[float] = ..., resume_dwell_s: _Optional[float] = ..., min_fallback_s: _Optional[float] = ..., p99_resume_margin: _Optional[float] = ...) -> None: ...
+
 class PlannerConfig(_message.Message):
-    __slots__ = ("q_cap", "warm_slots_per_destination", "interval_s", "hysteresis", "min_dwell_s", "imbalance_tolerance", "max_plan_age_s", "destinations")
+    __slots__ = ("q_cap", "warm_slots_per_destination", "interval_s", "hysteresis", "min_dwell_s", "imbalance_tolerance", "max_plan_age_s", "destinations", "guard")
     Q_CAP_FIELD_NUMBER: _ClassVar[int]
     WARM_SLOTS_PER_DESTINATION_FIELD_NUMBER: _ClassVar[int]
     INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
@@ -259,6 +279,7 @@ class PlannerConfig(_message.Message):
     IMBALANCE_TOLERANCE_FIELD_NUMBER: _ClassVar[int]
     MAX_PLAN_AGE_S_FIELD_NUMBER: _ClassVar[int]
     DESTINATIONS_FIELD_NUMBER: _ClassVar[int]
+    GUARD_FIELD_NUMBER: _ClassVar[int]
     q_cap: float
     warm_slots_per_destination: int
     interval_s: float
@@ -267,10 +288,11 @@ class PlannerConfig(_message.Message):
     imbalance_tolerance: float
     max_plan_age_s: float
     destinations: _containers.RepeatedCompositeFieldContainer[_plan_pb2.Destination]
-    def __init__(self, q_cap: _Optional[float] = ..., warm_slots_per_destination: _Optional[int] = ..., interval_s: _Optional[float] = ..., hysteresis: _Optional[float] = ..., min_dwell_s: _Optional[float] = ..., imbalance_tolerance: _Optional[float] = ..., max_plan_age_s: _Optional[float] = ..., destinations: _Optional[_Iterable[_Union[_plan_pb2.Destination, _Mapping]]] = ...) -> None: ...
+    guard: GuardConfig
+    def __init__(self, q_cap: _Optional[float] = ..., warm_slots_per_destination: _Optional[int] = ..., interval_s: _Optional[float] = ..., hysteresis: _Optional[float] = ..., min_dwell_s: _Optional[float] = ..., imbalance_tolerance: _Optional[float] = ..., max_plan_age_s: _Optional[float] = ..., destinations: _Optional[_Iterable[_Union[_plan_pb2.Destination, _Mapping]]] = ..., guard: _Optional[_Union[GuardConfig, _Mapping]] = ...) -> None: ...
 
 class UpdateConfigRequest(_message.Message):
-    __slots__ = ("q_cap", "warm_slots_per_destination", "interval_s", "hysteresis", "min_dwell_s", "imbalance_tolerance", "add_destinations", "drain_destinations", "remove_destinations", "request_id")
+    __slots__ = ("q_cap", "warm_slots_per_destination", "interval_s", "hysteresis", "min_dwell_s", "imbalance_tolerance", "add_destinations", "drain_destinations", "remove_destinations", "request_id", "guard")
     Q_CAP_FIELD_NUMBER: _ClassVar[int]
     WARM_SLOTS_PER_DESTINATION_FIELD_NUMBER: _ClassVar[int]
     INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
@@ -281,6 +303,7 @@ class UpdateConfigRequest(_message.Message):
     DRAIN_DESTINATIONS_FIELD_NUMBER: _ClassVar[int]
     REMOVE_DESTINATIONS_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    GUARD_FIELD_NUMBER: _ClassVar[int]
     q_cap: float
     warm_slots_per_destination: int
     interval_s: float
@@ -291,7 +314,8 @@ class UpdateConfigRequest(_message.Message):
     drain_destinations: _containers.RepeatedScalarFieldContainer[str]
     remove_destinations: _containers.RepeatedScalarFieldContainer[str]
     request_id: str
-    def __init__(self, q_cap: _Optional[float] = ..., warm_slots_per_destination: _Optional[int] = ..., interval_s: _Optional[float] = ..., hysteresis: _Optional[float] = ..., min_dwell_s: _Optional[float] = ..., imbalance_tolerance: _Optional[float] = ..., add_destinations: _Optional[_Iterable[_Union[_plan_pb2.Destination, _Mapping]]] = ..., drain_destinations: _Optional[_Iterable[str]] = ..., remove_destinations: _Optional[_Iterable[str]] = ..., request_id: _Optional[str] = ...) -> None: ...
+    guard: GuardConfig
+    def __init__(self, q_cap: _Optional[float] = ..., warm_slots_per_destination: _Optional[int] = ..., interval_s: _Optional[float] = ..., hysteresis: _Optional[float] = ..., min_dwell_s: _Optional[float] = ..., imbalance_tolerance: _Optional[float] = ..., add_destinations: _Optional[_Iterable[_Union[_plan_pb2.Destination, _Mapping]]] = ..., drain_destinations: _Optional[_Iterable[str]] = ..., remove_destinations: _Optional[_Iterable[str]] = ..., request_id: _Optional[str] = ..., guard: _Optional[_Union[GuardConfig, _Mapping]] = ...) -> None: ...
 
 class UpdateConfigResponse(_message.Message):
     __slots__ = ("config",)
