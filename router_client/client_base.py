@@ -378,7 +378,8 @@ class BaseRouterClient:
         self._reported_version = self.follower.version
         self._reported_rejections = self.follower.rejections
         with self._health_lock:
-            unhealthy = self.health.unroutable()
+            # what outlier detection and probes eject, and what the integration marked down
+            unhealthy = sorted(set(self.health.unroutable()) | set(self.core.unhealthy()))
         return self.follower.status(
             self.router_id,
             int(time.time() * 1000),

@@ -145,6 +145,16 @@ def cmd_decisions(args: argparse.Namespace, conn: PlannerConnection) -> None:
          lambda: "\n".join(view.render_decision(d, now) for d in data) or "no decisions yet")
 
 
+def cmd_routers(args: argparse.Namespace, conn: PlannerConnection) -> None:
+    reply = conn.call("ListRouters", planner_pb2.ListRoutersRequest())
+    status = conn.call("GetStatus", planner_pb2.GetStatusRequest())
+    newest = status.installed if status.HasField("installed") else None
+    data = [view.router_dict(r, newest) for r in reply.routers]
+    now = now_ms()
+    emit(args, {"routers": data},
+         lambda: view.render_routers(data, now) if data else "no router has reported yet")
+
+
 def cmd_config_get(args: argparse.Namespace, conn: PlannerConnection) -> None:
     data = view.config_dict(conn.call("GetStatus", planner_pb2.GetStatusRequest()).config)
     emit(args, data, lambda: view.render_config(data))
@@ -342,6 +352,9 @@ def add_commands(sub: Any, plan_sub: Any) -> None:
     decisions = sub.add_parser("decisions", parents=[common], help="the decision log, newest first")
     decisions.add_argument("--limit", type=int, default=20)
     _online(decisions, cmd_decisions)
+    routers = sub.add_parser("routers", parents=[common],
+                             help="the fleet: each router's version, lag, mode, rejections")
+    _online(routers, cmd_routers)
     watch = sub.add_parser("watch", parents=[common], help="live: installs and decisions")
     watch.add_argument("--count", type=int, default=0, help="stop after N events (0: never)")
     watch.add_argument("--duration", type=float, default=None, help="stop after N seconds")

@@ -366,3 +366,47 @@ def render_event(e: Mapping[str, Any]) -> str:
         )
     d = e["decision"]
     return f"decision {render_decision(d)} | {render_penalties(d['penalties'])}"
+
+
+def router_dict(sync: Any, newest: Any | None) -> dict[str, Any]:
+    """One router of `ListRouters`, with how many versions it is behind the planner's."""
+    st = sync.status
+    applied = f"{st.applied.epoch}.{st.applied.seq}" if st.applied.seq or st.applied.epoch else ""
+    behind = None
+    if newest is not None and applied:
+        behind = (newest.seq - st.applied.seq if newest.epoch == st.applied.epoch else None)
+    rejected = (f"{st.last_rejected.epoch}.{st.last_rejected.seq}"
+                if st.last_rejected.seq or st.last_rejected.epoch else "")
+    return {
+        "router_id": st.router_id,
+        "state": sync.state,  # in_sync | stale | rejected
+        "applied": applied,
+        "versions_behind": behind,
+        "mode": st.mode,
+        "applied_at_ms": st.applied_at_ms,
+        "reported_at_ms": st.reported_at_ms,
+        "last_rejected": rejected,
+        "last_rejection": st.last_rejection,
+        "unhealthy_destinations": list(st.unhealthy_destinations),
+        "decisions_planned": st.decisions_planned,
+        "decisions_fallback": st.decisions_fallback,
+    }
+
+
+def render_routers(routers: Sequence[Mapping[str, Any]], now_ms: int) -> str:
+    width = max(len("router"), *(len(r["router_id"]) for r in routers))
+    head = (f"{'router':<{width}}  {'state':<8} {'applied':>9} {'behind':>6} {'mode':<8} "
+            f"{'reported':>9}  notes")
+    lines = [head]
+    for r in routers:
+        behind = "?" if r["versions_behind"] is None else str(r["versions_behind"])
+        age = f"{max(0, now_ms - r['reported_at_ms']) / 1000:.0f} s ago" if r["reported_at_ms"] \
+            else "never"
+        notes = []
+        if r["last_rejected"]:
+            notes.append(f"rejected {r['last_rejected']}: {r['last_rejection']}")
+        if r["unhealthy_destinations"]:
+            notes.append("unhealthy: " + ", ".join(r["unhealthy_destinations"]))
+        lines.append(f"{r['router_id']:<{width}}  {r['state']:<8} {r['applied'] or '-':>9} "
+                     f"{behind:>6} {r['mode'] or '-':<8} {age:>9}  {'; '.join(notes)}")
+    return "\n".join(lines)

@@ -301,3 +301,37 @@ def test_tls_with_a_pinned_ca(redis_server, tmp_path: Path):
         assert rc == 2 and "cannot read" in err
     finally:
         svc.stop(0)
+
+
+def test_routers_shows_the_fleet(service, redis_server, tmp_path):
+    from router_client import RouterClient, signing
+    from router_client.redis_source import RedisPlanSource
+
+    rc, out, _ = cli(service, "routers", token=READER)
+    assert rc == 0 and out.strip() == "no router has reported yet"
+    key = signing.load_public_key(tmp_path / "planner-signing-key.pub.pem")
+    routers = [RouterClient(RedisPlanSource(redis_server.url), router_id=f"edge-{i}",
+                            public_keys=[key], status_interval_s=0.1).start(initial_wait_s=10)
+               for i in range(2)]
+    try:
+        routers[1].mark_down("d3")
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            listed = cli_json(service, "routers", token=READER)["routers"]
+            if len(listed) == 2 and all(r["state"] == "in_sync" for r in listed) and \
+                    any(r["unhealthy_destinations"] for r in listed):
+                break
+            time.sleep(0.2)
+        version = str(service.planner.installed.plan.version)
+        assert sorted(r["router_id"] for r in listed) == ["edge-0", "edge-1"]
+        assert all(r["applied"] == version and r["versions_behind"] == 0 for r in listed)
+        assert all(r["mode"] == "planned" for r in listed)
+        rc, out, _ = cli(service, "routers", token=READER)
+        lines = out.splitlines()
+        assert lines[0].split()[:4] == ["router", "state", "applied", "behind"]
+        assert any(line.startswith("edge-0") and "in_sync" in line and version in line
+                   for line in lines[1:])
+        assert any(line.startswith("edge-1") and "unhealthy: d3" in line for line in lines[1:])
+    finally:
+        for r in routers:
+            r.stop()
