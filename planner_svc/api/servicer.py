@@ -263,6 +263,7 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
             remove=list(request.remove_destinations),
             request_id=request.request_id,
             guard=guard,
+            weights=dict(request.set_weights),
         )
         return planner_pb2.UpdateConfigResponse(
             config=convert.config_pb(tun, self._planner.destinations, self._planner.guard)

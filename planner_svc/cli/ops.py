@@ -276,10 +276,13 @@ def cmd_destinations_edit(args: argparse.Namespace, conn: PlannerConnection) -> 
     if action == "add":
         spec = plan_pb2.Destination(id=args.id, address=args.address, capacity_weight=args.weight)
         config = _update_config(args, conn, add_destinations=[spec])
+    elif action == "weight":
+        config = _update_config(args, conn, set_weights={args.id: args.weight})
     else:
         config = _update_config(args, conn, **{f"{action}_destinations": [args.id]})
     data = view.config_dict(config)["destinations"]
-    past = {"add": "added", "drain": "draining", "remove": "removed"}[action]
+    past = {"add": "added", "drain": "draining", "remove": "removed",
+            "weight": f"weighted {getattr(args, 'weight', 0):g} (from the next plan)"}[action]
     emit(args, {"destinations": data},
          lambda: f"{args.id} {past}\n" + view.render_destinations(data))
 
@@ -410,15 +413,19 @@ def _add_config_commands(sub: Any, common: Any, both: list[Any]) -> None:
     setter.add_argument("assignments", nargs="+", metavar="KEY=VALUE",
                         help="keys: " + ", ".join(SETTABLE))
     _online(setter, cmd_config_set)
-    dests = sub.add_parser("destinations", help="list, add, drain or remove destinations")
+    dests = sub.add_parser("destinations",
+                           help="list, add, drain, remove or reweight destinations")
     dests_sub = dests.add_subparsers(dest="destinations_command", required=True)
     _online(dests_sub.add_parser("list", parents=[common], help="the configured destinations"),
             cmd_destinations_list)
     for action, text in (("add", "add a destination"), ("drain", "stop placing keys on it"),
-                         ("remove", "remove it from the plan")):
+                         ("remove", "remove it from the plan"),
+                         ("weight", "change its capacity weight")):
         p = dests_sub.add_parser(action, parents=both, help=text)
         p.add_argument("id")
         if action == "add":
             p.add_argument("--address", default="", help="engine address routers dial")
             p.add_argument("--weight", type=float, default=1.0, help="capacity weight")
+        if action == "weight":
+            p.add_argument("weight", type=float, help="capacity weight (1.0 = a reference replica)")
         _online(p, cmd_destinations_edit)

@@ -1,8 +1,11 @@
-"""Editing the planner's destination list (UpdateConfig): add, drain, remove, checked."""
+"""Editing the planner's destination list (UpdateConfig): add, drain, remove, reweight,
+checked."""
 
 from __future__ import annotations
 
 import dataclasses
+import math
+from collections.abc import Mapping
 
 from planner_svc.errors import Conflict, InvalidRequest
 from router_client.plan import DestinationSpec
@@ -10,11 +13,23 @@ from router_client.plan import DestinationSpec
 MAX_DESTINATIONS = 10_000  # per planner (docs/security.md)
 
 
+MAX_WEIGHT = 1e6
+
+
 def edit_destinations(
-    current: list[DestinationSpec], add: list[DestinationSpec], drain: list[str], remove: list[str]
+    current: list[DestinationSpec], add: list[DestinationSpec], drain: list[str], remove: list[str],
+    weights: Mapping[str, float] | None = None,
 ) -> list[DestinationSpec]:
-    """The list after the edit; a drained destination stays listed (routers see it leave)."""
+    """The list after the edit; a drained destination stays listed (routers see it leave).
+    `weights` gives existing destinations a new capacity weight."""
     by_id = {d.id: d for d in current}
+    for ident, weight in (weights or {}).items():
+        if ident not in by_id:
+            raise InvalidRequest(f"unknown destination {ident!r}")
+        if not (math.isfinite(weight) and 0 < weight <= MAX_WEIGHT):
+            raise InvalidRequest(f"capacity weight of {ident!r} must be in (0, {MAX_WEIGHT:g}], "
+                                 f"got {weight}")
+        by_id[ident] = dataclasses.replace(by_id[ident], capacity_weight=float(weight))
     for d in add:
         if d.id in by_id and not by_id[d.id].draining:
             raise Conflict(f"destination {d.id!r} already exists")

@@ -580,6 +580,7 @@ class Planner:
         remove: list[str],
         request_id: str = "",
         guard: Guard | None = None,
+        weights: dict[str, float] | None = None,
     ) -> Tunables:
         """Change tunables, destinations and the guard together, or not at all (validated
         first). A new guard acts at the next control step."""
@@ -588,7 +589,8 @@ class Planner:
             if cached is not None:
                 return cached  # type: ignore[no-any-return]
             new_tunables = dataclasses.replace(self.tunables, **tunables)
-            new_destinations = edit_destinations(self._destinations, add, drain, remove)
+            new_destinations = edit_destinations(self._destinations, add, drain, remove,
+                                                 weights)
             self._planning_config(new_tunables, new_destinations)  # refuse a bad edit now
             self.tunables, self._destinations = new_tunables, new_destinations
             self._apply_decision_settings()

@@ -335,3 +335,20 @@ def test_routers_shows_the_fleet(service, redis_server, tmp_path):
     finally:
         for r in routers:
             r.stop()
+
+
+def test_destination_weights_change_at_run_time(service):
+    data = cli_json(service, "destinations", "weight", "d2", "4")["destinations"]
+    assert next(d for d in data if d["id"] == "d2")["capacity_weight"] == 4.0
+    service.planner.replan(fresh=False, force=True, dry_run=False)
+    plan = service.planner.installed.plan
+    weights = {d.id: d.capacity_weight for d in plan.destinations}
+    assert weights["d2"] == 4.0 and weights["d0"] == 1.0
+    loads = dict(zip((d.id for d in plan.destinations), plan.stats.expected_load_per_s,
+                     strict=True))
+    assert loads["d2"] > 2.5 * loads["d0"]  # the plan gives it about 4x the load
+    for bad in ("0", "-1", "nan"):
+        rc, _, err = cli(service, "destinations", "weight", "d2", bad)
+        assert rc != 0 and "capacity weight" in err, err
+    rc, _, err = cli(service, "destinations", "weight", "nope", "2")
+    assert rc != 0 and "unknown destination" in err
