@@ -65,6 +65,9 @@ def tunables_from(settings: PlannerSettings) -> Tunables:
         min_dwell_s=settings.min_dwell_s,
         imbalance_tolerance=settings.imbalance_tolerance,
         max_plan_age_s=settings.max_plan_age_s,
+        byte_aware=settings.byte_aware,
+        admission_hysteresis=settings.admission_hysteresis,
+        balance_effort=settings.balance_effort,
     )
 
 

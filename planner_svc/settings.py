@@ -43,6 +43,12 @@ class PlannerSettings:
     hysteresis: float = 0.1
     min_dwell_s: float = 0.0
     max_plan_age_s: float = 300.0
+    # Planning options (all changeable at run time with `cacheroute config set`): admit by
+    # value density under a token budget (per-key reusable-prefix sizes from the telemetry);
+    # favour installed keys at the admission boundary by this factor; churn vs balance.
+    byte_aware: bool = False
+    admission_hysteresis: float = 0.0
+    balance_effort: float = 1.0
     # The range the plan was validated for (shadow replay / canary, checklist step 5):
     # outside it the guard falls back to Flat-LB, and resumes when telemetry returns.
     # 0 = unchecked.

@@ -133,5 +133,8 @@ def config_pb(t: Tunables, destinations: list[Any], guard: Guard) -> planner_pb2
         min_dwell_s=t.min_dwell_s,
         imbalance_tolerance=t.imbalance_tolerance,
         max_plan_age_s=t.max_plan_age_s,
+        byte_aware=t.byte_aware,
+        admission_hysteresis=t.admission_hysteresis,
+        balance_effort=t.balance_effort,
         destinations=destinations_to_pb(destinations),
     )

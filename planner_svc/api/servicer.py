@@ -284,7 +284,13 @@ def _tunable_changes(request: planner_pb2.UpdateConfigRequest) -> dict[str, Any]
             if not lo <= value <= hi:
                 raise InvalidRequest(f"{name} must be in [{lo:g}, {hi:g}], got {value:g}")
             changes[name] = value
-    for name in ("hysteresis", "min_dwell_s", "imbalance_tolerance"):
+    if request.HasField("byte_aware"):
+        changes["byte_aware"] = request.byte_aware
+    if request.HasField("balance_effort"):
+        if not 0.0 <= request.balance_effort <= 1.0:
+            raise InvalidRequest(f"balance_effort must be in [0, 1], got {request.balance_effort}")
+        changes["balance_effort"] = request.balance_effort
+    for name in ("hysteresis", "min_dwell_s", "imbalance_tolerance", "admission_hysteresis"):
         if request.HasField(name):
             value = getattr(request, name)
             if not (math.isfinite(value) and value >= 0):

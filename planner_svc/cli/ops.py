@@ -45,13 +45,24 @@ from planner_svc.cli.ops_client import DEFAULT_PLANNER, OpsError, PlannerConnect
 from router_client.plan import RoutingPlan, Version, decode_plan
 
 MODES = {name: value for value, name in view.MODE_NAMES.items()}  # `mode set` choices
-SETTABLE = {  # `config set` keys and how their values parse
+def _boolean(text: str) -> bool:
+    value = {"true": True, "on": True, "1": True, "false": False, "off": False, "0": False}.get(
+        text.lower())
+    if value is None:
+        raise ValueError(text)
+    return value
+
+
+SETTABLE: dict[str, Callable[[str], Any]] = {  # `config set` keys and how values parse
     "q_cap": float,
     "warm_slots_per_destination": int,
     "interval_s": float,
     "hysteresis": float,
     "min_dwell_s": float,
     "imbalance_tolerance": float,
+    "byte_aware": _boolean,
+    "admission_hysteresis": float,
+    "balance_effort": float,
     # the fallback guard (0 = unchecked for the range); sent as one GuardConfig
     "guard.active_keys_min": int,
     "guard.active_keys_max": int,
@@ -247,7 +258,8 @@ def parse_assignments(pairs: list[str]) -> dict[str, Any]:
         try:
             changes[key] = SETTABLE[key](raw.strip())
         except ValueError:
-            raise OpsError(f"invalid value: {key} must be a number, got {raw!r}", 2) from None
+            kind = "true or false" if SETTABLE[key] is _boolean else "a number"
+            raise OpsError(f"invalid value: {key} must be {kind}, got {raw!r}", 2) from None
     return changes
 
 

@@ -103,6 +103,9 @@ def config_dict(pb: Any) -> dict[str, Any]:
         "min_dwell_s": pb.min_dwell_s,
         "imbalance_tolerance": pb.imbalance_tolerance,
         "max_plan_age_s": pb.max_plan_age_s,
+        "byte_aware": pb.byte_aware,
+        "admission_hysteresis": pb.admission_hysteresis,
+        "balance_effort": pb.balance_effort,
         "guard": {name: getattr(pb.guard, name) for name in (
             "active_keys_min", "active_keys_max", "p99_ms_max", "hit_rate_min",
             "enter_after_s", "resume_dwell_s", "min_fallback_s", "p99_resume_margin")},
@@ -318,7 +321,8 @@ def render_diff(d: Mapping[str, Any], a: str, b: str) -> str:
 
 
 def render_config(c: Mapping[str, Any]) -> str:
-    lines = [f"{k:<27} {v:g}" for k, v in c.items() if k not in ("destinations", "guard")]
+    lines = [f"{k:<27} {str(v).lower() if isinstance(v, bool) else format(v, 'g')}"
+             for k, v in c.items() if k not in ("destinations", "guard")]
     lines += [f"{'guard.' + k:<27} {v:g}" + ("  (unchecked)" if k in _RANGE and not v else "")
               for k, v in c.get("guard", {}).items()]
     lines.append(f"{'destinations':<27} {len(c['destinations'])}")

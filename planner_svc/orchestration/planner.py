@@ -143,6 +143,10 @@ class Tunables:
     min_dwell_s: float
     imbalance_tolerance: float
     max_plan_age_s: float
+    # Planning options (planner_svc.planning.config.PlanningConfig documents them).
+    byte_aware: bool = False
+    admission_hysteresis: float = 0.0
+    balance_effort: float = 1.0
 
 
 class Planner:
@@ -667,6 +671,9 @@ class Planner:
             q_cap=t.q_cap,
             warm_slots_per_destination=t.warm_slots_per_destination,
             imbalance_tolerance=t.imbalance_tolerance,
+            byte_aware=t.byte_aware,
+            admission_hysteresis=t.admission_hysteresis,
+            balance_effort=t.balance_effort,
         )
 
     def plan(self, version: Version | None = None) -> RoutingPlan:

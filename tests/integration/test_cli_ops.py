@@ -352,3 +352,22 @@ def test_destination_weights_change_at_run_time(service):
         assert rc != 0 and "capacity weight" in err, err
     rc, _, err = cli(service, "destinations", "weight", "nope", "2")
     assert rc != 0 and "unknown destination" in err
+
+
+def test_planning_options_change_at_run_time_and_reach_the_next_plan(service):
+    data = cli_json(service, "config", "set", "byte_aware=true", "admission_hysteresis=0.2",
+                    "balance_effort=0.5")
+    assert (data["byte_aware"], data["admission_hysteresis"], data["balance_effort"]) == (
+        True, 0.2, 0.5)
+    config = service.planner.planning_config()
+    assert config.byte_aware and config.admission_hysteresis == 0.2
+    assert config.balance_effort == 0.5
+    service.planner.replan(fresh=False, force=True, dry_run=False)
+    assert service.planner.installed.plan.config.byte_aware  # the plan says how it was built
+    rc, out, _ = cli(service, "config", "get", token=READER)
+    assert "byte_aware                  true" in out
+    for bad, words in (("balance_effort=2", "balance_effort must be in [0, 1]"),
+                       ("byte_aware=maybe", "must be true or false"),
+                       ("admission_hysteresis=-1", "admission_hysteresis must be >= 0")):
+        rc, _, err = cli(service, "config", "set", bad)
+        assert rc == 2 and words in err, err

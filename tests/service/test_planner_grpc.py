@@ -538,7 +538,7 @@ def test_the_guard_acts_while_a_rollback_pins_the_plan(redis_server, tmp_path):
         svc.stop(0)
 
 
-def test_the_guard_is_set_at_run_time_refused_when_absurd_and_survives_a_restart(
+def test_guard_options_and_weights_set_at_run_time_survive_a_restart(
         broker, redis_server, tmp_path):
     import uuid
 
@@ -556,8 +556,10 @@ def test_the_guard_is_set_at_run_time_refused_when_absurd_and_survives_a_restart
         assert status.config.guard.p99_ms_max == 9000
         guard = planner_pb2.GuardConfig(p99_ms_max=3500, hit_rate_min=0.5, enter_after_s=30,
                                         resume_dwell_s=120, p99_resume_margin=0.2)
-        reply = s.UpdateConfig(planner_pb2.UpdateConfigRequest(guard=guard), timeout=10)
-        assert reply.config.guard == guard
+        reply = s.UpdateConfig(planner_pb2.UpdateConfigRequest(
+            guard=guard, byte_aware=True, balance_effort=0.25, set_weights={DESTS[1]: 3.0}),
+            timeout=10)
+        assert reply.config.guard == guard and reply.config.byte_aware
         for bad in (planner_pb2.GuardConfig(p99_resume_margin=1.5),
                     planner_pb2.GuardConfig(hit_rate_min=2.0),
                     planner_pb2.GuardConfig(resume_dwell_s=float("nan"))):
@@ -571,6 +573,9 @@ def test_the_guard_is_set_at_run_time_refused_when_absurd_and_survives_a_restart
     try:
         g = second.planner.guard
         assert g.validated.p99_ms_max == 3500 and g.validated.hit_rate_min == 0.5
+        t = second.planner.tunables
+        assert t.byte_aware and t.balance_effort == 0.25
+        assert {d.id: d.capacity_weight for d in second.planner.destinations}[DESTS[1]] == 3.0
         assert (g.settings.enter_after_s, g.settings.resume_dwell_s,
                 g.settings.p99_resume_margin) == (30, 120, 0.2)
     finally:
