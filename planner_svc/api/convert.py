@@ -11,6 +11,7 @@ from planner_svc.control.guard import GuardSettings, Mode, ValidatedRange
 from planner_svc.control.loop import Figures
 from planner_svc.orchestration.planner import Guard, Tunables
 from planner_svc.planning import PlanDiff
+from planner_svc.planning.explain import KeyExplanation
 from router_client.plan import RoutingPlan, Version, destinations_to_pb
 
 MODE_TO_PB = {Mode.PLANNED: planner_pb2.PLANNED, Mode.FALLBACK: planner_pb2.FALLBACK}
@@ -137,4 +138,19 @@ def config_pb(t: Tunables, destinations: list[Any], guard: Guard) -> planner_pb2
         admission_hysteresis=t.admission_hysteresis,
         balance_effort=t.balance_effort,
         destinations=destinations_to_pb(destinations),
+    )
+
+
+def explanation_pb(e: KeyExplanation, version: Version | None) -> planner_pb2.KeyExplanation:
+    return planner_pb2.KeyExplanation(
+        key=e.key, seen=e.seen, rate_per_s=e.rate_per_s, rank=e.rank,
+        keys_with_traffic=e.keys_with_traffic, replicas=e.replicas, replicas_why=e.replicas_why,
+        admitted=e.admitted, reason=e.reason, destinations=list(e.destinations),
+        destination_loads_per_s=list(e.destination_loads_per_s),
+        planned_rate_per_s=e.planned_rate_per_s, cutoff_rate_per_s=e.cutoff_rate_per_s,
+        slots_used=e.slots_used, slots=e.slots,
+        admitted_next=e.next_destinations is not None,
+        next_destinations=list(e.next_destinations or ()),
+        history=[planner_pb2.KeyPlacement(version=v, destinations=list(d)) for v, d in e.history],
+        version=version_pb(version) if version is not None else None,
     )

@@ -182,6 +182,18 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
             decisions=[self._decision(d) for d in reversed(decisions)]
         )
 
+    def ExplainKey(
+        self, request: planner_pb2.ExplainKeyRequest, context: grpc.ServicerContext
+    ) -> planner_pb2.KeyExplanation:
+        if not request.key or len(request.key.encode()) > MAX_KEY_BYTES:
+            raise InvalidRequest(f"key must be 1 to {MAX_KEY_BYTES} bytes")
+        history = request.history or 5
+        if history > 50:
+            raise InvalidRequest(f"history must be at most 50, got {history}")
+        e = self._planner.explain(request.key, history)
+        installed = self._planner.current()
+        return convert.explanation_pb(e, installed.plan.version if installed else None)
+
     def ListRouters(
         self, request: Any, context: grpc.ServicerContext
     ) -> planner_pb2.ListRoutersResponse:
@@ -269,6 +281,8 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
             config=convert.config_pb(tun, self._planner.destinations, self._planner.guard)
         )
 
+
+MAX_KEY_BYTES = 512  # a routing key's bound everywhere (streams.validation, the gateway)
 
 # Plausible ranges: outside them a value is a typo or an attack, never a configuration.
 TUNABLE_RANGES = {"q_cap": (1e-3, 1e7), "interval_s": (0.1, 86_400.0)}

@@ -141,6 +141,13 @@ def cmd_plan_versions(args: argparse.Namespace, conn: PlannerConnection) -> None
     emit(args, {"versions": data}, lambda: view.render_versions(data, now_ms()))
 
 
+def cmd_plan_explain(args: argparse.Namespace, conn: PlannerConnection) -> None:
+    reply = conn.call("ExplainKey", planner_pb2.ExplainKeyRequest(key=args.key,
+                                                                  history=args.history))
+    data = view.explanation_dict(reply)
+    emit(args, data, lambda: view.render_explanation(data))
+
+
 def cmd_plan_diff_online(args: argparse.Namespace, conn: PlannerConnection) -> None:
     a, b = str(args.a), str(args.b)
     request = planner_pb2.DiffPlansRequest(a=parse_version(a), b=parse_version(b))
@@ -381,6 +388,11 @@ def _add_plan_commands(plan_sub: Any, common: Any, both: list[Any]) -> None:
     show.add_argument("version", nargs="?", help="EPOCH.SEQ (default: the current plan)")
     show.add_argument("--top", type=int, default=10, help="hottest keys to list")
     _online(show, cmd_plan_show)
+    explain = plan_sub.add_parser("explain", parents=[common],
+                                  help="why a key is (or is not) where the plan puts it")
+    explain.add_argument("key", help="the routing key")
+    explain.add_argument("--history", type=int, default=5, help="retained versions to list")
+    _online(explain, cmd_plan_explain)
     versions = plan_sub.add_parser("versions", parents=[common], help="retained plan versions")
     versions.add_argument("--limit", type=int, default=20)
     _online(versions, cmd_plan_versions)

@@ -414,3 +414,41 @@ def render_routers(routers: Sequence[Mapping[str, Any]], now_ms: int) -> str:
         lines.append(f"{r['router_id']:<{width}}  {r['state']:<8} {r['applied'] or '-':>9} "
                      f"{behind:>6} {r['mode'] or '-':<8} {age:>9}  {'; '.join(notes)}")
     return "\n".join(lines)
+
+
+def explanation_dict(pb: Any) -> dict[str, Any]:
+    return {
+        "key": pb.key, "version": f"{pb.version.epoch}.{pb.version.seq}", "seen": pb.seen,
+        "rate_per_s": pb.rate_per_s, "rank": pb.rank, "keys_with_traffic": pb.keys_with_traffic,
+        "replicas": pb.replicas, "replicas_why": pb.replicas_why, "admitted": pb.admitted,
+        "reason": pb.reason, "destinations": list(pb.destinations),
+        "destination_loads_per_s": list(pb.destination_loads_per_s),
+        "planned_rate_per_s": pb.planned_rate_per_s, "cutoff_rate_per_s": pb.cutoff_rate_per_s,
+        "slots_used": pb.slots_used, "slots": pb.slots,
+        "next_destinations": list(pb.next_destinations) if pb.admitted_next else None,
+        "history": [{"version": h.version, "destinations": list(h.destinations)}
+                    for h in pb.history],
+    }
+
+
+def render_explanation(e: Mapping[str, Any]) -> str:
+    lines = [f"{e['key']} in plan {e['version']}: {e['reason']}"]
+    if e["seen"]:
+        lines.append(f"  rate          {e['rate_per_s']:.4g} req/s (rank {e['rank']} of "
+                     f"{e['keys_with_traffic']} keys with traffic)")
+        lines.append(f"  replicas      {e['replicas_why']}")
+    lines.append(f"  admission     cut-off {e['cutoff_rate_per_s']:.4g} req/s; "
+                 f"{e['slots_used']} of {e['slots']} slots used")
+    if e["destinations"]:
+        placed = ", ".join(f"{d} (load {load:.3g} req/s)" for d, load in
+                           zip(e["destinations"], e["destination_loads_per_s"], strict=True))
+        lines.append(f"  destinations  {placed}; planned at {e['planned_rate_per_s']:.4g} req/s")
+    nxt = e["next_destinations"]
+    if nxt is None:
+        lines.append("  next repack   not admitted")
+    else:
+        same = " (unchanged)" if nxt == e["destinations"] else ""
+        lines.append(f"  next repack   {', '.join(nxt)}{same}")
+    for h in e["history"]:
+        lines.append(f"  {h['version']:<12}  {', '.join(h['destinations']) or 'not admitted'}")
+    return "\n".join(lines)

@@ -23,6 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import numpy as np
+
 from planner_svc.control import ControlLoop
 from planner_svc.control.decision import Action, Decision, Penalties
 from planner_svc.control.drift import Drift
@@ -43,6 +45,7 @@ from planner_svc.orchestration.failpoints import failpoint
 from planner_svc.orchestration.fleet_health import reported_down, with_reported_down
 from planner_svc.orchestration.window_view import telemetry_from_window, traffic_from_window
 from planner_svc.planning import PlanDiff, PlanningConfig, build_plan, diff, repack
+from planner_svc.planning.explain import KeyExplanation, explain_key
 from router_client.plan import (
     BuiltBy,
     DestinationSpec,
@@ -644,6 +647,20 @@ class Planner:
     @property
     def loop(self) -> ControlLoop:
         return self._loop
+
+    def explain(self, key: str, history: int = 5) -> KeyExplanation:
+        """Why `key` is (or is not) where the serving plan puts it (planning.explain)."""
+        with self._lock:
+            if self.installed is None:
+                raise NotFound("no plan installed yet")
+            plan = self._serving_plan()
+            t = self.traffic
+            keys, rates = (t.keys, t.rates) if t is not None else ([], np.zeros(0))
+            candidate = self._candidate(fresh=False) if t is not None else None
+            older = [p for v, p in reversed(self._plans.items()) if v != plan.version]
+            older = [p for p in older if p.config.built_by != BuiltBy.FALLBACK][:history]
+            return explain_key(key, plan, keys, rates, self.planning_config(),
+                               candidate=candidate, history=older)
 
     def planning_config(self) -> PlanningConfig:
         return self._planning_config(self.tunables, self._fleet())

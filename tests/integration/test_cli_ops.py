@@ -371,3 +371,42 @@ def test_planning_options_change_at_run_time_and_reach_the_next_plan(service):
                        ("admission_hysteresis=-1", "admission_hysteresis must be >= 0")):
         rc, _, err = cli(service, "config", "set", bad)
         assert rc == 2 and words in err, err
+
+
+def test_plan_explain_admitted_unadmitted_and_never_seen_keys(service):
+    import math
+
+    import numpy as np
+
+    from planner_svc.simulator.rates import paper_like_keys, paper_like_rates
+
+    keys, rates = paper_like_keys(400), paper_like_rates(400, 300.0, seed=1)  # what feed() sent
+    plan = service.planner.installed.plan
+    table = plan.table.as_dict()
+    q_ref = service.planner.planning_config().reference_capacity
+    admitted = max(table, key=lambda k: rates[keys.index(k)])  # the hottest key
+    outside = [k for k in keys if k not in table and rates[keys.index(k)] > 0]
+    assert outside, "the fixture's plan admits every key: nothing to explain as unadmitted"
+    cutoff = float(plan.table.rates.min())
+
+    e = cli_json(service, "plan", "explain", admitted, token=READER)
+    rate = float(rates[keys.index(admitted)])
+    assert e["admitted"] and e["rank"] == 1 and e["rate_per_s"] == pytest.approx(rate)
+    assert e["replicas"] == min(max(1, math.ceil(rate / q_ref)), len(DESTS))
+    assert e["destinations"] == [plan.destinations[m].id for m in table[admitted]]
+    assert e["cutoff_rate_per_s"] == pytest.approx(cutoff)
+    assert e["next_destinations"] is not None
+
+    miss = outside[0]
+    e = cli_json(service, "plan", "explain", miss, token=READER)
+    rate = float(rates[keys.index(miss)])
+    assert not e["admitted"] and e["destinations"] == []
+    assert e["rank"] == int(np.count_nonzero(rates > rate)) + 1
+    assert ("below the cut-off" in e["reason"]) == (rate < cutoff)
+
+    e = cli_json(service, "plan", "explain", "nobody-asked-for-this", token=READER)
+    assert not e["seen"] and not e["admitted"] and "never seen" in e["reason"]
+    rc, out, _ = cli(service, "plan", "explain", admitted, token=READER)
+    assert rc == 0 and out.startswith(f"{admitted} in plan ") and "next repack" in out
+    rc, _, err = cli(service, "plan", "explain", "x" * 600, token=READER)
+    assert rc == 2 and "key must be 1 to 512 bytes" in err

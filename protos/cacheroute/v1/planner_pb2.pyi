@@ -373,3 +373,61 @@ class ListRoutersResponse(_message.Message):
     ROUTERS_FIELD_NUMBER: _ClassVar[int]
     routers: _containers.RepeatedCompositeFieldContainer[RouterSync]
     def __init__(self, routers: _Optional[_Iterable[_Union[RouterSync, _Mapping]]] = ...) -> None: ...
+
+class ExplainKeyRequest(_message.Message):
+    __slots__ = ("key", "history")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    history: int
+    def __init__(self, key: _Optional[str] = ..., history: _Optional[int] = ...) -> None: ...
+
+class KeyPlacement(_message.Message):
+    __slots__ = ("version", "destinations")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    DESTINATIONS_FIELD_NUMBER: _ClassVar[int]
+    version: str
+    destinations: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, version: _Optional[str] = ..., destinations: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class KeyExplanation(_message.Message):
+    __slots__ = ("key", "seen", "rate_per_s", "rank", "keys_with_traffic", "replicas", "replicas_why", "admitted", "reason", "destinations", "destination_loads_per_s", "planned_rate_per_s", "cutoff_rate_per_s", "slots_used", "slots", "admitted_next", "next_destinations", "history", "version")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    SEEN_FIELD_NUMBER: _ClassVar[int]
+    RATE_PER_S_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    KEYS_WITH_TRAFFIC_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_WHY_FIELD_NUMBER: _ClassVar[int]
+    ADMITTED_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    DESTINATIONS_FIELD_NUMBER: _ClassVar[int]
+    DESTINATION_LOADS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    PLANNED_RATE_PER_S_FIELD_NUMBER: _ClassVar[int]
+    CUTOFF_RATE_PER_S_FIELD_NUMBER: _ClassVar[int]
+    SLOTS_USED_FIELD_NUMBER: _ClassVar[int]
+    SLOTS_FIELD_NUMBER: _ClassVar[int]
+    ADMITTED_NEXT_FIELD_NUMBER: _ClassVar[int]
+    NEXT_DESTINATIONS_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    seen: bool
+    rate_per_s: float
+    rank: int
+    keys_with_traffic: int
+    replicas: int
+    replicas_why: str
+    admitted: bool
+    reason: str
+    destinations: _containers.RepeatedScalarFieldContainer[str]
+    destination_loads_per_s: _containers.RepeatedScalarFieldContainer[float]
+    planned_rate_per_s: float
+    cutoff_rate_per_s: float
+    slots_used: int
+    slots: int
+    admitted_next: bool
+    next_destinations: _containers.RepeatedScalarFieldContainer[str]
+    history: _containers.RepeatedCompositeFieldContainer[KeyPlacement]
+    version: _plan_pb2.PlanVersion
+    def __init__(self, key: _Optional[str] = ..., seen: _Optional[bool] = ..., rate_per_s: _Optional[float] = ..., rank: _Optional[int] = ..., keys_with_traffic: _Optional[int] = ..., replicas: _Optional[int] = ..., replicas_why: _Optional[str] = ..., admitted: _Optional[bool] = ..., reason: _Optional[str] = ..., destinations: _Optional[_Iterable[str]] = ..., destination_loads_per_s: _Optional[_Iterable[float]] = ..., planned_rate_per_s: _Optional[float] = ..., cutoff_rate_per_s: _Optional[float] = ..., slots_used: _Optional[int] = ..., slots: _Optional[int] = ..., admitted_next: _Optional[bool] = ..., next_destinations: _Optional[_Iterable[str]] = ..., history: _Optional[_Iterable[_Union[KeyPlacement, _Mapping]]] = ..., version: _Optional[_Union[_plan_pb2.PlanVersion, _Mapping]] = ...) -> None: ...

@@ -94,6 +94,11 @@ class PlannerStub:
                 request_serializer=cacheroute_dot_v1_dot_planner__pb2.ListRoutersRequest.SerializeToString,
                 response_deserializer=cacheroute_dot_v1_dot_planner__pb2.ListRoutersResponse.FromString,
                 _registered_method=True)
+        self.ExplainKey = channel.unary_unary(
+                '/cacheroute.v1.Planner/ExplainKey',
+                request_serializer=cacheroute_dot_v1_dot_planner__pb2.ExplainKeyRequest.SerializeToString,
+                response_deserializer=cacheroute_dot_v1_dot_planner__pb2.KeyExplanation.FromString,
+                _registered_method=True)
 
 
 class PlannerServicer:
@@ -172,6 +177,13 @@ class PlannerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ExplainKey(self, request, context):
+        """Why a key is (or is not) where the installed plan puts it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PlannerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -234,6 +246,11 @@ def add_PlannerServicer_to_server(servicer, server):
                     servicer.ListRouters,
                     request_deserializer=cacheroute_dot_v1_dot_planner__pb2.ListRoutersRequest.FromString,
                     response_serializer=cacheroute_dot_v1_dot_planner__pb2.ListRoutersResponse.SerializeToString,
+            ),
+            'ExplainKey': grpc.unary_unary_rpc_method_handler(
+                    servicer.ExplainKey,
+                    request_deserializer=cacheroute_dot_v1_dot_planner__pb2.ExplainKeyRequest.FromString,
+                    response_serializer=cacheroute_dot_v1_dot_planner__pb2.KeyExplanation.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -560,6 +577,33 @@ class Planner:
             '/cacheroute.v1.Planner/ListRouters',
             cacheroute_dot_v1_dot_planner__pb2.ListRoutersRequest.SerializeToString,
             cacheroute_dot_v1_dot_planner__pb2.ListRoutersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExplainKey(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cacheroute.v1.Planner/ExplainKey',
+            cacheroute_dot_v1_dot_planner__pb2.ExplainKeyRequest.SerializeToString,
+            cacheroute_dot_v1_dot_planner__pb2.KeyExplanation.FromString,
             options,
             channel_credentials,
             insecure,
