@@ -14,6 +14,7 @@ never swaps in a table that breaks them):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -260,9 +261,18 @@ def destinations_to_pb(dests: Sequence[DestinationSpec]) -> list[plan_pb2.Destin
     ]
 
 
+def checked_weight(weight: float) -> float:
+    """A destination's capacity weight off the wire: unset (0) is 1.0, else finite and > 0."""
+    w = weight or 1.0
+    if not 0.0 < w < math.inf:  # NaN fails too
+        raise PlanRejected("bad_weight", "a destination's capacity weight is not positive")
+    return w
+
+
 def destinations_from_pb(dests: Sequence[plan_pb2.Destination]) -> tuple[DestinationSpec, ...]:
     return tuple(
-        DestinationSpec(d.id, d.address, d.capacity_weight or 1.0, d.draining) for d in dests
+        DestinationSpec(d.id, d.address, checked_weight(d.capacity_weight), d.draining)
+        for d in dests
     )
 
 

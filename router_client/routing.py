@@ -55,7 +55,6 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import hashlib
-import math
 import random
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -72,6 +71,7 @@ from router_client.plan import (
     PlanKeys,
     RoutingPlan,
     Version,
+    checked_weight,
     decode_keys,
     parse_plan_pb,
     plan_keys_from_pb,
@@ -200,9 +200,7 @@ def destination_columns(dests: Sequence[plan_pb2.Destination]) -> DestinationCol
         raise PlanRejected("no_destinations", "the plan names no destination")
     if len(set(ids)) != len(ids):
         raise PlanRejected("duplicate_destination", "a destination id appears twice")
-    weights = tuple(w or 1.0 for w in map(_weight_of, dests))
-    if not all(0.0 < w < math.inf for w in weights):
-        raise PlanRejected("bad_weight", "a destination's capacity weight is not positive")
+    weights = tuple(map(checked_weight, map(_weight_of, dests)))
     return DestinationColumns(ids, addresses, draining, _weights_or_empty(weights))
 
 

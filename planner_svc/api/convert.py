@@ -7,6 +7,7 @@ from typing import Any
 
 from cacheroute.v1 import plan_pb2, planner_pb2
 from planner_svc.control.decision import Decision
+from planner_svc.control.delivery import DeliveryReport
 from planner_svc.control.guard import GuardSettings, Mode, ValidatedRange
 from planner_svc.control.loop import Figures
 from planner_svc.orchestration.planner import Guard, Tunables
@@ -154,3 +155,16 @@ def explanation_pb(e: KeyExplanation, version: Version | None) -> planner_pb2.Ke
         history=[planner_pb2.KeyPlacement(version=v, destinations=list(d)) for v, d in e.history],
         version=version_pb(version) if version is not None else None,
     )
+
+
+def plan_report_pb(r: DeliveryReport) -> planner_pb2.PlanReport:
+    pb = planner_pb2.PlanReport(
+        version=version_pb(Version.parse(r.version)), windows=r.windows,
+        dip_windows=r.dip_windows, predicted_imbalance=r.predicted.imbalance,
+        destinations=list(r.predicted.destinations),
+        predicted_loads_per_s=list(r.predicted.loads_per_s), loads_per_s=list(r.loads_per_s))
+    for name, value in (("predicted_hit_rate", r.predicted.hit_rate), ("hit_rate", r.hit_rate),
+                        ("hit_gap", r.hit_gap), ("imbalance", r.imbalance)):
+        if value is not None:
+            setattr(pb, name, value)
+    return pb

@@ -42,13 +42,38 @@ from prometheus_client.core import CollectorRegistry, CounterMetricFamily, Gauge
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
+from planner_svc.control.delivery import DeliveryReport
 from planner_svc.control.guard import Mode
 from planner_svc.control.traffic import expected_loads
+from planner_svc.errors import NotFound
 from planner_svc.orchestration.planner import PlannerStatus
 
 PREFIX = "cacheroute_planner_"
 ACTIONS = ("install", "keep", "skip", "fallback", "resume")
 MODES = tuple(m.value for m in Mode)
+
+
+def _delivery_of(planner: Any) -> DeliveryReport | None:
+    try:
+        return planner.delivery()  # type: ignore[no-any-return]
+    except NotFound:
+        return None  # nothing installed yet, or a fallback table (it predicts nothing)
+
+
+def _delivery(r: DeliveryReport | None) -> Iterator[Metric]:
+    """Did the installed plan deliver (planner_svc.control.delivery)."""
+    if r is None:
+        return
+    yield from _gauge("plan_delivery_windows", "Windows measured against the plan's prediction "
+                      "(after its rewarm dip).", r.windows)
+    yield from _gauge("plan_predicted_hit_ratio", "Served hit rate the plan predicted.",
+                      r.predicted.hit_rate)
+    yield from _gauge("plan_realized_hit_ratio", "Served hit rate measured under the plan.",
+                      r.hit_rate)
+    yield from _gauge("plan_hit_gap_ratio", "Realized minus predicted served hit rate.",
+                      r.hit_gap)
+    yield from _gauge("plan_realized_imbalance_ratio", "Max/mean measured load under the plan.",
+                      r.imbalance)
 
 
 def _gauge(name: str, help_: str, value: float | None) -> Iterator[Metric]:
@@ -91,8 +116,10 @@ class PlannerCollector(Collector):
         with getattr(planner, "_lock", contextlib.nullcontext()):
             status = planner.status()
             decisions = list(planner.decisions)
+            delivery = _delivery_of(planner)
             traffic, telemetry = planner.traffic, planner.telemetry
         yield from self._plan(status)
+        yield from _delivery(delivery)
         yield from self._control(status, decisions)
         yield from self._traffic(status, traffic, telemetry)
         yield from self._stream(status, telemetry)

@@ -20,7 +20,7 @@ from planner_svc.api import convert
 from planner_svc.errors import Busy, InvalidRequest, NotFound
 from planner_svc.orchestration.planner import Planner
 from planner_svc.planning import diff
-from router_client.plan import DestinationSpec, RoutingPlan, Version
+from router_client.plan import MAX_KEY_BYTES, DestinationSpec, RoutingPlan, Version
 
 CHUNK_BYTES = 1024 * 1024
 MAX_LIST = 10_000
@@ -194,6 +194,13 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
         installed = self._planner.current()
         return convert.explanation_pb(e, installed.plan.version if installed else None)
 
+    def GetPlanReport(
+        self, request: planner_pb2.GetPlanReportRequest, context: grpc.ServicerContext
+    ) -> planner_pb2.PlanReport:
+        version = _version_arg(request.version, "version", required=False)
+        r = self._planner.delivery(version)
+        return convert.plan_report_pb(r)
+
     def ListRouters(
         self, request: Any, context: grpc.ServicerContext
     ) -> planner_pb2.ListRoutersResponse:
@@ -281,8 +288,6 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
             config=convert.config_pb(tun, self._planner.destinations, self._planner.guard)
         )
 
-
-MAX_KEY_BYTES = 512  # a routing key's bound everywhere (streams.validation, the gateway)
 
 # Plausible ranges: outside them a value is a typo or an attack, never a configuration.
 TUNABLE_RANGES = {"q_cap": (1e-3, 1e7), "interval_s": (0.1, 86_400.0)}

@@ -148,6 +148,14 @@ def cmd_plan_explain(args: argparse.Namespace, conn: PlannerConnection) -> None:
     emit(args, data, lambda: view.render_explanation(data))
 
 
+def cmd_plan_report(args: argparse.Namespace, conn: PlannerConnection) -> None:
+    request = planner_pb2.GetPlanReportRequest()
+    if args.version:
+        request.version.CopyFrom(parse_version(str(args.version)))
+    data = view.plan_report_dict(conn.call("GetPlanReport", request))
+    emit(args, data, lambda: view.render_plan_report(data))
+
+
 def cmd_plan_diff_online(args: argparse.Namespace, conn: PlannerConnection) -> None:
     a, b = str(args.a), str(args.b)
     request = planner_pb2.DiffPlansRequest(a=parse_version(a), b=parse_version(b))
@@ -393,6 +401,10 @@ def _add_plan_commands(plan_sub: Any, common: Any, both: list[Any]) -> None:
     explain.add_argument("key", help="the routing key")
     explain.add_argument("--history", type=int, default=5, help="retained versions to list")
     _online(explain, cmd_plan_explain)
+    report = plan_sub.add_parser("report", parents=[common],
+                                 help="did the plan deliver: predicted vs realized")
+    report.add_argument("version", nargs="?", help="EPOCH.SEQ (default: the current plan)")
+    _online(report, cmd_plan_report)
     versions = plan_sub.add_parser("versions", parents=[common], help="retained plan versions")
     versions.add_argument("--limit", type=int, default=20)
     _online(versions, cmd_plan_versions)

@@ -452,3 +452,37 @@ def render_explanation(e: Mapping[str, Any]) -> str:
     for h in e["history"]:
         lines.append(f"  {h['version']:<12}  {', '.join(h['destinations']) or 'not admitted'}")
     return "\n".join(lines)
+
+
+def plan_report_dict(pb: Any) -> dict[str, Any]:
+    def opt(name: str) -> float | None:
+        return getattr(pb, name) if pb.HasField(name) else None
+
+    return {
+        "version": f"{pb.version.epoch}.{pb.version.seq}", "windows": pb.windows,
+        "dip_windows": pb.dip_windows, "predicted_hit_rate": opt("predicted_hit_rate"),
+        "hit_rate": opt("hit_rate"), "hit_gap": opt("hit_gap"),
+        "predicted_imbalance": pb.predicted_imbalance, "imbalance": opt("imbalance"),
+        "destinations": list(pb.destinations),
+        "predicted_loads_per_s": list(pb.predicted_loads_per_s),
+        "loads_per_s": list(pb.loads_per_s),
+    }
+
+
+def render_plan_report(r: Mapping[str, Any]) -> str:
+    def pct(v: float | None) -> str:
+        return "-" if v is None else f"{v:.1%}"
+
+    gap = r["hit_gap"]
+    lines = [f"plan {r['version']}: {r['windows']} windows measured after the install "
+             f"({r['dip_windows']} of rewarm dip not counted)",
+             f"  hit rate    predicted {pct(r['predicted_hit_rate'])}  realized "
+             f"{pct(r['hit_rate'])}  gap {'-' if gap is None else f'{gap * 100:+.1f} pp'}",
+             f"  imbalance   predicted {r['predicted_imbalance']:.2f}  realized "
+             + ("-" if r["imbalance"] is None else f"{r['imbalance']:.2f}")]
+    if r["loads_per_s"]:
+        width = max(len(d) for d in r["destinations"])
+        for d, p, m in zip(r["destinations"], r["predicted_loads_per_s"], r["loads_per_s"],
+                           strict=True):
+            lines.append(f"  {d:<{width}}  predicted {p:8.2f} req/s  realized {m:8.2f} req/s")
+    return "\n".join(lines)

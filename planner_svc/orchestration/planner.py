@@ -27,6 +27,7 @@ import numpy as np
 
 from planner_svc.control import ControlLoop
 from planner_svc.control.decision import Action, Decision, Penalties
+from planner_svc.control.delivery import DeliveryReport, Prediction, Realized, predict, report
 from planner_svc.control.drift import Drift
 from planner_svc.control.guard import GuardSettings, Mode, ValidatedRange
 from planner_svc.control.loop import Figures
@@ -188,6 +189,8 @@ class Planner:
         # decision id -> (version it installed, operator request id), for the API's records.
         # The version the current step installed, for the decision that step logs next.
         self._installed_by_step: Version | None = None
+        # What each retained plan predicted at install, and what the stream measured since.
+        self.deliveries: OrderedDict[Version, tuple[Prediction, Realized, float]] = OrderedDict()
         self._last_tick_s = -math.inf
         self._once = RequestCache()  # request id -> result: a retried mutation acts once
         self.events = Broadcast()  # installs and decisions, for WatchPlans
@@ -279,6 +282,33 @@ class Planner:
                 self._first_window_end_ms = int(window.window_end_ms)
             self._window_ms = int(window.window_end_ms - window.window_start_ms)
             self.telemetry = telemetry_from_window(window, self._admitted_keys())
+            self._realize(self.telemetry)
+
+    def _realize(self, t: Telemetry) -> None:
+        """Join a window with the serving plan's prediction (windows that began after it)."""
+        if self.installed is None or t.recovering:
+            return
+        version = self.installed.plan.version
+        entry = self.deliveries.get(version)
+        if entry is None or t.window_start_s < entry[2]:
+            return
+        predicted, realized, since = entry
+        in_dip = self._loop.settling is not None
+        self.deliveries[version] = (predicted, realized.add(t, predicted.destinations,
+                                                            in_dip=in_dip), since)
+
+    def delivery(self, version: Version | None = None) -> DeliveryReport:
+        """Predicted vs realized for `version` (default: the installed plan)."""
+        with self._lock:
+            if version is None:
+                if self.installed is None:
+                    raise NotFound("no plan installed yet")
+                version = self.installed.plan.version
+            entry = self.deliveries.get(version)
+            if entry is None:
+                raise NotFound(f"no prediction for plan version {version} (fallback tables "
+                               "predict nothing; only retained versions are kept)")
+            return report(str(version), entry[0], entry[1])
 
     def _admitted_keys(self) -> set[str]:
         if self.installed is None:
@@ -464,6 +494,7 @@ class Planner:
         self._remember(versioned)
         if versioned.config.built_by != BuiltBy.FALLBACK:
             self._loop.record_install(now, forced=forced)
+            self._predict(versioned, now)
         self.events.publish("installed", self.version_info(versioned, published.digest))
         log.info(
             "installed plan %s (%s, %d keys)",
@@ -472,6 +503,18 @@ class Planner:
             len(versioned.table),
         )
         return self.installed
+
+    def _predict(self, plan: RoutingPlan, now: float) -> None:
+        serving = [i for i, d in enumerate(plan.destinations) if not d.draining]
+        loads = plan.stats.expected_load_per_s
+        prediction = predict(
+            [plan.destinations[i].id for i in serving],
+            [plan.destinations[i].capacity_weight for i in serving],
+            [loads[i] for i in serving] if loads else [0.0] * len(serving),
+            plan.stats.admitted_rate_share, self.telemetry)
+        self.deliveries[plan.version] = (prediction, Realized(), now)
+        while len(self.deliveries) > 64:
+            self.deliveries.popitem(last=False)
 
     def _remember(self, plan: RoutingPlan) -> None:
         self._plans[plan.version] = plan

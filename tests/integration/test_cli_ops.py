@@ -408,5 +408,16 @@ def test_plan_explain_admitted_unadmitted_and_never_seen_keys(service):
     assert not e["seen"] and not e["admitted"] and "never seen" in e["reason"]
     rc, out, _ = cli(service, "plan", "explain", admitted, token=READER)
     assert rc == 0 and out.startswith(f"{admitted} in plan ") and "next repack" in out
-    rc, _, err = cli(service, "plan", "explain", "x" * 600, token=READER)
-    assert rc == 2 and "key must be 1 to 512 bytes" in err
+    rc, _, err = cli(service, "plan", "explain", "x" * 1100, token=READER)
+    assert rc == 2 and "key must be 1 to 1024 bytes" in err  # the plans' own key bound
+
+
+def test_plan_report_renders_predicted_and_realized(service):
+    data = cli_json(service, "plan", "report", token=READER)
+    version = str(service.planner.installed.plan.version)
+    assert data["version"] == version and data["predicted_hit_rate"] is None  # the first plan
+    assert len(data["predicted_loads_per_s"]) == len(data["destinations"]) == len(DESTS)
+    rc, out, _ = cli(service, "plan", "report", version, token=READER)
+    assert rc == 0 and out.startswith(f"plan {version}: ") and "hit rate    predicted -" in out
+    rc, _, err = cli(service, "plan", "report", "1.99", token=READER)
+    assert rc == 1 and "no prediction for plan version 1.99" in err

@@ -580,3 +580,55 @@ def test_guard_options_and_weights_set_at_run_time_survive_a_restart(
                 g.settings.p99_resume_margin) == (30, 120, 0.2)
     finally:
         second.stop(0)
+
+
+def test_plan_report_joins_the_prediction_with_what_the_stream_measured(redis_server, tmp_path):
+    from prometheus_client import generate_latest
+
+    from planner_svc.api.metrics import planner_registry
+
+    settings = planner_settings(redis_server.url, tmp_path, interval_s=5.0)
+    svc = build_service(settings, consume=False)
+    svc.server.start()
+    try:
+        keys = paper_like_keys(400)
+        rates = paper_like_rates(400, 300.0, seed=1)
+        start = int(time.time() * 1000) - 600_000
+
+        def window_at(step: int, hit: float) -> None:
+            svc.planner.on_window(make_window(
+                keys, rates, window_end_ms=start + step * 5_000, window_s=5.0, hit_rate=hit,
+                destinations=list(DESTS)))
+
+        for step in range(3):
+            window_at(step, 0.8)
+        svc.planner.tick(now_s=(start + 2 * 5_000) / 1000.0 + 0.1)  # the first plan
+        window_at(4, 0.8)  # measured hit of the admitted keys: 0.8
+        svc.planner.replan(fresh=False, force=True, dry_run=False)
+        # the install happened "now" on the planner's clock: windows after it count
+        after = int(time.time() * 1000)
+        for i in range(1, 12):  # the plan serves at 0.5, not the 0.8 it predicts
+            end = after + i * 5_000 + 5_000
+            svc.planner.on_window(make_window(
+                keys, rates, window_end_ms=end, window_s=5.0, hit_rate=0.5,
+                destinations=list(DESTS)))
+            svc.planner.tick(now_s=end / 1000.0 + 0.1)  # the loop follows (and ends) the dip
+        s = stub_for(svc)
+        # the loop may replan on the lower hit rate: ask for plan 1.2 itself
+        r = s.GetPlanReport(planner_pb2.GetPlanReportRequest(
+            version=plan_pb2.PlanVersion(epoch=1, seq=2)), timeout=5)
+        assert r.windows >= 1, r
+        assert r.predicted_hit_rate == pytest.approx(0.8, abs=0.01)
+        assert r.hit_rate == pytest.approx(0.5, abs=0.01)
+        assert r.hit_gap == pytest.approx(-0.3, abs=0.02)
+        assert len(r.destinations) == len(DESTS) == len(r.loads_per_s)
+        first = s.GetPlanReport(planner_pb2.GetPlanReportRequest(
+            version=plan_pb2.PlanVersion(epoch=r.version.epoch, seq=1)), timeout=5)
+        assert not first.HasField("predicted_hit_rate")  # nothing measured before plan 1
+        text = generate_latest(planner_registry(svc.planner)).decode()
+        gap = [line for line in text.splitlines()
+               if line.startswith("cacheroute_planner_plan_hit_gap_ratio ")]
+        current = svc.planner.delivery()  # the metric follows the installed plan
+        assert gap and float(gap[0].split()[1]) == pytest.approx(current.hit_gap, abs=1e-9)
+    finally:
+        svc.stop(0)

@@ -71,3 +71,17 @@ def test_unknown_destination_and_broken_offsets_are_rejected():
     t = KeyTable(["a"], np.array([0, 2], np.uint32), np.array([1], np.uint32), np.ones(1))
     with pytest.raises(PlanRejected, match="inconsistent"):
         check_table(t, 3)
+
+
+@pytest.mark.parametrize("weight", [float("inf"), float("nan"), -2.0])
+def test_both_decoders_refuse_a_weight_that_is_not_positive_and_finite(weight):
+    """Found by the fuzz test: decode_plan took an infinite weight that routers refused."""
+    from cacheroute.v1 import plan_pb2
+    from router_client.routing import RoutingTable
+
+    pb = plan_pb2.RoutingPlan.FromString(encode_plan(synthetic_plan(n_keys=5, n_destinations=3)))
+    pb.destinations[1].capacity_weight = weight
+    for decode in (decode_plan, RoutingTable.from_payload):
+        with pytest.raises(PlanRejected) as err:
+            decode(pb.SerializeToString())
+        assert err.value.reason == "bad_weight"

@@ -431,3 +431,35 @@ class KeyExplanation(_message.Message):
     history: _containers.RepeatedCompositeFieldContainer[KeyPlacement]
     version: _plan_pb2.PlanVersion
     def __init__(self, key: _Optional[str] = ..., seen: _Optional[bool] = ..., rate_per_s: _Optional[float] = ..., rank: _Optional[int] = ..., keys_with_traffic: _Optional[int] = ..., replicas: _Optional[int] = ..., replicas_why: _Optional[str] = ..., admitted: _Optional[bool] = ..., reason: _Optional[str] = ..., destinations: _Optional[_Iterable[str]] = ..., destination_loads_per_s: _Optional[_Iterable[float]] = ..., planned_rate_per_s: _Optional[float] = ..., cutoff_rate_per_s: _Optional[float] = ..., slots_used: _Optional[int] = ..., slots: _Optional[int] = ..., admitted_next: _Optional[bool] = ..., next_destinations: _Optional[_Iterable[str]] = ..., history: _Optional[_Iterable[_Union[KeyPlacement, _Mapping]]] = ..., version: _Optional[_Union[_plan_pb2.PlanVersion, _Mapping]] = ...) -> None: ...
+
+class GetPlanReportRequest(_message.Message):
+    __slots__ = ("version",)
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    version: _plan_pb2.PlanVersion
+    def __init__(self, version: _Optional[_Union[_plan_pb2.PlanVersion, _Mapping]] = ...) -> None: ...
+
+class PlanReport(_message.Message):
+    __slots__ = ("version", "windows", "dip_windows", "predicted_hit_rate", "hit_rate", "hit_gap", "predicted_imbalance", "imbalance", "destinations", "predicted_loads_per_s", "loads_per_s")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    WINDOWS_FIELD_NUMBER: _ClassVar[int]
+    DIP_WINDOWS_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_HIT_RATE_FIELD_NUMBER: _ClassVar[int]
+    HIT_RATE_FIELD_NUMBER: _ClassVar[int]
+    HIT_GAP_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_IMBALANCE_FIELD_NUMBER: _ClassVar[int]
+    IMBALANCE_FIELD_NUMBER: _ClassVar[int]
+    DESTINATIONS_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_LOADS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    LOADS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    version: _plan_pb2.PlanVersion
+    windows: int
+    dip_windows: int
+    predicted_hit_rate: float
+    hit_rate: float
+    hit_gap: float
+    predicted_imbalance: float
+    imbalance: float
+    destinations: _containers.RepeatedScalarFieldContainer[str]
+    predicted_loads_per_s: _containers.RepeatedScalarFieldContainer[float]
+    loads_per_s: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, version: _Optional[_Union[_plan_pb2.PlanVersion, _Mapping]] = ..., windows: _Optional[int] = ..., dip_windows: _Optional[int] = ..., predicted_hit_rate: _Optional[float] = ..., hit_rate: _Optional[float] = ..., hit_gap: _Optional[float] = ..., predicted_imbalance: _Optional[float] = ..., imbalance: _Optional[float] = ..., destinations: _Optional[_Iterable[str]] = ..., predicted_loads_per_s: _Optional[_Iterable[float]] = ..., loads_per_s: _Optional[_Iterable[float]] = ...) -> None: ...

@@ -99,6 +99,11 @@ class PlannerStub:
                 request_serializer=cacheroute_dot_v1_dot_planner__pb2.ExplainKeyRequest.SerializeToString,
                 response_deserializer=cacheroute_dot_v1_dot_planner__pb2.KeyExplanation.FromString,
                 _registered_method=True)
+        self.GetPlanReport = channel.unary_unary(
+                '/cacheroute.v1.Planner/GetPlanReport',
+                request_serializer=cacheroute_dot_v1_dot_planner__pb2.GetPlanReportRequest.SerializeToString,
+                response_deserializer=cacheroute_dot_v1_dot_planner__pb2.PlanReport.FromString,
+                _registered_method=True)
 
 
 class PlannerServicer:
@@ -184,6 +189,13 @@ class PlannerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetPlanReport(self, request, context):
+        """What a plan predicted at install against what the stream measured while it served.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PlannerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -251,6 +263,11 @@ def add_PlannerServicer_to_server(servicer, server):
                     servicer.ExplainKey,
                     request_deserializer=cacheroute_dot_v1_dot_planner__pb2.ExplainKeyRequest.FromString,
                     response_serializer=cacheroute_dot_v1_dot_planner__pb2.KeyExplanation.SerializeToString,
+            ),
+            'GetPlanReport': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetPlanReport,
+                    request_deserializer=cacheroute_dot_v1_dot_planner__pb2.GetPlanReportRequest.FromString,
+                    response_serializer=cacheroute_dot_v1_dot_planner__pb2.PlanReport.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -604,6 +621,33 @@ class Planner:
             '/cacheroute.v1.Planner/ExplainKey',
             cacheroute_dot_v1_dot_planner__pb2.ExplainKeyRequest.SerializeToString,
             cacheroute_dot_v1_dot_planner__pb2.KeyExplanation.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetPlanReport(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cacheroute.v1.Planner/GetPlanReport',
+            cacheroute_dot_v1_dot_planner__pb2.GetPlanReportRequest.SerializeToString,
+            cacheroute_dot_v1_dot_planner__pb2.PlanReport.FromString,
             options,
             channel_credentials,
             insecure,
