@@ -164,7 +164,8 @@ def plan_report_pb(r: DeliveryReport) -> planner_pb2.PlanReport:
         destinations=list(r.predicted.destinations),
         predicted_loads_per_s=list(r.predicted.loads_per_s), loads_per_s=list(r.loads_per_s))
     for name, value in (("predicted_hit_rate", r.predicted.hit_rate), ("hit_rate", r.hit_rate),
-                        ("hit_gap", r.hit_gap), ("imbalance", r.imbalance)):
+                        ("hit_gap", r.hit_gap), ("imbalance", r.imbalance),
+                        ("hit_rate_since_install", r.hit_rate_since_install)):
         if value is not None:
             setattr(pb, name, value)
     return pb

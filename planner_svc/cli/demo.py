@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import signal
@@ -10,7 +11,11 @@ import sys
 import time
 from dataclasses import dataclass
 from types import FrameType
+from typing import Any
 
+from cacheroute.v1 import planner_pb2
+from planner_svc.cli.ops_client import OpsError, PlannerConnection
+from planner_svc.cli.ops_view import plan_report_dict, render_plan_report
 from planner_svc.devstack.fleet import (
     FleetOptions,
     ModelFleet,
@@ -100,6 +105,8 @@ class DemoResult:
     planned_imbalance: float
     flat_imbalance: float
     first_plan_at_s: float | None
+    # The installed plan's prediction against what the stream measured (`plan report`).
+    plan_report: dict[str, Any] | None = None
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -170,7 +177,17 @@ def run_demo(stack: LocalStack, options: FleetOptions, duration_s: float) -> Dem
     finally:
         emitter.close()
         router.stop()
-    return progress.result()
+    return dataclasses.replace(progress.result(), plan_report=_plan_report(stack))
+
+
+def _plan_report(stack: LocalStack) -> dict[str, Any] | None:
+    conn = PlannerConnection(stack.grpc_target, stack.options.operator_token)
+    try:
+        return plan_report_dict(conn.call("GetPlanReport", planner_pb2.GetPlanReportRequest()))
+    except OpsError:
+        return None  # no plan, or a fallback table
+    finally:
+        conn.close()
 
 
 class _Progress:
@@ -226,3 +243,6 @@ def print_summary(r: DemoResult) -> None:
         f"  CacheRoute  served hit rate {r.planned_hit:6.1%}   imbalance {r.planned_imbalance:.2f}"
     )
     print(f"  Flat-LB     served hit rate {r.flat_hit:6.1%}   imbalance {r.flat_imbalance:.2f}")
+    if r.plan_report is not None:
+        print("did the installed plan deliver (cacheroute plan report):")
+        print(render_plan_report(r.plan_report))

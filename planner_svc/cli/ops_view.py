@@ -462,6 +462,7 @@ def plan_report_dict(pb: Any) -> dict[str, Any]:
         "version": f"{pb.version.epoch}.{pb.version.seq}", "windows": pb.windows,
         "dip_windows": pb.dip_windows, "predicted_hit_rate": opt("predicted_hit_rate"),
         "hit_rate": opt("hit_rate"), "hit_gap": opt("hit_gap"),
+        "hit_rate_since_install": opt("hit_rate_since_install"),
         "predicted_imbalance": pb.predicted_imbalance, "imbalance": opt("imbalance"),
         "destinations": list(pb.destinations),
         "predicted_loads_per_s": list(pb.predicted_loads_per_s),
@@ -477,7 +478,8 @@ def render_plan_report(r: Mapping[str, Any]) -> str:
     lines = [f"plan {r['version']}: {r['windows']} windows measured after the install "
              f"({r['dip_windows']} of rewarm dip not counted)",
              f"  hit rate    predicted {pct(r['predicted_hit_rate'])}  realized "
-             f"{pct(r['hit_rate'])}  gap {'-' if gap is None else f'{gap * 100:+.1f} pp'}",
+             f"{pct(r['hit_rate'])}  gap {'-' if gap is None else f'{gap * 100:+.1f} pp'}"
+             f"  (since the install, dip included: {pct(r['hit_rate_since_install'])})",
              f"  imbalance   predicted {r['predicted_imbalance']:.2f}  realized "
              + ("-" if r["imbalance"] is None else f"{r['imbalance']:.2f}")]
     if r["loads_per_s"]:

@@ -58,16 +58,22 @@ class Realized:
     cached_tokens: float = 0.0
     prompt_tokens: float = 0.0
     load_sums: tuple[float, ...] = ()
+    # every window since the install, the dip included
+    cached_since_install: float = 0.0
+    prompt_since_install: float = 0.0
 
     def add(self, t: Telemetry, destinations: Sequence[str], *, in_dip: bool) -> Realized:
-        if in_dip:
-            return replace(self, dip_windows=self.dip_windows + 1)
         span = t.window_s or 1.0
         tokens = t.prompt_tokens_per_s * span
+        counted = replace(self, cached_since_install=self.cached_since_install
+                          + t.hit_rate * tokens,
+                          prompt_since_install=self.prompt_since_install + tokens)
+        if in_dip:
+            return replace(counted, dip_windows=self.dip_windows + 1)
         loads = [t.destination_loads_per_s.get(d, 0.0) for d in destinations]
         sums = tuple(a + b for a, b in zip(self.load_sums or [0.0] * len(loads), loads,
                                            strict=True))
-        return replace(self, windows=self.windows + 1,
+        return replace(counted, windows=self.windows + 1,
                        cached_tokens=self.cached_tokens + t.hit_rate * tokens,
                        prompt_tokens=self.prompt_tokens + tokens, load_sums=sums)
 
@@ -78,9 +84,10 @@ class DeliveryReport:
     predicted: Prediction
     windows: int
     dip_windows: int
-    hit_rate: float | None  # realized
+    hit_rate: float | None  # realized, after the dip
     loads_per_s: tuple[float, ...]
     imbalance: float | None
+    hit_rate_since_install: float | None = None  # the dip included
 
     @property
     def hit_gap(self) -> float | None:
@@ -99,7 +106,8 @@ class DeliveryReport:
         return {"version": self.version, "windows": self.windows,
                 "dip_windows": self.dip_windows,
                 "predicted_hit_rate": self.predicted.hit_rate, "hit_rate": self.hit_rate,
-                "hit_gap": self.hit_gap, "predicted_imbalance": self.predicted.imbalance,
+                "hit_gap": self.hit_gap, "hit_rate_since_install": self.hit_rate_since_install,
+                "predicted_imbalance": self.predicted.imbalance,
                 "imbalance": self.imbalance, "imbalance_gap": self.imbalance_gap,
                 "destinations": list(self.predicted.destinations),
                 "predicted_loads_per_s": list(self.predicted.loads_per_s),
@@ -107,10 +115,13 @@ class DeliveryReport:
 
 
 def report(version: str, predicted: Prediction, realized: Realized) -> DeliveryReport:
+    since = (realized.cached_since_install / realized.prompt_since_install
+             if realized.prompt_since_install else None)
     if not realized.windows:
-        return DeliveryReport(version, predicted, 0, realized.dip_windows, None, (), None)
+        return DeliveryReport(version, predicted, 0, realized.dip_windows, None, (), None,
+                              since)
     loads = np.asarray(realized.load_sums, dtype=np.float64) / realized.windows
     hit = (realized.cached_tokens / realized.prompt_tokens) if realized.prompt_tokens else None
     imb = float(imbalance(loads, np.asarray(predicted.weights))) if loads.size else None
     return DeliveryReport(version, predicted, realized.windows, realized.dip_windows, hit,
-                          tuple(map(float, loads)), imb)
+                          tuple(map(float, loads)), imb, since)

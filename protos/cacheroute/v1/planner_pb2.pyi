@@ -439,7 +439,7 @@ class GetPlanReportRequest(_message.Message):
     def __init__(self, version: _Optional[_Union[_plan_pb2.PlanVersion, _Mapping]] = ...) -> None: ...
 
 class PlanReport(_message.Message):
-    __slots__ = ("version", "windows", "dip_windows", "predicted_hit_rate", "hit_rate", "hit_gap", "predicted_imbalance", "imbalance", "destinations", "predicted_loads_per_s", "loads_per_s")
+    __slots__ = ("version", "windows", "dip_windows", "predicted_hit_rate", "hit_rate", "hit_gap", "predicted_imbalance", "imbalance", "destinations", "predicted_loads_per_s", "loads_per_s", "hit_rate_since_install")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     WINDOWS_FIELD_NUMBER: _ClassVar[int]
     DIP_WINDOWS_FIELD_NUMBER: _ClassVar[int]
@@ -451,6 +451,7 @@ class PlanReport(_message.Message):
     DESTINATIONS_FIELD_NUMBER: _ClassVar[int]
     PREDICTED_LOADS_PER_S_FIELD_NUMBER: _ClassVar[int]
     LOADS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    HIT_RATE_SINCE_INSTALL_FIELD_NUMBER: _ClassVar[int]
     version: _plan_pb2.PlanVersion
     windows: int
     dip_windows: int
@@ -462,4 +463,5 @@ class PlanReport(_message.Message):
     destinations: _containers.RepeatedScalarFieldContainer[str]
     predicted_loads_per_s: _containers.RepeatedScalarFieldContainer[float]
     loads_per_s: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, version: _Optional[_Union[_plan_pb2.PlanVersion, _Mapping]] = ..., windows: _Optional[int] = ..., dip_windows: _Optional[int] = ..., predicted_hit_rate: _Optional[float] = ..., hit_rate: _Optional[float] = ..., hit_gap: _Optional[float] = ..., predicted_imbalance: _Optional[float] = ..., imbalance: _Optional[float] = ..., destinations: _Optional[_Iterable[str]] = ..., predicted_loads_per_s: _Optional[_Iterable[float]] = ..., loads_per_s: _Optional[_Iterable[float]] = ...) -> None: ...
+    hit_rate_since_install: float
+    def __init__(self, version: _Optional[_Union[_plan_pb2.PlanVersion, _Mapping]] = ..., windows: _Optional[int] = ..., dip_windows: _Optional[int] = ..., predicted_hit_rate: _Optional[float] = ..., hit_rate: _Optional[float] = ..., hit_gap: _Optional[float] = ..., predicted_imbalance: _Optional[float] = ..., imbalance: _Optional[float] = ..., destinations: _Optional[_Iterable[str]] = ..., predicted_loads_per_s: _Optional[_Iterable[float]] = ..., loads_per_s: _Optional[_Iterable[float]] = ..., hit_rate_since_install: _Optional[float] = ...) -> None: ...
