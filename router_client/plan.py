@@ -89,9 +89,8 @@ def parse_destinations(items: str | Sequence[str]) -> list[DestinationSpec]:
 
 
 class BuiltBy:
-    """What made a plan: `PlanConfig.built_by` on the wire (plan.proto). Routers act on one
-    value: a plan built by FALLBACK tells them to route everything by power-of-two-choices
-    (the planner's guard switched to Flat-LB); the others are for people and the audit log."""
+    """What made a plan: `PlanConfig.built_by` on the wire (plan.proto), for people and the
+    audit log. Routers act on `PlanConfig.fallback` instead (`is_fallback`)."""
 
     BUILD = "build"  # fresh LPT (planning.build)
     REPACK = "repack"  # churn-aware repack of the installed plan (planning.repack)
@@ -111,7 +110,11 @@ class PlanConfig:
     byte_aware: bool = False
     imbalance_tolerance: float = 0.03
     built_by: str = BuiltBy.BUILD
+    fallback: bool = False  # route everything by power-of-two-choices (see plan.proto)
 
+    @property
+    def is_fallback(self) -> bool:
+        return self.fallback or self.built_by == BuiltBy.FALLBACK  # older planners: built_by
 
 @dataclass(eq=False)
 class PlanKeys:
@@ -238,6 +241,7 @@ def config_to_pb(c: PlanConfig) -> plan_pb2.PlanConfig:
         byte_aware=c.byte_aware,
         imbalance_tolerance=c.imbalance_tolerance,
         built_by=c.built_by,
+        fallback=c.fallback,
     )
 
 
@@ -249,6 +253,7 @@ def config_from_pb(c: plan_pb2.PlanConfig) -> PlanConfig:
         byte_aware=c.byte_aware,
         imbalance_tolerance=c.imbalance_tolerance,
         built_by=c.built_by,
+        fallback=c.fallback,
     )
 
 

@@ -420,9 +420,9 @@ class Planner:
         """The planned table routers follow (in fallback: the last planned one)."""
         assert self.installed is not None
         plan = self.installed.plan
-        if plan.config.built_by == BuiltBy.FALLBACK:
+        if plan.config.is_fallback:
             for older in reversed(self._plans.values()):
-                if older.config.built_by != BuiltBy.FALLBACK:
+                if not older.config.is_fallback:
                     return older
         return plan
 
@@ -492,7 +492,7 @@ class Planner:
         self.installed = Installed(versioned, published.digest, now)
         self._installed_by_step = versioned.version
         self._remember(versioned)
-        if versioned.config.built_by != BuiltBy.FALLBACK:
+        if not versioned.config.is_fallback:
             self._loop.record_install(now, forced=forced)
             self._predict(versioned, now)
         self.events.publish("installed", self.version_info(versioned, published.digest))
@@ -523,7 +523,7 @@ class Planner:
 
     def _fallback_plan(self, base: RoutingPlan) -> RoutingPlan:
         """Flat-LB for every key: the same destinations and an empty key table."""
-        config = dataclasses.replace(base.config, built_by=BuiltBy.FALLBACK)
+        config = dataclasses.replace(base.config, built_by=BuiltBy.FALLBACK, fallback=True)
         stats = PlanStats(cold_tail_rate_per_s=self.traffic.total_rate if self.traffic else 0.0)
         return RoutingPlan(
             config=config, destinations=base.destinations, table=KeyTable.empty(), stats=stats
@@ -701,7 +701,7 @@ class Planner:
             keys, rates = (t.keys, t.rates) if t is not None else ([], np.zeros(0))
             candidate = self._candidate(fresh=False) if t is not None else None
             older = [p for v, p in reversed(self._plans.items()) if v != plan.version]
-            older = [p for p in older if p.config.built_by != BuiltBy.FALLBACK][:history]
+            older = [p for p in older if not p.config.is_fallback][:history]
             return explain_key(key, plan, keys, rates, self.planning_config(),
                                candidate=candidate, history=older)
 

@@ -101,6 +101,7 @@ def test_replan_rollback_and_mode_work_end_to_end(service):
     assert mode.mode == planner_pb2.FALLBACK
     fallback_plan = service.publisher.load(service.publisher.current().version)
     assert len(fallback_plan.table) == 0 and fallback_plan.config.built_by == "fallback"
+    assert fallback_plan.config.fallback  # the field routers act on
     back = stub.SetMode(planner_pb2.SetModeRequest(mode=planner_pb2.PLANNED), metadata=op)
     assert back.mode == planner_pb2.PLANNED
     resumed = service.publisher.load(service.publisher.current().version)

@@ -85,3 +85,19 @@ def test_both_decoders_refuse_a_weight_that_is_not_positive_and_finite(weight):
         with pytest.raises(PlanRejected) as err:
             decode(pb.SerializeToString())
         assert err.value.reason == "bad_weight"
+
+
+def test_fallback_is_a_plan_field_and_older_plans_saying_it_in_built_by_still_count():
+    import dataclasses
+
+    from router_client.routing import RoutingTable
+
+    plan = synthetic_plan(n_keys=5, n_destinations=3)
+    for config, expected in (
+        (dataclasses.replace(plan.config, fallback=True), True),
+        (dataclasses.replace(plan.config, built_by="fallback"), True),  # an older planner
+        (plan.config, False),
+    ):
+        payload = encode_plan(dataclasses.replace(plan, config=config))
+        assert decode_plan(payload).config.is_fallback is expected
+        assert RoutingTable.from_payload(payload).planner_fallback is expected

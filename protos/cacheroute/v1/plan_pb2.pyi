@@ -16,20 +16,22 @@ class PlanVersion(_message.Message):
     def __init__(self, epoch: _Optional[int] = ..., seq: _Optional[int] = ...) -> None: ...
 
 class PlanConfig(_message.Message):
-    __slots__ = ("q_cap", "warm_slots_per_destination", "warm_slots", "byte_aware", "imbalance_tolerance", "built_by")
+    __slots__ = ("q_cap", "warm_slots_per_destination", "warm_slots", "byte_aware", "imbalance_tolerance", "built_by", "fallback")
     Q_CAP_FIELD_NUMBER: _ClassVar[int]
     WARM_SLOTS_PER_DESTINATION_FIELD_NUMBER: _ClassVar[int]
     WARM_SLOTS_FIELD_NUMBER: _ClassVar[int]
     BYTE_AWARE_FIELD_NUMBER: _ClassVar[int]
     IMBALANCE_TOLERANCE_FIELD_NUMBER: _ClassVar[int]
     BUILT_BY_FIELD_NUMBER: _ClassVar[int]
+    FALLBACK_FIELD_NUMBER: _ClassVar[int]
     q_cap: float
     warm_slots_per_destination: int
     warm_slots: int
     byte_aware: bool
     imbalance_tolerance: float
     built_by: str
-    def __init__(self, q_cap: _Optional[float] = ..., warm_slots_per_destination: _Optional[int] = ..., warm_slots: _Optional[int] = ..., byte_aware: _Optional[bool] = ..., imbalance_tolerance: _Optional[float] = ..., built_by: _Optional[str] = ...) -> None: ...
+    fallback: bool
+    def __init__(self, q_cap: _Optional[float] = ..., warm_slots_per_destination: _Optional[int] = ..., warm_slots: _Optional[int] = ..., byte_aware: _Optional[bool] = ..., imbalance_tolerance: _Optional[float] = ..., built_by: _Optional[str] = ..., fallback: _Optional[bool] = ...) -> None: ...
 
 class Destination(_message.Message):
     __slots__ = ("id", "address", "capacity_weight", "draining")
