@@ -116,7 +116,9 @@ class Chaos(Soak):
                 self._cycle.insert(len(self._cycle) - self.rng.randrange(3) - 1, "broker_kill")
         kind = self._cycle.pop()
         if kind == "broker_kill" and remaining_s < self.options.window_s + 40:
-            self._cycle.insert(0, kind)
+            if not self._cycle:  # a fresh cycle without it, so the next pick is another kind
+                self._cycle = [k for k in self.rng.sample(FAULTS, len(FAULTS)) if k != kind]
+            self._cycle.insert(0, kind)  # later, if there is time
             kind = self._cycle.pop()
         return kind
 
@@ -348,11 +350,18 @@ class Chaos(Soak):
         next_fault = start + 8.0
         self.sample()
         baseline = self.samples[-1]
-        while time.monotonic() < end - 10:
+        def going() -> bool:
+            # A slow machine fits fewer faults in the time: run on (at most a minute longer)
+            # until every kind has been injected once.
+            now = time.monotonic()
+            unseen = any(not self.faults[k] for k in FAULTS)
+            return now < end - 10 or (unseen and now < end + 60)
+
+        while going():
             time.sleep(max(0.0, min(1.0, next_fault - time.monotonic())))
             if time.monotonic() < next_fault:
                 continue
-            kind = self.next_fault(end - time.monotonic())
+            kind = self.next_fault(max(end, time.monotonic() + 10) - time.monotonic())
             print(f"[{time.monotonic() - start:6.1f} s] {kind}", flush=True)
             self.inject(kind)
             self.converge(kind)
