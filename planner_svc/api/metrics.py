@@ -61,19 +61,20 @@ def _delivery_of(planner: Any) -> DeliveryReport | None:
 
 
 def _delivery(r: DeliveryReport | None) -> Iterator[Metric]:
-    """Did the installed plan deliver (planner_svc.control.delivery)."""
+    """Did the installed plan deliver (planner_svc.control.delivery). Exported whenever a plan
+    with a prediction is installed; NaN until there is a figure (a NaN gap never alerts)."""
     if r is None:
         return
-    yield from _gauge("plan_delivery_windows", "Windows measured against the plan's prediction "
-                      "(after its rewarm dip).", r.windows)
-    yield from _gauge("plan_predicted_hit_ratio", "Served hit rate the plan predicted.",
-                      r.predicted.hit_rate)
-    yield from _gauge("plan_realized_hit_ratio", "Served hit rate measured under the plan.",
-                      r.hit_rate)
-    yield from _gauge("plan_hit_gap_ratio", "Realized minus predicted served hit rate.",
-                      r.hit_gap)
-    yield from _gauge("plan_realized_imbalance_ratio", "Max/mean measured load under the plan.",
-                      r.imbalance)
+    for name, help_, value in (
+        ("plan_delivery_windows",
+         "Windows measured against the plan's prediction (after its rewarm dip).", r.windows),
+        ("plan_predicted_hit_ratio", "Served hit rate the plan predicted.", r.predicted.hit_rate),
+        ("plan_realized_hit_ratio", "Served hit rate measured under the plan.", r.hit_rate),
+        ("plan_hit_gap_ratio", "Realized minus predicted served hit rate.", r.hit_gap),
+        ("plan_realized_imbalance_ratio", "Max/mean measured load under the plan.", r.imbalance),
+    ):
+        yield GaugeMetricFamily(PREFIX + name, help_,
+                                value=math.nan if value is None else float(value))
 
 
 def _gauge(name: str, help_: str, value: float | None) -> Iterator[Metric]:
