@@ -68,7 +68,9 @@ from tests.faults.hostile import (
 )
 from tests.integration.test_stream_support import SnapshotLog, dead_letters, read_all
 
-KILLS = ("broker_kill", "redis_kill", "worker_kill", "planner_kill")
+KILL_TARGET = {"broker_kill": "broker", "redis_kill": "redis", "worker_kill": "worker-0",
+               "planner_kill": "planner"}
+KILLS = tuple(KILL_TARGET)
 HOSTILE = ("forged_snapshot", "future_events", "sequence_jump", "oversized_message",
            "junk_pointer", "watch_flood", "junk_fleet_keys", "oversized_values")
 FAULTS = (*KILLS, "blackhole", *HOSTILE)
@@ -86,7 +88,6 @@ class Chaos(Soak):
         self.options = replace(self.options, window_s=window_s, hop_s=2.0)
         self.failures: list[str] = []
         self.restart_wait_s: list[float] = []
-        self.last_broker_kill_at = 0.0
         self.dead_letters_expected: set[str] = set()
 
     def start(self) -> None:
@@ -138,17 +139,10 @@ class Chaos(Soak):
             self.dead_letters_expected.clear()  # the topic is lost with the broker's storage
         self.dead_letters_expected.update(DEAD_LETTER_OF.get(kind, ()))
         if kind in KILLS:
-            name, proc = {
-                "broker_kill": lambda: ("broker", s.broker.process),  # type: ignore[union-attr]
-                "redis_kill": lambda: ("redis", self.redis.process),
-                "worker_kill": lambda: ("worker-0", s.workers[0]),
-                "planner_kill": lambda: ("planner", s.planner),
-            }[kind]()
+            name = KILL_TARGET[kind]  # the supervisor's own name for the component
+            proc = dict(self.supervisor.components())[name]
             before = self.supervisor.restarted[name]
-            assert proc is not None
             signals.kill(proc.pid)
-            if kind == "broker_kill":
-                self.last_broker_kill_at = time.time()
             t0 = time.monotonic()
             while self.supervisor.restarted[name] == before:
                 if time.monotonic() - t0 > 60:

@@ -227,16 +227,18 @@ class StreamWorker:
             return None
         return None if high is None else int(high)
 
-    def _check_log_reset(self, p: int, proc: PartitionProcessor) -> None:
+    def _check_log_reset(self, p: int, proc: PartitionProcessor) -> int | None:
+        """The partition's high watermark, after starting over if the log is shorter."""
         high = self._highwater(p)
+        read = proc.next_offset
         if high is not None and p not in self.recovering and proc.log_reset(high, now_ms()):
             log.warning("partition %d: the log ends at offset %d, below the %d already read "
                         "(topic re-created or broker storage lost): counting from the new log",
-                        p, high, proc.next_offset)
+                        p, high, read)
+        return high
 
     def _update_lag(self, p: int, proc: PartitionProcessor) -> None:
-        self._check_log_reset(p, proc)
-        high = self._highwater(p)
+        high = self._check_log_reset(p, proc)
         if high is not None:
             self.counters.lag_by_partition[p] = max(0, high - proc.next_offset)
 
