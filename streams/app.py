@@ -57,6 +57,8 @@ class StreamWorker:
         self.processors: dict[int, PartitionProcessor] = {}
         self.recovering: dict[int, asyncio.Task[None]] = {}
         self.partition_count = 0
+        # partition -> a high watermark a fresh broker query showed to be stale
+        self._stale_highwater: dict[int, int] = {}
         self.events_topic = app.topic(settings.events_topic, value_type=bytes)
         self.snapshots_topic = app.topic(settings.snapshots_topic, value_type=bytes,
                                          key_type=bytes, partitions=1)
@@ -80,6 +82,7 @@ class StreamWorker:
             task.cancel()
         self.processors.pop(p, None)
         self.counters.lag_by_partition.pop(p, None)
+        self._stale_highwater.pop(p, None)
 
     async def _recover_with_retries(self, p: int) -> None:
         delay = 0.5
@@ -202,7 +205,7 @@ class StreamWorker:
             return  # revoked meanwhile: the new owner counts these
         if not self.counters.first_events_at_s:
             self.counters.first_events_at_s = time.time()
-        self._check_log_reset(p, proc)
+        await self._check_log_reset(p, proc)
         outcome = proc.process(messages, now_ms())
         self.counters.last_events_at_s = time.time()
         await self._publish_rejects(p, outcome.rejected)
@@ -214,7 +217,7 @@ class StreamWorker:
         self.counters.assigned_partitions = len(self.processors)
         self.counters.recovering_partitions = len(self.recovering)
         for p, proc in list(self.processors.items()):
-            self._update_lag(p, proc)
+            await self._update_lag(p, proc)
             if p not in self.recovering:
                 # Unknown lag (nothing fetched since the assignment) counts as caught up.
                 caught_up = self.counters.lag_by_partition.get(p, 0) == 0
@@ -227,18 +230,50 @@ class StreamWorker:
             return None
         return None if high is None else int(high)
 
-    def _check_log_reset(self, p: int, proc: PartitionProcessor) -> int | None:
-        """The partition's high watermark, after starting over if the log is shorter."""
+    async def _check_log_reset(self, p: int, proc: PartitionProcessor) -> int | None:
+        """The partition's high watermark, after starting over if the log is shorter.
+
+        The consumer's high watermark can be stale: just after a (re)assignment it comes
+        from a fetch older than the replay that set `next_offset`, and a stale value below
+        it looks exactly like a shorter log. A reset is too costly to act on a stale value
+        (every window is marked recovering for a window length), so a suspicion is
+        confirmed by asking the broker afresh; a watermark already found stale is not
+        asked about again."""
         high = self._highwater(p)
         read = proc.next_offset
-        if high is not None and p not in self.recovering and proc.log_reset(high, now_ms()):
+        if high is None or p in self.recovering or high >= read:
+            return high
+        if self._stale_highwater.get(p) == high:
+            return high
+        try:
+            fresh = await self._fresh_log_end(p)
+        except Exception:
+            log.exception("partition %d: could not confirm a possible log reset", p)
+            return high
+        if self.processors.get(p) is not proc:
+            return high  # revoked or replaced meanwhile
+        if proc.log_reset(fresh, now_ms()):
+            self._stale_highwater.pop(p, None)
             log.warning("partition %d: the log ends at offset %d, below the %d already read "
                         "(topic re-created or broker storage lost): counting from the new log",
-                        p, high, read)
+                        p, fresh, read)
+            return fresh
+        log.info("partition %d: a high watermark of %d (below the %d read) was stale; the "
+                 "log ends at %d", p, high, read, fresh)
+        self._stale_highwater[p] = high
         return high
 
-    def _update_lag(self, p: int, proc: PartitionProcessor) -> None:
-        high = self._check_log_reset(p, proc)
+    async def _fresh_log_end(self, p: int) -> int:
+        reader = AIOKafkaConsumer(bootstrap_servers=self.settings.bootstrap,
+                                  enable_auto_commit=False)
+        await reader.start()
+        try:
+            return await self._log_end(reader, TopicPartition(self.settings.events_topic, p))
+        finally:
+            await reader.stop()
+
+    async def _update_lag(self, p: int, proc: PartitionProcessor) -> None:
+        high = await self._check_log_reset(p, proc)
         if high is not None:
             self.counters.lag_by_partition[p] = max(0, high - proc.next_offset)
 

@@ -157,7 +157,8 @@ def test_four_workers_join_and_leave_without_loss_or_double_count(broker, tmp_pa
         truth = recount_requests(read_all(broker.bootstrap, topics.events, PARTITIONS))
         assert sum(truth.values()) == EVENTS * 4 // 5
         settled = wait_settled(view, truth, since=changes[-1])
-        assert settled is not None, "\n".join(w.log_tail(20) for w in workers)
+        assert settled is not None, (describe_unsettled(view, truth, changes[-1]) + "\n"
+                                     + "\n".join(w.log_tail(20) for w in workers))
         check_no_double_count(view, truth)
         four = [ws for _, _, ws in view.windows if len(ws) == 4]
         assert four, "no window was assembled from the parts of four workers"
@@ -184,6 +185,22 @@ def wait_settled(view: PlannerView, truth: Counter[str], since: float) -> Comple
                 assert counts_of(w) == truth, f"window {w.window_end_ms} drifted from the truth"
             return later[exact[0]]
     return None
+
+
+def describe_unsettled(view: PlannerView, truth: Counter[str], since: float) -> str:
+    """What the windows after the last change showed, against the truth: the evidence a
+    failure needs (lost events look different from a stream that never caught up)."""
+    later = [(at - since, w, ws) for at, w, ws in view.windows if at > since]
+    lines = [f"{len(later)} complete windows after the last change "
+             f"(truth: {sum(truth.values())} requests)"]
+    for dt, w, ws in later[-6:]:
+        counts = counts_of(w)
+        short = sum((truth - counts).values())
+        over = sum((counts - truth).values())
+        lines.append(f"  +{dt:.1f}s window {w.window_end_ms} recovering={w.recovering} "
+                     f"workers={sorted(ws)} total={sum(counts.values())} "
+                     f"short={short} over={over}")
+    return "\n".join(lines)
 
 
 def check_no_double_count(view: PlannerView, truth: Counter[str]) -> None:
