@@ -174,6 +174,7 @@ def build_service(
         active_keys_max=settings.validated_active_keys_max or None,
         p99_ms_max=settings.validated_p99_ms_max or None,
         hit_rate_min=settings.validated_hit_rate_min or None,
+        hit_gap_max=settings.validated_hit_gap_max or None,
     )
     try:
         guard = GuardSettings(enter_after_s=settings.guard_enter_after_s,

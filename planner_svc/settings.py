@@ -55,6 +55,8 @@ class PlannerSettings:
     validated_active_keys_max: int = 0
     validated_p99_ms_max: float = 0.0
     validated_hit_rate_min: float = 0.0
+    # Fall back when the served hit rate stays this far below the plan's prediction.
+    validated_hit_gap_max: float = 0.0
     # The guard's clocks (planner_svc/control/guard.py): out of range this long before
     # falling back; back in range this long (doubling when a resumed plan fails again at
     # once) and at least `guard_min_fallback_s` in fallback before resuming; resuming also

@@ -21,7 +21,7 @@ from router_client.plan import RoutingPlan
 # The planner's modes by their wire value; "auto" (unspecified) clears an operator's override.
 MODE_NAMES = {0: "auto", **{int(pb): mode.value for mode, pb in MODE_TO_PB.items()}}
 BAR_WIDTH = 40
-_RANGE = {"active_keys_max", "p99_ms_max", "hit_rate_min"}  # 0 = not checked
+_RANGE = {"active_keys_max", "p99_ms_max", "hit_rate_min", "hit_gap_max"}  # 0 = not checked
 _EIGHTHS = " ▏▎▍▌▋▊▉"
 
 
@@ -108,7 +108,8 @@ def config_dict(pb: Any) -> dict[str, Any]:
         "balance_effort": pb.balance_effort,
         "guard": {name: getattr(pb.guard, name) for name in (
             "active_keys_min", "active_keys_max", "p99_ms_max", "hit_rate_min",
-            "enter_after_s", "resume_dwell_s", "min_fallback_s", "p99_resume_margin")},
+            "hit_gap_max", "enter_after_s", "resume_dwell_s", "min_fallback_s",
+            "p99_resume_margin")},
         "destinations": [
             {
                 "id": d.id,

@@ -1,7 +1,10 @@
 """The fallback guard (deployment checklist step 5).
 
 A plan is only trusted inside the range it was validated for (shadow replay /
-canary): an active-set size, a p99 ceiling, a hit-rate floor. When fresh
+canary): an active-set size, a p99 ceiling, a hit-rate floor, and a largest shortfall
+of the served hit rate below what the installed plan predicted (a plan that does not
+deliver was built on a wrong model: a q_cap, a cache size or a reuse pattern that
+is not the fleet's). When fresh
 telemetry leaves that range for `enter_after_s` the guard sends routers to
 Flat-LB; when it is back for `resume_dwell_s` (and the fleet has been in fallback
 for `min_fallback_s`) the guard resumes the plan.
@@ -12,8 +15,10 @@ used to flip fallback <-> resume every ~70 s, because fallback ignored the p99):
   limit, resuming needs it below `(1 - p99_resume_margin)` x the limit. An overload
   that Flat-LB does not cure keeps the fleet in fallback.
 - The hit-rate floor counts only in planned mode: in fallback it is Flat-LB's hit
-  rate, lower by construction, and would pin the fleet there. The active set counts
-  in both modes (it does not depend on routing).
+  rate, lower by construction, and would pin the fleet there. So does the prediction
+  gap: a Flat-LB table predicts nothing, and the gap counts only once the plan has
+  been measured for `GAP_MIN_WINDOWS` windows after its rewarm dip (persistence). The
+  active set counts in both modes (it does not depend on routing).
 - Each fallback entered within `2 x` the dwell of the last resume doubles the next
   dwell (up to `max_resume_dwell_s`): a plan that fails again as soon as it resumes
   waits longer each time.
@@ -31,7 +36,12 @@ from dataclasses import asdict, dataclass, replace
 from enum import StrEnum
 from typing import Any
 
+from planner_svc.control.delivery import DeliveryReport
 from planner_svc.control.telemetry import Telemetry
+
+# Windows measured after the rewarm dip before a prediction gap counts: one window can be
+# a burst; the report's figure is the mean over these.
+GAP_MIN_WINDOWS = 3
 
 
 class Mode(StrEnum):
@@ -66,16 +76,20 @@ class ValidatedRange:
     active_keys_max: int | None = None
     p99_ms_max: float | None = None
     hit_rate_min: float | None = None
+    hit_gap_max: float | None = None  # largest tolerated (predicted − served) hit rate
 
     def violations(self, telemetry: Telemetry, mode: Mode,
-                   p99_resume_margin: float = 0.0) -> list[str]:
-        """Human-readable reasons why `telemetry` is outside the range (empty = inside).
-        In fallback the p99 must be below the limit by `p99_resume_margin` and the hit
-        rate is not checked (see the module docstring)."""
+                   p99_resume_margin: float = 0.0,
+                   delivery: DeliveryReport | None = None) -> list[str]:
+        """Human-readable reasons why `telemetry` (and the installed plan's `delivery`)
+        are outside the range (empty = inside). In fallback the p99 must be below the
+        limit by `p99_resume_margin`, and neither the hit rate nor the prediction gap is
+        checked (see the module docstring)."""
         found = _active_set_violations(self, telemetry.active_keys)
         if mode is Mode.PLANNED:
             found += _p99_violations(self, telemetry, 0.0)
             found += _hit_violations(self, telemetry)
+            found += _gap_violations(self, delivery)
         else:
             found += _p99_violations(self, telemetry, p99_resume_margin)
         return found
@@ -108,6 +122,18 @@ def _hit_violations(r: ValidatedRange, t: Telemetry) -> list[str]:
     if r.hit_rate_min is not None and t.hit_rate < r.hit_rate_min:
         return [f"hit rate {t.hit_rate:.1%} is below the validated {r.hit_rate_min:.1%}"]
     return []
+
+
+def _gap_violations(r: ValidatedRange, d: DeliveryReport | None) -> list[str]:
+    if r.hit_gap_max is None or d is None or d.windows < GAP_MIN_WINDOWS:
+        return []
+    gap = d.hit_gap
+    if gap is None or -gap <= r.hit_gap_max:
+        return []
+    assert d.hit_rate is not None and d.predicted.hit_rate is not None
+    return [f"plan {d.version} served {d.hit_rate:.1%} over {d.windows} windows, "
+            f"{-gap:.1%} below its predicted {d.predicted.hit_rate:.1%} (tolerated "
+            f"{r.hit_gap_max:.1%})"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -168,12 +194,14 @@ def guard_step(
     telemetry: Telemetry | None,
     validated: ValidatedRange,
     settings: GuardSettings | None = None,
+    delivery: DeliveryReport | None = None,
 ) -> GuardVerdict:
-    """Advance the guard by one control step on fresh telemetry (None = no evidence)."""
+    """Advance the guard by one control step on fresh telemetry (None = no evidence);
+    `delivery`: the installed plan's predicted vs served figures, if it predicted any."""
     g = settings or GuardSettings()
     if state.forced is not None or telemetry is None:
         return GuardVerdict(state)
-    problems = validated.violations(telemetry, state.mode, g.p99_resume_margin)
+    problems = validated.violations(telemetry, state.mode, g.p99_resume_margin, delivery)
     if state.mode is Mode.PLANNED:
         return _maybe_fall_back(state, now_s, problems, g)
     if problems:

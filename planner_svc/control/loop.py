@@ -54,6 +54,7 @@ from planner_svc.control.decision import (
     accumulate,
     ski_rental,
 )
+from planner_svc.control.delivery import DeliveryReport
 from planner_svc.control.dip import InstallRecord, Settling
 from planner_svc.control.drift import measure_drift
 from planner_svc.control.guard import (
@@ -195,13 +196,16 @@ class ControlLoop:
         candidate: RoutingPlan | None = None,
         telemetry: Telemetry | None = None,
         fleet: Fleet | None = None,
+        delivery: DeliveryReport | None = None,
     ) -> Decision:
-        """Run one control step at `now_s` and return its decision (see module docstring)."""
+        """Run one control step at `now_s` and return its decision (see module docstring).
+        `delivery`: the installed plan's predicted vs served figures (a guard condition)."""
         usable, unusable_reason = self._usable(now_s, telemetry)
         if usable is not None:
             self._learn(usable)
             self._anchor_baseline(installed, traffic, fleet)
-        verdict = guard_step(self.guard, now_s, usable, self.validated, self.settings.guard)
+        verdict = guard_step(self.guard, now_s, usable, self.validated, self.settings.guard,
+                             delivery)
         self.guard = verdict.state
         figures = self.price(installed, traffic, candidate, usable, fleet)
         self.last_figures = figures
@@ -364,11 +368,13 @@ class ControlLoop:
         """Record the range the installed plan was validated for (shadow replay / canary)."""
         self.validated = validated
 
-    def guard_only(self, now_s: float, telemetry: Telemetry | None) -> Decision | None:
+    def guard_only(self, now_s: float, telemetry: Telemetry | None,
+                   delivery: DeliveryReport | None = None) -> Decision | None:
         """The guard alone, for steps where the plan itself is held (an operator's rollback
         pins the plan, not the safety net): a decision when the mode changes, else None."""
         usable, _ = self._usable(now_s, telemetry)
-        verdict = guard_step(self.guard, now_s, usable, self.validated, self.settings.guard)
+        verdict = guard_step(self.guard, now_s, usable, self.validated, self.settings.guard,
+                             delivery)
         self.guard = verdict.state
         if verdict.changed_to is None:
             return None

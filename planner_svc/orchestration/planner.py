@@ -310,6 +310,13 @@ class Planner:
                                "predict nothing; only retained versions are kept)")
             return report(str(version), entry[0], entry[1])
 
+    def _serving_delivery(self) -> DeliveryReport | None:
+        """Predicted vs served for the installed plan (None: it predicted nothing)."""
+        if self.installed is None:
+            return None
+        entry = self.deliveries.get(self.installed.plan.version)
+        return None if entry is None else report(str(self.installed.plan.version), *entry[:2])
+
     def _admitted_keys(self) -> set[str]:
         if self.installed is None:
             return set()
@@ -335,7 +342,7 @@ class Planner:
         """A pinned plan is not replanned, but the guard still falls back and resumes
         (to the pinned plan)."""
         assert self.installed is not None
-        decision = self._loop.guard_only(now, self.telemetry)
+        decision = self._loop.guard_only(now, self.telemetry, self._serving_delivery())
         if decision is None:
             return None
         if decision.action is Action.FALLBACK:
@@ -374,6 +381,7 @@ class Planner:
             candidate=candidate,
             telemetry=self.telemetry,
             fleet=self._fleet(),
+            delivery=self._serving_delivery(),
         )
         if decision.action is Action.INSTALL and candidate is not None:
             self._install(candidate, now, forced=False)

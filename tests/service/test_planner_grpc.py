@@ -633,3 +633,52 @@ def test_plan_report_joins_the_prediction_with_what_the_stream_measured(redis_se
         assert gap and float(gap[0].split()[1]) == pytest.approx(current.hit_gap, abs=1e-9)
     finally:
         svc.stop(0)
+
+
+def test_a_plan_that_misses_its_prediction_sends_the_fleet_to_fallback(redis_server, tmp_path):
+    """The prediction gap is one of the guard's conditions (set at run time): a plan that
+    serves 0.5 against the 0.8 it predicted falls back once the gap has lasted
+    GAP_MIN_WINDOWS windows after the dip, with the figures in the decision."""
+    from planner_svc.control.guard import GAP_MIN_WINDOWS
+
+    settings = planner_settings(redis_server.url, tmp_path, interval_s=5.0)
+    svc = build_service(settings, consume=False)
+    svc.server.start()
+    try:
+        s = stub_for(svc)
+        # (a long dwell: no replan re-predicts from the lower hit rate meanwhile)
+        s.UpdateConfig(planner_pb2.UpdateConfigRequest(
+            guard=planner_pb2.GuardConfig(hit_gap_max=0.1, resume_dwell_s=600),
+            min_dwell_s=3600), timeout=10)
+        keys = paper_like_keys(400)
+        rates = paper_like_rates(400, 300.0, seed=1)
+        start = int(time.time() * 1000) - 600_000
+        for step in range(3):
+            svc.planner.on_window(make_window(keys, rates, window_end_ms=start + step * 5_000,
+                                              window_s=5.0, hit_rate=0.8,
+                                              destinations=list(DESTS)))
+        svc.planner.tick(now_s=(start + 2 * 5_000) / 1000.0 + 0.1)
+        svc.planner.on_window(make_window(keys, rates, window_end_ms=start + 4 * 5_000,
+                                          window_s=5.0, hit_rate=0.8, destinations=list(DESTS)))
+        svc.planner.replan(fresh=False, force=True, dry_run=False)
+        after = int(time.time() * 1000)
+        fell = None
+        for i in range(1, 20):
+            end = after + i * 5_000 + 5_000
+            svc.planner.on_window(make_window(keys, rates, window_end_ms=end, window_s=5.0,
+                                              hit_rate=0.5, destinations=list(DESTS)))
+            serving = svc.planner.current()
+            assert serving is not None
+            d = svc.planner.tick(now_s=end / 1000.0 + 0.1)
+            if d is not None and d.action.value == "fallback":
+                fell = (i, d, svc.planner.delivery(serving.plan.version))
+                break
+        assert fell is not None, "\n".join(str(x.reason) for x in svc.planner.decisions)
+        _, decision, report = fell
+        assert report.windows >= GAP_MIN_WINDOWS
+        assert "below its predicted 80.0%" in decision.reason and "tolerated 10.0%" in decision.reason
+        status = s.GetStatus(planner_pb2.GetStatusRequest(), timeout=5)
+        assert status.mode == planner_pb2.FALLBACK
+        assert status.config.guard.hit_gap_max == pytest.approx(0.1)
+    finally:
+        svc.stop(0)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from planner_svc.control.delivery import DeliveryReport, Prediction
 from planner_svc.control.guard import (
+    GAP_MIN_WINDOWS,
     GuardSettings,
     GuardState,
     Mode,
@@ -153,3 +155,38 @@ def test_guard_state_round_trips() -> None:
         mode=Mode.FALLBACK, forced=Mode.FALLBACK, in_range_since_s=3.0, released=False, reason="x"
     )
     assert GuardState.from_dict(state.to_dict()) == state
+
+
+def _delivery(predicted: float, served: float, windows: int) -> DeliveryReport:
+    p = Prediction(("d0", "d1"), (1.0, 1.0), (5.0, 5.0), 1.0, predicted)
+    return DeliveryReport("1.7", p, windows, 2, served, (5.0, 5.0), 1.0)
+
+
+GAP_RANGE = ValidatedRange(hit_gap_max=0.05)
+
+
+def test_a_plan_that_serves_persistently_below_its_prediction_falls_back() -> None:
+    missed = _delivery(predicted=0.73, served=0.60, windows=GAP_MIN_WINDOWS)
+    verdict = guard_step(GuardState(), 0.0, window(0), GAP_RANGE, DWELL_60, missed)
+    assert verdict.changed_to is Mode.FALLBACK
+    assert "served 60.0% over 3 windows, 13.0% below its predicted 73.0%" in verdict.state.reason
+
+
+def test_a_gap_within_tolerance_too_few_windows_or_no_prediction_changes_nothing() -> None:
+    for d in (_delivery(0.73, 0.70, GAP_MIN_WINDOWS),   # 3 points short, 5 tolerated
+              _delivery(0.73, 0.40, GAP_MIN_WINDOWS - 1),  # not persistent yet
+              _delivery(0.73, 0.90, GAP_MIN_WINDOWS),   # better than predicted
+              None):                                    # a table that predicts nothing
+        assert guard_step(GuardState(), 0.0, window(0), GAP_RANGE, DWELL_60, d).changed_to is None
+    unchecked = ValidatedRange()
+    assert guard_step(GuardState(), 0.0, window(0), unchecked, DWELL_60,
+                      _delivery(0.73, 0.1, 10)).changed_to is None
+
+
+def test_the_gap_does_not_hold_the_fleet_in_fallback() -> None:
+    """In fallback a Flat-LB table is serving: the last plan's gap must not block resuming."""
+    fallen = GuardState(mode=Mode.FALLBACK, fallback_since_s=0.0)
+    missed = _delivery(0.73, 0.40, 10)
+    state = guard_step(fallen, 0.0, window(0), GAP_RANGE, DWELL_60, missed).state
+    verdict = guard_step(state, 61.0, window(61), GAP_RANGE, DWELL_60, missed)
+    assert verdict.changed_to is Mode.PLANNED
