@@ -30,7 +30,7 @@ from router_client.errors import PlanRejected
 SCHEMA = 1
 # A plan payload above this size is refused before it is parsed (bounded memory).
 MAX_PLAN_BYTES = 256 * 1024 * 1024
-MAX_KEY_BYTES = 1024
+MAX_KEY_BYTES = keyblob.MAX_KEY_BYTES
 
 
 @dataclass(frozen=True, slots=True, order=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from cacheroute.keyblob import MAX_KEY_BYTES
 from streams.errors import ConfigError
 
 
@@ -30,7 +31,7 @@ class StreamConfig:
     eviction_ms: int = 60_000
     max_tracked_keys: int = 262_144
     max_destinations: int = 4_096
-    max_key_bytes: int = 512
+    max_key_bytes: int = MAX_KEY_BYTES
     max_tokens: int = 10_000_000
     max_future_ms: int = 10_000
     max_past_ms: int = 6 * 3_600_000

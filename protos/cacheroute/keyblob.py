@@ -9,6 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+# The longest routing key anywhere (UTF-8 bytes): the stream dead-letters longer ones, plans
+# and RPCs refuse them. One bound, so a key the stream counts can always be planned.
+MAX_KEY_BYTES = 512
+
 
 def encode_keys(keys: Sequence[str]) -> bytes:
     if not keys:

@@ -152,7 +152,9 @@ def test_plan_size_bound_is_enforced_before_parsing():
     with pytest.raises(PlanRejected) as exc:
         signing.verify_blob(b"\x00" * (MAX_PLAN_BYTES + 1), [key.public_key()])
     assert exc.value.reason == "oversize"
-    assert MAX_KEY_BYTES == 1024
+    from streams.config import StreamConfig
+
+    assert StreamConfig().max_key_bytes == MAX_KEY_BYTES  # one bound: counted keys can be planned
 
 
 def test_notifications_are_bounded_and_junk_is_only_a_missed_hint():
