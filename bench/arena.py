@@ -39,6 +39,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from planner_svc.cli.demo import delivered_plan_report  # noqa: E402
 from planner_svc.devstack.engines import EngineFleet, start_engines  # noqa: E402
 from planner_svc.devstack.llama import LlamaFleet, LlamaOptions, start_llama_fleet  # noqa: E402
 from planner_svc.devstack.routers import RouterSpec, peer_versions, start_routers  # noqa: E402
@@ -99,6 +100,7 @@ def run_one(spec: RouterSpec, replicas: int, scenario: Scenario, seed: int, setu
     cacheroute = {"redis-url": stack.redis_url, "public-key": str(stack.public_key_path),
                   "bootstrap": stack.bootstrap, "max-plan-age-s": "3600"}
     routers = start_routers(spec, replicas, fleet.urls, work, cacheroute=cacheroute)
+    started_ms = int(time.time() * 1000)
     try:
         sc = scenario.scaled(sessions_per_s=scenario.sessions_per_s * rate_scale)
         pop = population(sc, seed)
@@ -124,6 +126,12 @@ def run_one(spec: RouterSpec, replicas: int, scenario: Scenario, seed: int, setu
         print(file=sys.stderr)
         loads = [a - b for a, b in zip(after, warm["loads"], strict=True)]
         row = summarise(records, setup.warmup_s, loads)
+        if spec.kind == "cacheroute":  # did its plan deliver what it predicted?
+            plan = delivered_plan_report(stack, since_ms=started_ms) or {}
+            row.update(plan_version=plan.get("version", ""),
+                       plan_predicted_hit=plan.get("predicted_hit_rate"),
+                       plan_measured_hit=plan.get("hit_rate"),
+                       plan_windows=plan.get("windows", 0))
         row.update(router=spec.name, replicas=replicas, scenario=scenario.name, seed=seed,
                    rate_scale=rate_scale, cpu_s=routers.cpu_seconds() - cpu0,
                    router_rss_mb=routers.peak_rss_mb())
@@ -177,6 +185,9 @@ def main() -> int:
     ap.add_argument("--warmup-s", type=float, default=0.0, help="0: 15 (quick) or 18")
     ap.add_argument("--measure-s", type=float, default=0.0, help="0: 10 (quick) or 12")
     ap.add_argument("--slo-ttft-s", type=float, default=2.0)
+    ap.add_argument("--q-cap", type=float, default=0.0,
+                    help="CacheRoute's q_cap (0: the engines' knee, 12 req/s / time scale); "
+                    "set it wrong to see `plan report` show the gap")
     ap.add_argument("--routers", default="", help="comma-separated names (default: all)")
     ap.add_argument("--capacity-scales", default="1,1.5,2,3,4",
                     help="load multiples of the capacity sweep ('' skips it)")
@@ -214,7 +225,10 @@ def main() -> int:
             "--faults", "--model", "arena-model"])
     stack = start_stack(StackOptions(
         destinations=setup.engines, destination_specs=fleet.destinations(), window_s=6.0,
-        hop_s=2.0, interval_s=4.0, q_cap=12.0, warm_slots_per_destination=12,
+        # q_cap: an engine's knee (~12 req/s for the emulated engine at time scale 1, where
+        # the capacity sweep's TTFT bends); slower engines take proportionally less
+        hop_s=2.0, interval_s=4.0, q_cap=args.q_cap or 12.0 / setup.time_scale,
+        warm_slots_per_destination=12,
         workdir=str(work / "stack")))
     time.sleep(args.settle_s)
     rows: list[dict[str, Any]] = []
@@ -312,6 +326,17 @@ def report(rows: list[dict], cap: dict[str, float], setup: Setup, out: Path,
         lines.append(f"| {sc} | {router} | {rep} | {m['hit']:.1%} | {m['ttft_p50_s']:.3f} | "
                      f"{m['ttft_p99_s']:.3f} | {m['e2e_p99_s']:.3f} | {m['imbalance']:.2f} | "
                      f"{m['errors']:.0f} | {m['cpu_s']:.1f} |")
+    planned = [r for r in rows if r["router"] == "cacheroute" and r.get("plan_version")]
+    if planned:
+        lines += ["", "Did CacheRoute's plan deliver (`cacheroute plan report`: the newest plan of "
+                  "the run measured past its rewarm dip, predicted at install vs served):", ""]
+        for r in planned:
+            pred, got = r["plan_predicted_hit"], r["plan_measured_hit"]
+            lines.append(f"- {r['scenario']} s{r['seed']} x{r['replicas']}: plan "
+                         f"{r['plan_version']}, predicted "
+                         f"{'-' if pred is None else f'{pred:.1%}'}, served "
+                         f"{'-' if got is None else f'{got:.1%}'} over "
+                         f"{r['plan_windows']} windows")
     if cap:
         lines += ["", f"SLO capacity (sessions/s with TTFT p99 ≤ {setup.slo_ttft_s} s; the "
                   "sweep's points are in arena-capacity.csv, with the requests each served):", ""]

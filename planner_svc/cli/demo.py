@@ -177,15 +177,30 @@ def run_demo(stack: LocalStack, options: FleetOptions, duration_s: float) -> Dem
     finally:
         emitter.close()
         router.stop()
-    return dataclasses.replace(progress.result(), plan_report=_plan_report(stack))
+    return dataclasses.replace(progress.result(), plan_report=delivered_plan_report(stack))
 
 
-def _plan_report(stack: LocalStack) -> dict[str, Any] | None:
+def delivered_plan_report(stack: LocalStack, since_ms: int = 0) -> dict[str, Any] | None:
+    """`plan report` of the installed plan or, when it has not left its rewarm dip yet (the
+    demo's traffic drifts, so the newest plan is often still warming up), of the newest
+    retained plan that was measured past its dip; None if no plan (created at or after
+    `since_ms`) predicted anything."""
     conn = PlannerConnection(stack.grpc_target, stack.options.operator_token)
     try:
-        return plan_report_dict(conn.call("GetPlanReport", planner_pb2.GetPlanReportRequest()))
-    except OpsError:
-        return None  # no plan, or a fallback table
+        listed = conn.call("ListPlanVersions", planner_pb2.ListPlanVersionsRequest(limit=50))
+        reports = []
+        for info in sorted(listed.versions, key=lambda v: (v.version.epoch, v.version.seq),
+                           reverse=True):
+            if info.created_at_ms < since_ms:
+                continue
+            try:
+                reports.append(plan_report_dict(conn.call(
+                    "GetPlanReport", planner_pb2.GetPlanReportRequest(version=info.version))))
+            except OpsError:
+                continue  # a fallback table: it predicts nothing
+        measured = [r for r in reports if r["windows"] and r["predicted_hit_rate"] is not None]
+        chosen = measured or reports
+        return chosen[0] if chosen else None
     finally:
         conn.close()
 
