@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import csv
+import dataclasses
 import json
 import math
 import resource
@@ -71,6 +72,32 @@ class Setup:
     slo_ttft_s: float
 
 
+class CacheRouteStack:
+    """CacheRoute's control plane for the runs. Fresh (the default): every CacheRoute run
+    starts a new stack, so it begins, like each peer's new process and the engines reset to
+    cold, with nothing learned; a plan learned in an earlier run of the same tenants would
+    be a head start no peer gets. Warm: one stack for all runs (faster, biased)."""
+
+    def __init__(self, options: StackOptions, fresh: bool, settle_s: float) -> None:
+        self.options, self.fresh, self.settle_s = options, fresh, settle_s
+        self.runs = 0
+        self.current: LocalStack | None = None
+
+    def for_run(self) -> LocalStack:
+        if self.current is None or (self.fresh and self.runs):
+            self.stop()
+            workdir = Path(self.options.workdir) / f"run-{self.runs}"  # nothing carried over
+            self.current = start_stack(dataclasses.replace(self.options, workdir=str(workdir)))
+            time.sleep(self.settle_s)  # the stream worker joins its group meanwhile
+        self.runs += 1
+        return self.current
+
+    def stop(self) -> None:
+        if self.current is not None:
+            self.current.stop()
+            self.current = None
+
+
 def summarise(records: list[Record], warmup_s: float, loads: list[float]) -> dict[str, Any]:
     """`loads`: what each engine served in the measured part (requests for the emulator,
     prompt tokens for llama-server, which counts no requests)."""
@@ -93,12 +120,14 @@ def summarise(records: list[Record], warmup_s: float, loads: list[float]) -> dic
 
 
 def run_one(spec: RouterSpec, replicas: int, scenario: Scenario, seed: int, setup: Setup,
-            fleet: Fleet, stack: LocalStack, work: Path, rate_scale: float,
+            fleet: Fleet, stacks: CacheRouteStack, work: Path, rate_scale: float,
             label: str) -> dict[str, Any]:
+    stack = stacks.for_run() if spec.kind == "cacheroute" else stacks.current
     for engine in fleet.urls:
         fleet.reset(engine)
-    cacheroute = {"redis-url": stack.redis_url, "public-key": str(stack.public_key_path),
-                  "bootstrap": stack.bootstrap, "max-plan-age-s": "3600"}
+    cacheroute = ({"redis-url": stack.redis_url, "public-key": str(stack.public_key_path),
+                   "bootstrap": stack.bootstrap, "max-plan-age-s": "3600"}
+                  if stack is not None else {})
     routers = start_routers(spec, replicas, fleet.urls, work, cacheroute=cacheroute)
     started_ms = int(time.time() * 1000)
     try:
@@ -126,7 +155,7 @@ def run_one(spec: RouterSpec, replicas: int, scenario: Scenario, seed: int, setu
         print(file=sys.stderr)
         loads = [a - b for a, b in zip(after, warm["loads"], strict=True)]
         row = summarise(records, setup.warmup_s, loads)
-        if spec.kind == "cacheroute":  # did its plan deliver what it predicted?
+        if stack is not None and spec.kind == "cacheroute":  # did its plan deliver?
             plan = delivered_plan_report(stack, since_ms=started_ms) or {}
             row.update(plan_version=plan.get("version", ""),
                        plan_predicted_hit=plan.get("predicted_hit_rate"),
@@ -155,18 +184,25 @@ async def _drive_after(driver: Driver, plan: list[Any], total: float, warmup_s: 
 
 
 def capacity(spec: RouterSpec, scenario: Scenario, seed: int, setup: Setup, fleet: Fleet,
-             stack: LocalStack, work: Path, scales: list[float]) -> tuple[float, list[dict]]:
-    """The highest offered load (sessions/s) whose TTFT p99 meets the SLO, by a sweep."""
+             stacks: CacheRouteStack, work: Path,
+             scales: list[float]) -> tuple[float, list[dict]]:
+    """The offered load (sessions/s) at which TTFT p99 reaches the SLO, by a sweep: linear
+    between the last point that met it and the first that did not (the sweep's steps are
+    coarser than the differences between routers); the last point if none failed."""
     best, rows = 0.0, []
     for scale in scales:
-        row = run_one(spec, 1, scenario, seed, setup, fleet, stack, work, scale,
+        row = run_one(spec, 1, scenario, seed, setup, fleet, stacks, work, scale,
                       f"capacity {spec.name} x{scale:g}")
         rows.append(row)
         if row["ttft_p99_s"] <= setup.slo_ttft_s and row["errors"] == 0:
-            best = scenario.sessions_per_s * scale
-        else:
-            break
-    return best, rows
+            best = scale
+            continue
+        if best and not row["errors"]:
+            prev = rows[-2]["ttft_p99_s"]
+            frac = (setup.slo_ttft_s - prev) / max(row["ttft_p99_s"] - prev, 1e-9)
+            best += min(max(frac, 0.0), 1.0) * (scale - best)
+        break
+    return scenario.sessions_per_s * best, rows
 
 
 def main() -> int:
@@ -192,8 +228,11 @@ def main() -> int:
     ap.add_argument("--capacity-scales", default="1,1.5,2,3,4",
                     help="load multiples of the capacity sweep ('' skips it)")
     ap.add_argument("--settle-s", type=float, default=15.0,
-                    help="idle time after start-up, before the first run (the stream worker "
-                    "and planner start on the same cores the engines use)")
+                    help="idle time after CacheRoute's stack starts, before its run (the "
+                    "stream worker and planner start on the same cores the engines use)")
+    ap.add_argument("--warm-cacheroute", action="store_true",
+                    help="one CacheRoute stack for every run (faster; later runs start with "
+                    "the plan learned in earlier ones, a head start no peer gets)")
     ap.add_argument("--out", default=str(OUT))
     args = ap.parse_args()
     quick = args.quick
@@ -223,14 +262,13 @@ def main() -> int:
         fleet = start_engines(work, setup.engines, extra=[
             "--time-scale", str(setup.time_scale), "--kv-tokens", str(setup.kv_tokens),
             "--faults", "--model", "arena-model"])
-    stack = start_stack(StackOptions(
+    stacks = CacheRouteStack(StackOptions(
         destinations=setup.engines, destination_specs=fleet.destinations(), window_s=6.0,
         # q_cap: an engine's knee (~12 req/s for the emulated engine at time scale 1, where
         # the capacity sweep's TTFT bends); slower engines take proportionally less
         hop_s=2.0, interval_s=4.0, q_cap=args.q_cap or 12.0 / setup.time_scale,
         warm_slots_per_destination=12,
-        workdir=str(work / "stack")))
-    time.sleep(args.settle_s)
+        workdir=str(work / "stack")), fresh=not args.warm_cacheroute, settle_s=args.settle_s)
     rows: list[dict[str, Any]] = []
     cap_rows: list[dict[str, Any]] = []
     try:
@@ -243,7 +281,7 @@ def main() -> int:
                             continue
                         label = f"{scenario.name} s{seed} {spec.name} x{replicas}"
                         rows.append(run_one(spec, replicas, scenario, seed, setup, fleet,
-                                            stack, work, 1.0, label))
+                                            stacks, work, 1.0, label))
         cap: dict[str, float] = {}
         scales = [float(x) for x in args.capacity_scales.split(",") if x]
         if not quick and scales:
@@ -253,12 +291,12 @@ def main() -> int:
                     continue
                 ranked = _best_peer(rows, name, 1)
                 for spec in [routers[0], *[r for r in routers if r.name == ranked]]:
-                    value, sweep = capacity(spec, found[0], 1, setup, fleet, stack, work,
+                    value, sweep = capacity(spec, found[0], 1, setup, fleet, stacks, work,
                                             scales)
                     cap[f"{name}/{spec.name}"] = value
                     cap_rows += sweep
     finally:
-        stack.stop()
+        stacks.stop()
         fleet.stop()
     elapsed = time.monotonic() - t_start
     summary = report(rows, cap, setup, Path(args.out), missing, elapsed, quick, cap_rows)

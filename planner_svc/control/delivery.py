@@ -13,8 +13,10 @@ token-weighted rates: the approximation the report is judged by). The first plan
 measured planned hit rate to go on: its hit prediction is None.
 
 Realized: the token-weighted hit rate and the mean per-destination load over the windows
-that began after the install and after its rewarm dip settled (the dip is reported apart as a
-window count), and the imbalance of those loads.
+that began after the install and after its rewarm dip (the dip is reported apart as a window
+count), and the imbalance of those loads. The dip is over when the control loop saw the hit
+rate settle, or for windows that began after the dip's expected duration (the rewarm time of
+the moved traffic), whichever comes first: under drift the hit rate never stops moving.
 """
 
 from __future__ import annotations

@@ -293,7 +293,12 @@ class Planner:
         if entry is None or t.window_start_s < entry[2]:
             return
         predicted, realized, since = entry
-        in_dip = self._loop.settling is not None
+        # Past the dip once the loop saw it settle, or once the window began after the
+        # dip's expected duration: under drift the hit rate keeps moving and the loop's
+        # flatness test (for its own rewarm account) may wait several times as long.
+        settling = self._loop.settling
+        in_dip = settling is not None and (
+            t.window_start_s < settling.since_s + settling.min_settle_s)
         self.deliveries[version] = (predicted, realized.add(t, predicted.destinations,
                                                             in_dip=in_dip), since)
 
