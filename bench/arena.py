@@ -121,7 +121,9 @@ def summarise(records: list[Record], warmup_s: float, loads: list[float]) -> dic
 
 def run_one(spec: RouterSpec, replicas: int, scenario: Scenario, seed: int, setup: Setup,
             fleet: Fleet, stacks: CacheRouteStack, work: Path, rate_scale: float,
-            label: str) -> dict[str, Any]:
+            label: str, fail_at_s: float | None = None) -> dict[str, Any]:
+    """One router (with `replicas` replicas) on one scenario. `fail_at_s`: the first engine
+    goes down (stops listening, connections cut) at that time and stays down to the end."""
     stack = stacks.for_run() if spec.kind == "cacheroute" else stacks.current
     for engine in fleet.urls:
         fleet.reset(engine)
@@ -149,19 +151,30 @@ def run_one(spec: RouterSpec, replicas: int, scenario: Scenario, seed: int, setu
                 print(f"\r  {label}: {frac:4.0%}", end="", file=sys.stderr, flush=True)
 
         warm: dict[str, list[Any]] = {}
-        records = asyncio.run(_drive_after(driver, plan, total, setup.warmup_s, fleet, warm,
-                                           progress))
+        victim = next(iter(fleet.urls))
+        try:
+            records = asyncio.run(_drive_after(driver, plan, total, setup.warmup_s, fleet,
+                                               warm, progress, fail_at_s, victim))
+        finally:
+            if fail_at_s is not None:
+                fleet.control(victim, "fault", {"mode": "up"})  # type: ignore[union-attr]
         after = [fleet.load(e) for e in fleet.urls]
         print(file=sys.stderr)
         loads = [a - b for a, b in zip(after, warm["loads"], strict=True)]
         row = summarise(records, setup.warmup_s, loads)
+        if fail_at_s is not None:  # what the clients saw once the engine was gone
+            down = summarise(records, fail_at_s, loads[1:])
+            row.update(scenario=f"{scenario.name} + engine down", failed_at_s=fail_at_s,
+                       errors_after_failure=down["errors"], hit_after_failure=down["hit"],
+                       ttft_p99_after_failure_s=down["ttft_p99_s"])
         if stack is not None and spec.kind == "cacheroute":  # did its plan deliver?
-            plan = delivered_plan_report(stack, since_ms=started_ms) or {}
-            row.update(plan_version=plan.get("version", ""),
-                       plan_predicted_hit=plan.get("predicted_hit_rate"),
-                       plan_measured_hit=plan.get("hit_rate"),
-                       plan_windows=plan.get("windows", 0))
-        row.update(router=spec.name, replicas=replicas, scenario=scenario.name, seed=seed,
+            delivered = delivered_plan_report(stack, since_ms=started_ms) or {}
+            row.update(plan_version=delivered.get("version", ""),
+                       plan_predicted_hit=delivered.get("predicted_hit_rate"),
+                       plan_measured_hit=delivered.get("hit_rate"),
+                       plan_windows=delivered.get("windows", 0))
+        row.setdefault("scenario", scenario.name)
+        row.update(router=spec.name, replicas=replicas, seed=seed,
                    rate_scale=rate_scale, cpu_s=routers.cpu_seconds() - cpu0,
                    router_rss_mb=routers.peak_rss_mb())
         return row
@@ -170,16 +183,24 @@ def run_one(spec: RouterSpec, replicas: int, scenario: Scenario, seed: int, setu
 
 
 async def _drive_after(driver: Driver, plan: list[Any], total: float, warmup_s: float,
-                       fleet: Fleet, warm: dict[str, list[Any]],
-                       progress: Any) -> list[Record]:
-    """Run the traffic; snapshot the engines' counters when the warm-up ends."""
+                       fleet: Fleet, warm: dict[str, list[Any]], progress: Any,
+                       fail_at_s: float | None = None, victim: str = "") -> list[Record]:
+    """Run the traffic; snapshot the engines' counters when the warm-up ends (and take the
+    victim engine down at `fail_at_s`)."""
     async def mark() -> None:
         await asyncio.sleep(warmup_s)
         warm["loads"] = await asyncio.to_thread(lambda: [fleet.load(e) for e in fleet.urls])
 
-    marker = asyncio.create_task(mark())
+    async def fail() -> None:
+        if fail_at_s is not None:
+            await asyncio.sleep(fail_at_s)
+            await asyncio.to_thread(fleet.control, victim, "fault",  # type: ignore[union-attr]
+                                    {"mode": "down"})
+
+    marker, failure = asyncio.create_task(mark()), asyncio.create_task(fail())
     records = await driver.run(plan, total, progress)
     await marker
+    await failure
     return records
 
 
@@ -233,6 +254,10 @@ def main() -> int:
     ap.add_argument("--warm-cacheroute", action="store_true",
                     help="one CacheRoute stack for every run (faster; later runs start with "
                     "the plan learned in earlier ones, a head start no peer gets)")
+    ap.add_argument("--failure-scenario", default="paper-like",
+                    help="after the comparison, run every router (1 replica) on this scenario "
+                    "once more with an engine going down a third into the measurement "
+                    "('' skips it; emulated engines only)")
     ap.add_argument("--out", default=str(OUT))
     args = ap.parse_args()
     quick = args.quick
@@ -282,6 +307,13 @@ def main() -> int:
                         label = f"{scenario.name} s{seed} {spec.name} x{replicas}"
                         rows.append(run_one(spec, replicas, scenario, seed, setup, fleet,
                                             stacks, work, 1.0, label))
+        failing = [s for s in scenarios if s.name == args.failure_scenario]
+        if failing and not quick and not llama:
+            fail_at = setup.warmup_s + setup.measure_s / 3
+            for spec in routers:
+                rows.append(run_one(spec, 1, failing[0], 1, setup, fleet, stacks, work, 1.0,
+                                    f"{failing[0].name} {spec.name}: engine down",
+                                    fail_at_s=fail_at))
         cap: dict[str, float] = {}
         scales = [float(x) for x in args.capacity_scales.split(",") if x]
         if not quick and scales:
@@ -364,6 +396,15 @@ def report(rows: list[dict], cap: dict[str, float], setup: Setup, out: Path,
         lines.append(f"| {sc} | {router} | {rep} | {m['hit']:.1%} | {m['ttft_p50_s']:.3f} | "
                      f"{m['ttft_p99_s']:.3f} | {m['e2e_p99_s']:.3f} | {m['imbalance']:.2f} | "
                      f"{m['errors']:.0f} | {m['cpu_s']:.1f} |")
+    failed = [r for r in rows if "failed_at_s" in r]
+    if failed:
+        lines += ["", f"An engine down mid-run ({failed[0]['scenario']}: the first engine stops "
+                  f"listening at {failed[0]['failed_at_s']:.0f} s, open connections cut, and "
+                  "stays down; 1 router replica; after the failure):", "",
+                  "| router | requests | errors | hit | TTFT p99 s |", "|---|---|---|---|---|"]
+        for r in sorted(failed, key=lambda r: (r["errors_after_failure"], -r["hit_after_failure"])):
+            lines.append(f"| {r['router']} | {r['requests']} | {r['errors_after_failure']} | "
+                         f"{r['hit_after_failure']:.1%} | {r['ttft_p99_after_failure_s']:.3f} |")
     planned = [r for r in rows if r["router"] == "cacheroute" and r.get("plan_version")]
     if planned:
         lines += ["", "Did CacheRoute's plan deliver (`cacheroute plan report`: the newest plan of "
@@ -403,6 +444,7 @@ def report(rows: list[dict], cap: dict[str, float], setup: Setup, out: Path,
         "capacity_ratio_vs_best_peer": round(ours_cap / peer_cap, 3)
         if peer_cap and not math.isnan(peer_cap) else None,
         "peer_versions": peer_versions(),
+        "errors_after_failure": {r["router"]: r["errors_after_failure"] for r in failed},
         "elapsed_min": round(elapsed_s / 60, 2),
     }
     if setup.engine_kind == "llama":  # the real-engine fleet's figures, named apart
