@@ -162,8 +162,10 @@ def run_one(spec: RouterSpec, replicas: int, scenario: Scenario, seed: int, setu
         print(file=sys.stderr)
         loads = [a - b for a, b in zip(after, warm["loads"], strict=True)]
         row = summarise(records, setup.warmup_s, loads)
-        if fail_at_s is not None:  # what the clients saw once the engine was gone
-            down = summarise(records, fail_at_s, loads[1:])
+        if fail_at_s is not None:  # what the clients saw once the engine was gone: every
+            # request that ended after it (those in flight on the victim included)
+            ended_after = [r for r in records if r.sent_s + r.e2e_s >= fail_at_s]
+            down = summarise(ended_after, -math.inf, loads[1:])
             row.update(scenario=f"{scenario.name} + engine down", failed_at_s=fail_at_s,
                        errors_after_failure=down["errors"], hit_after_failure=down["hit"],
                        ttft_p99_after_failure_s=down["ttft_p99_s"])
@@ -400,7 +402,8 @@ def report(rows: list[dict], cap: dict[str, float], setup: Setup, out: Path,
     if failed:
         lines += ["", f"An engine down mid-run ({failed[0]['scenario']}: the first engine stops "
                   f"listening at {failed[0]['failed_at_s']:.0f} s, open connections cut, and "
-                  "stays down; 1 router replica; after the failure):", "",
+                  "stays down; 1 router replica; requests that ended after the failure, those "
+                  "in flight on it included):", "",
                   "| router | requests | errors | hit | TTFT p99 s |", "|---|---|---|---|---|"]
         for r in sorted(failed, key=lambda r: (r["errors_after_failure"], -r["hit_after_failure"])):
             lines.append(f"| {r['router']} | {r['requests']} | {r['errors_after_failure']} | "
