@@ -5,7 +5,9 @@ Records (key -> value), all small except the plans:
 - `current`            -> `<epoch>.<seq>` of the installed plan;
 - `config`             -> JSON of the tunables and destinations after the last change;
 - `decision:<id>`      -> JSON of one decision (older ones are tombstoned to bound the log);
-- `loop`               -> JSON snapshot of the control loop (staleness, learned factors).
+- `loop`               -> JSON snapshot of the control loop (staleness, learned factors);
+- `delivery:<e>.<s>`   -> JSON of what plan <e>.<s> predicted and what was measured since
+                          (`cacheroute plan report`), retired with its plan.
 Compaction keeps the newest value per key, so a restart reads O(retained) records.
 `load()` reads the topic to its high watermark and returns what it found.
 """
@@ -42,6 +44,7 @@ class History:
     config: dict[str, Any] | None = None
     decisions: list[dict[str, Any]] = field(default_factory=list)
     loop: dict[str, Any] | None = None
+    deliveries: dict[Version, dict[str, Any]] = field(default_factory=dict)
 
 
 def ensure_topic(bootstrap: str, topic: str) -> None:
@@ -83,7 +86,9 @@ class KafkaHistory:
         self._put("current", str(version).encode())
         self._plans.append(version)
         while len(self._plans) > KEEP_PLANS:
-            self._put(f"plan:{self._plans.pop(0)}", None)
+            retired = self._plans.pop(0)
+            self._put(f"plan:{retired}", None)
+            self._put(f"delivery:{retired}", None)
         self.flush()  # an install is acknowledged only once it is durable
 
     def record_decision(self, decision: dict[str, Any]) -> None:
@@ -95,6 +100,9 @@ class KafkaHistory:
 
     def record_loop(self, snapshot: dict[str, Any]) -> None:
         self._put("loop", json.dumps(snapshot).encode())
+
+    def record_delivery(self, version: Version, record: dict[str, Any]) -> None:
+        self._put(f"delivery:{version}", json.dumps(record).encode())
 
     def flush(self, timeout_s: float = 10.0) -> None:
         if self._producer.flush(timeout_s) != 0:
@@ -155,6 +163,12 @@ def _apply(h: History, key: str, value: bytes | None) -> None:
         h.config = json.loads(value)
     elif kind == "loop" and value is not None:
         h.loop = json.loads(value)
+    elif kind == "delivery":
+        version = Version.parse(name)
+        if value is None:
+            h.deliveries.pop(version, None)
+        else:
+            h.deliveries[version] = json.loads(value)
     elif kind == "decision":
         ident = int(name)
         h.decisions = [d for d in h.decisions if d.get("id") != ident]

@@ -22,7 +22,8 @@ the moved traffic), whichever comes first: under drift the hit rate never stops 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
 
 import numpy as np
 
@@ -51,6 +52,21 @@ def predict(destinations: Sequence[str], weights: Sequence[float],
         hit = admitted_share * telemetry.planned_hit_rate + (1.0 - admitted_share) * cold
     return Prediction(tuple(destinations), tuple(map(float, w)), tuple(map(float, loads)),
                       float(imbalance(loads, w)) if loads.size else 1.0, hit)
+
+
+def delivery_to_dict(predicted: Prediction, realized: Realized, since_s: float) -> dict[str, Any]:
+    """JSON-safe form of one version's record (the planner's history keeps it)."""
+    return {"predicted": asdict(predicted), "realized": asdict(realized), "since_s": since_s}
+
+
+def delivery_from_dict(data: Mapping[str, Any]) -> tuple[Prediction, Realized, float]:
+    """The inverse of `delivery_to_dict`; KeyError / TypeError / ValueError on a bad record."""
+    def build(cls: Any, raw: Mapping[str, Any]) -> Any:
+        values = {f.name: raw[f.name] for f in fields(cls) if f.name in raw}
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
+
+    return (build(Prediction, data["predicted"]), build(Realized, data["realized"]),
+            float(data["since_s"]))
 
 
 @dataclass(frozen=True, slots=True)

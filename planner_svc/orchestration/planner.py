@@ -27,7 +27,15 @@ import numpy as np
 
 from planner_svc.control import ControlLoop
 from planner_svc.control.decision import Action, Decision, Penalties
-from planner_svc.control.delivery import DeliveryReport, Prediction, Realized, predict, report
+from planner_svc.control.delivery import (
+    DeliveryReport,
+    Prediction,
+    Realized,
+    delivery_from_dict,
+    delivery_to_dict,
+    predict,
+    report,
+)
 from planner_svc.control.drift import Drift
 from planner_svc.control.guard import GuardSettings, Mode, ValidatedRange
 from planner_svc.control.loop import Figures
@@ -68,6 +76,7 @@ class HistorySink(Protocol):
     def record_decision(self, decision: dict[str, Any]) -> None: ...
     def record_config(self, config: dict[str, Any]) -> None: ...
     def record_loop(self, snapshot: dict[str, Any]) -> None: ...
+    def record_delivery(self, version: Version, record: dict[str, Any]) -> None: ...
     def load(self) -> Any: ...
     def close(self) -> None: ...
 
@@ -248,6 +257,11 @@ class Planner:
             self._apply_guard(Guard.from_dict(durable.config["guard"]))  # changed at run time
         for record in durable.decisions[-self.decisions.maxlen :]:  # type: ignore[operator]
             self.decisions.append(Decision.from_dict(record))
+        for version in sorted(getattr(durable, "deliveries", {}))[-64:]:
+            try:
+                self.deliveries[version] = delivery_from_dict(durable.deliveries[version])
+            except (KeyError, TypeError, ValueError) as exc:  # a record we cannot read
+                log.warning("ignoring the history's delivery record of %s: %r", version, exc)
 
     def republish_if_missing(self) -> bool:
         """Redis came back empty or behind, or someone wrote junk into the pointer: publish
@@ -301,6 +315,11 @@ class Planner:
             t.window_start_s < settling.since_s + settling.min_settle_s)
         self.deliveries[version] = (predicted, realized.add(t, predicted.destinations,
                                                             in_dip=in_dip), since)
+        self._record_delivery(version)
+
+    def _record_delivery(self, version: Version) -> None:
+        if self._history is not None and version in self.deliveries:
+            self._history.record_delivery(version, delivery_to_dict(*self.deliveries[version]))
 
     def delivery(self, version: Version | None = None) -> DeliveryReport:
         """Predicted vs realized for `version` (default: the installed plan)."""
@@ -528,6 +547,7 @@ class Planner:
         self.deliveries[plan.version] = (prediction, Realized(), now)
         while len(self.deliveries) > 64:
             self.deliveries.popitem(last=False)
+        self._record_delivery(plan.version)
 
     def _remember(self, plan: RoutingPlan) -> None:
         self._plans[plan.version] = plan

@@ -18,7 +18,7 @@ from cacheroute.v1 import plan_pb2, planner_pb2, planner_pb2_grpc
 from planner_svc.server import PlannerService, build_service
 from planner_svc.simulator.rates import paper_like_keys, paper_like_rates
 from router_client import signing
-from router_client.plan import decode_plan
+from router_client.plan import Version, decode_plan
 from tests.service.harness import DESTS, OPERATOR, READER, feed, planner_settings
 from tests.service.windows import make_window
 
@@ -683,3 +683,42 @@ def test_a_plan_that_misses_its_prediction_sends_the_fleet_to_fallback(redis_ser
         assert status.config.guard.hit_gap_max == pytest.approx(0.1)
     finally:
         svc.stop(0)
+
+
+def test_plan_reports_survive_a_planner_restart(broker, redis_server, tmp_path):
+    """What each plan predicted and what was measured under it are in the history: a
+    restarted planner answers `plan report` for earlier versions with the same figures."""
+    import uuid
+
+    settings = planner_settings(redis_server.url, tmp_path, bootstrap=broker.bootstrap,
+                                state_topic=f"planner-state-{uuid.uuid4().hex[:8]}",
+                                interval_s=5.0)
+    first = build_service(settings, consume=False, durable=True)
+    try:
+        keys = paper_like_keys(400)
+        rates = paper_like_rates(400, 300.0, seed=1)
+        start = int(time.time() * 1000) - 600_000
+        for step in range(3):
+            first.planner.on_window(make_window(keys, rates, window_end_ms=start + step * 5_000,
+                                                window_s=5.0, hit_rate=0.8,
+                                                destinations=list(DESTS)))
+        first.planner.tick(now_s=(start + 2 * 5_000) / 1000.0 + 0.1)
+        first.planner.on_window(make_window(keys, rates, window_end_ms=start + 4 * 5_000,
+                                            window_s=5.0, hit_rate=0.8, destinations=list(DESTS)))
+        first.planner.replan(fresh=False, force=True, dry_run=False)
+        after = int(time.time() * 1000)
+        for i in range(1, 12):
+            end = after + i * 5_000 + 5_000
+            first.planner.on_window(make_window(keys, rates, window_end_ms=end, window_s=5.0,
+                                                hit_rate=0.5, destinations=list(DESTS)))
+        before = first.planner.delivery(Version(1, 2)).to_dict()
+        assert before["windows"] >= 1 and before["predicted_hit_rate"] is not None
+        first.planner._history.flush()  # type: ignore[union-attr]
+    finally:
+        first.stop(0)
+    second = build_service(settings, consume=False, durable=True)
+    try:
+        assert second.planner.delivery(Version(1, 2)).to_dict() == before
+        assert second.planner.delivery(Version(1, 1)).predicted.hit_rate is None
+    finally:
+        second.stop(0)
