@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from cacheroute import keyhash
 from router_client.plan import PlanKeys
 
 _PREFIX_WORDS = 8  # fingerprints read the first 64 bytes of a key
@@ -103,16 +104,7 @@ def _fingerprints(blob: bytes, start: np.ndarray, end: np.ndarray) -> np.ndarray
     if not start.size:
         return np.zeros(0, dtype=np.uint64)
     words = _prefix_words(np.frombuffer(blob, np.uint8), start, end)
-    lengths = end - start
-    fp = lengths.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
-    with np.errstate(over="ignore"):
-        for w in range(words.shape[1]):
-            mixed = (fp ^ words[:, w]) * np.uint64(0xBF58476D1CE4E5B9)
-            mixed ^= mixed >> np.uint64(31)
-            # only words the key reaches: a key's fingerprint must not depend on
-            # how long the other keys of its blob are
-            fp = np.where(lengths > 8 * w, mixed, fp)
-    return fp
+    return keyhash.fingerprints(words, end - start)
 
 
 def prepare(keys: PlanKeys) -> None:

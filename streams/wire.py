@@ -27,6 +27,7 @@ import numpy as np
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import DecodeError
 
+from cacheroute import keyhash
 from streams.categorical import Categorical
 from streams.decoding import KIND_CACHE_HIT, KIND_ERROR, KIND_REQUEST, EventColumns
 
@@ -250,7 +251,7 @@ def _categorical(buf: np.ndarray, text: str, start: np.ndarray, end: np.ndarray)
     padded = buf[np.minimum(start[:, None] + column, buf.size - 1)]
     padded[column >= lengths[:, None]] = 0
     words = padded.view("<u8")
-    _, first, inverse = np.unique(_fingerprints(words, lengths), return_index=True,
+    _, first, inverse = np.unique(keyhash.fingerprints(words, lengths), return_index=True,
                                   return_inverse=True)
     inverse = inverse.ravel()
     representative = first[inverse]
@@ -262,16 +263,6 @@ def _categorical(buf: np.ndarray, text: str, start: np.ndarray, end: np.ndarray)
     rank[order] = np.arange(order.size)
     names = _strings(text, start[first[order]], end[first[order]])
     return Categorical(names, rank[inverse])
-
-
-def _fingerprints(words: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """A 64-bit multiply-xorshift hash per row of `words` (uint64) and its length."""
-    fingerprint = lengths.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
-    with np.errstate(over="ignore"):
-        for w in range(words.shape[1]):
-            fingerprint = (fingerprint ^ words[:, w]) * np.uint64(0xBF58476D1CE4E5B9)
-            fingerprint ^= fingerprint >> np.uint64(31)
-    return fingerprint
 
 
 def _strings(text: str, start: np.ndarray, end: np.ndarray) -> list[str]:

@@ -130,7 +130,7 @@ def test_fingerprint_collisions_cost_speed_not_correctness(monkeypatch):
     import streams.wire as wire
 
     # every string gets the same fingerprint: the byte check must notice
-    monkeypatch.setattr(wire, "_fingerprints", lambda words, lengths: np.zeros(
+    monkeypatch.setattr(wire.keyhash, "fingerprints", lambda words, lengths: np.zeros(
         lengths.size, dtype=np.uint64))
     raw = _batch(*(_request(f"p{i % 2}", i + 1, f"key-{i % 5}", f"d{i % 3}") for i in range(12)))
     fast = fast_columns([(0, raw)])
