@@ -42,6 +42,10 @@ FLAGS: dict[str, tuple[type, Any, str]] = {
                        "a key ('' to use the first user turn only)"),
     "cold-tail": (str, "hash", "keys the plan does not admit: 'hash' (consistent hashing with "
                   "bounded loads) or 'p2c' (the paper's power-of-two-choices)"),
+    "set-slack": (float, 0.5, "a conversation stays on its member of a replicated key's set "
+                  "until that member's load is more than (1 + this) x the set's mean"),
+    "tail-slack": (float, 0.25, "a cold-tail key stays on its hash owner until its load is more "
+                   "than (1 + this) x the mean"),
     "connect-timeout-s": (float, 2.0, "upstream connect timeout"),
     "first-byte-timeout-s": (float, 300.0, "upstream time to the first response byte"),
     "idle-timeout-s": (float, 60.0, "longest silence between streamed chunks"),
@@ -114,6 +118,8 @@ async def run_gateway(args: argparse.Namespace, ready: asyncio.Event | None = No
                  if args.probe_path else None)
         if args.cold_tail not in ("hash", "p2c"):
             raise ValueError(f"--cold-tail {args.cold_tail!r}: use hash or p2c")
+        if not (args.set_slack >= 0 and args.tail_slack >= 0):
+            raise ValueError("--set-slack and --tail-slack must be >= 0")
     except ValueError as exc:
         raise SystemExit(f"cacheroute gateway: {exc}") from None
     source: Any
@@ -136,6 +142,7 @@ async def run_gateway(args: argparse.Namespace, ready: asyncio.Event | None = No
         addresses={d.id: d.address for d in destinations if d.address},
         cache_path=args.cache_path or None, max_plan_age_s=args.max_plan_age_s,
         health=health, probe=probe, cold_tail=args.cold_tail)
+    client.core.set_slack, client.core.tail_slack = args.set_slack, args.tail_slack
     sink = None
     if args.bootstrap:
         from streams.emitter import EventEmitter
