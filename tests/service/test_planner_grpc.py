@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
@@ -583,6 +584,35 @@ def test_guard_options_and_weights_set_at_run_time_survive_a_restart(
         second.stop(0)
 
 
+def install_a_plan_predicting(planner: Any, hit: float) -> tuple[Any, Any, int]:
+    """Three windows at `hit`, the first plan, one more window (what the second plan
+    predicts from), then a forced second plan (1.2) installed "now" on the planner's clock.
+    Returns (keys, rates, the wall-clock ms after which windows count for it)."""
+    keys = paper_like_keys(400)
+    rates = paper_like_rates(400, 300.0, seed=1)
+    start = int(time.time() * 1000) - 600_000
+
+    def window_at(step: int) -> None:
+        planner.on_window(make_window(keys, rates, window_end_ms=start + step * 5_000,
+                                      window_s=5.0, hit_rate=hit, destinations=list(DESTS)))
+
+    for step in range(3):
+        window_at(step)
+    planner.tick(now_s=(start + 2 * 5_000) / 1000.0 + 0.1)  # the first plan
+    window_at(4)  # measured hit of the admitted keys
+    planner.replan(fresh=False, force=True, dry_run=False)
+    return keys, rates, int(time.time() * 1000)
+
+
+def serving_window(planner: Any, keys: Any, rates: Any, after_ms: int, i: int,
+                   hit: float) -> float:
+    """The i-th window after the install, served at `hit`; returns its end in seconds."""
+    end = after_ms + i * 5_000 + 5_000
+    planner.on_window(make_window(keys, rates, window_end_ms=end, window_s=5.0, hit_rate=hit,
+                                  destinations=list(DESTS)))
+    return end / 1000.0
+
+
 def test_plan_report_joins_the_prediction_with_what_the_stream_measured(redis_server, tmp_path):
     from prometheus_client import generate_latest
 
@@ -592,28 +622,10 @@ def test_plan_report_joins_the_prediction_with_what_the_stream_measured(redis_se
     svc = build_service(settings, consume=False)
     svc.server.start()
     try:
-        keys = paper_like_keys(400)
-        rates = paper_like_rates(400, 300.0, seed=1)
-        start = int(time.time() * 1000) - 600_000
-
-        def window_at(step: int, hit: float) -> None:
-            svc.planner.on_window(make_window(
-                keys, rates, window_end_ms=start + step * 5_000, window_s=5.0, hit_rate=hit,
-                destinations=list(DESTS)))
-
-        for step in range(3):
-            window_at(step, 0.8)
-        svc.planner.tick(now_s=(start + 2 * 5_000) / 1000.0 + 0.1)  # the first plan
-        window_at(4, 0.8)  # measured hit of the admitted keys: 0.8
-        svc.planner.replan(fresh=False, force=True, dry_run=False)
-        # the install happened "now" on the planner's clock: windows after it count
-        after = int(time.time() * 1000)
+        keys, rates, after = install_a_plan_predicting(svc.planner, 0.8)
         for i in range(1, 12):  # the plan serves at 0.5, not the 0.8 it predicts
-            end = after + i * 5_000 + 5_000
-            svc.planner.on_window(make_window(
-                keys, rates, window_end_ms=end, window_s=5.0, hit_rate=0.5,
-                destinations=list(DESTS)))
-            svc.planner.tick(now_s=end / 1000.0 + 0.1)  # the loop follows (and ends) the dip
+            end_s = serving_window(svc.planner, keys, rates, after, i, 0.5)
+            svc.planner.tick(now_s=end_s + 0.1)  # the loop follows (and ends) the dip
         s = stub_for(svc)
         # the loop may replan on the lower hit rate: ask for plan 1.2 itself
         r = s.GetPlanReport(planner_pb2.GetPlanReportRequest(
@@ -650,26 +662,13 @@ def test_a_plan_that_misses_its_prediction_sends_the_fleet_to_fallback(redis_ser
         s.UpdateConfig(planner_pb2.UpdateConfigRequest(
             guard=planner_pb2.GuardConfig(hit_gap_max=0.1, resume_dwell_s=600),
             min_dwell_s=3600), timeout=10)
-        keys = paper_like_keys(400)
-        rates = paper_like_rates(400, 300.0, seed=1)
-        start = int(time.time() * 1000) - 600_000
-        for step in range(3):
-            svc.planner.on_window(make_window(keys, rates, window_end_ms=start + step * 5_000,
-                                              window_s=5.0, hit_rate=0.8,
-                                              destinations=list(DESTS)))
-        svc.planner.tick(now_s=(start + 2 * 5_000) / 1000.0 + 0.1)
-        svc.planner.on_window(make_window(keys, rates, window_end_ms=start + 4 * 5_000,
-                                          window_s=5.0, hit_rate=0.8, destinations=list(DESTS)))
-        svc.planner.replan(fresh=False, force=True, dry_run=False)
-        after = int(time.time() * 1000)
+        keys, rates, after = install_a_plan_predicting(svc.planner, 0.8)
         fell = None
         for i in range(1, 20):
-            end = after + i * 5_000 + 5_000
-            svc.planner.on_window(make_window(keys, rates, window_end_ms=end, window_s=5.0,
-                                              hit_rate=0.5, destinations=list(DESTS)))
+            end_s = serving_window(svc.planner, keys, rates, after, i, 0.5)
             serving = svc.planner.current()
             assert serving is not None
-            d = svc.planner.tick(now_s=end / 1000.0 + 0.1)
+            d = svc.planner.tick(now_s=end_s + 0.1)
             if d is not None and d.action.value == "fallback":
                 fell = (i, d, svc.planner.delivery(serving.plan.version))
                 break
@@ -695,22 +694,9 @@ def test_plan_reports_survive_a_planner_restart(broker, redis_server, tmp_path):
                                 interval_s=5.0)
     first = build_service(settings, consume=False, durable=True)
     try:
-        keys = paper_like_keys(400)
-        rates = paper_like_rates(400, 300.0, seed=1)
-        start = int(time.time() * 1000) - 600_000
-        for step in range(3):
-            first.planner.on_window(make_window(keys, rates, window_end_ms=start + step * 5_000,
-                                                window_s=5.0, hit_rate=0.8,
-                                                destinations=list(DESTS)))
-        first.planner.tick(now_s=(start + 2 * 5_000) / 1000.0 + 0.1)
-        first.planner.on_window(make_window(keys, rates, window_end_ms=start + 4 * 5_000,
-                                            window_s=5.0, hit_rate=0.8, destinations=list(DESTS)))
-        first.planner.replan(fresh=False, force=True, dry_run=False)
-        after = int(time.time() * 1000)
+        keys, rates, after = install_a_plan_predicting(first.planner, 0.8)
         for i in range(1, 12):
-            end = after + i * 5_000 + 5_000
-            first.planner.on_window(make_window(keys, rates, window_end_ms=end, window_s=5.0,
-                                                hit_rate=0.5, destinations=list(DESTS)))
+            serving_window(first.planner, keys, rates, after, i, 0.5)
         before = first.planner.delivery(Version(1, 2)).to_dict()
         assert before["windows"] >= 1 and before["predicted_hit_rate"] is not None
         first.planner._history.flush()  # type: ignore[union-attr]
