@@ -408,8 +408,10 @@ def test_plan_explain_admitted_unadmitted_and_never_seen_keys(service):
     assert not e["seen"] and not e["admitted"] and "never seen" in e["reason"]
     rc, out, _ = cli(service, "plan", "explain", admitted, token=READER)
     assert rc == 0 and out.startswith(f"{admitted} in plan ") and "next repack" in out
-    rc, _, err = cli(service, "plan", "explain", "x" * 1100, token=READER)
-    assert rc == 2 and "key must be 1 to 1024 bytes" in err  # the plans' own key bound
+    from cacheroute.keyblob import MAX_KEY_BYTES
+
+    rc, _, err = cli(service, "plan", "explain", "x" * (MAX_KEY_BYTES + 1), token=READER)
+    assert rc == 2 and f"key must be 1 to {MAX_KEY_BYTES} bytes" in err  # the one key bound
 
 
 def test_plan_report_renders_predicted_and_realized(service):
