@@ -257,7 +257,7 @@ class Planner:
             self._apply_guard(Guard.from_dict(durable.config["guard"]))  # changed at run time
         for record in durable.decisions[-self.decisions.maxlen :]:  # type: ignore[operator]
             self.decisions.append(Decision.from_dict(record))
-        for version in sorted(getattr(durable, "deliveries", {}))[-64:]:
+        for version in sorted(durable.deliveries)[-64:]:
             try:
                 self.deliveries[version] = delivery_from_dict(durable.deliveries[version])
             except (KeyError, TypeError, ValueError) as exc:  # a record we cannot read
