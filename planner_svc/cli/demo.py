@@ -188,19 +188,20 @@ def delivered_plan_report(stack: LocalStack, since_ms: int = 0) -> dict[str, Any
     conn = PlannerConnection(stack.grpc_target, stack.options.operator_token)
     try:
         listed = conn.call("ListPlanVersions", planner_pb2.ListPlanVersionsRequest(limit=50))
-        reports = []
+        newest = None
         for info in sorted(listed.versions, key=lambda v: (v.version.epoch, v.version.seq),
                            reverse=True):
             if info.created_at_ms < since_ms:
                 continue
             try:
-                reports.append(plan_report_dict(conn.call(
-                    "GetPlanReport", planner_pb2.GetPlanReportRequest(version=info.version))))
+                r = plan_report_dict(conn.call(
+                    "GetPlanReport", planner_pb2.GetPlanReportRequest(version=info.version)))
             except OpsError:
                 continue  # a fallback table: it predicts nothing
-        measured = [r for r in reports if r["windows"] and r["predicted_hit_rate"] is not None]
-        chosen = measured or reports
-        return chosen[0] if chosen else None
+            if r["windows"] and r["predicted_hit_rate"] is not None:
+                return r  # the newest measured one: no need to ask about older versions
+            newest = newest or r
+        return newest
     finally:
         conn.close()
 
