@@ -464,13 +464,21 @@ def report(rows: list[dict], cap: dict[str, float], setup: Setup, out: Path,
     return summary
 
 
-def _plot(rows: list[dict], out: Path, suffix: str) -> None:
+def _pyplot() -> Any:
+    """matplotlib's pyplot on the file backend, or None (and a hint) if not installed."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
         print("matplotlib not installed: no plots (pip install '.[plots]')", file=sys.stderr)
+        return None
+    return plt
+
+
+def _plot(rows: list[dict], out: Path, suffix: str) -> None:
+    plt = _pyplot()
+    if plt is None:
         return
     scenarios = sorted({r["scenario"] for r in rows})
     fig, axes = plt.subplots(1, len(scenarios), figsize=(5 * len(scenarios), 4), squeeze=False)
@@ -489,11 +497,8 @@ def _plot(rows: list[dict], out: Path, suffix: str) -> None:
 
 def plot_capacity(cap_rows: list[dict], out: Path, suffix: str, slo_s: float) -> None:
     """TTFT p99 against offered load per router and scenario, the SLO as a line."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = _pyplot()
+    if plt is None:
         return
     scenarios = sorted({r["scenario"] for r in cap_rows})
     fig, axes = plt.subplots(1, len(scenarios), figsize=(5 * len(scenarios), 4), squeeze=False)
