@@ -165,10 +165,14 @@ def plan_report_pb(r: DeliveryReport) -> planner_pb2.PlanReport:
         version=version_pb(Version.parse(r.version)), windows=r.windows,
         dip_windows=r.dip_windows, predicted_imbalance=r.predicted.imbalance,
         destinations=list(r.predicted.destinations),
-        predicted_loads_per_s=list(r.predicted.loads_per_s), loads_per_s=list(r.loads_per_s))
+        predicted_loads_per_s=list(r.predicted.loads_per_s), loads_per_s=list(r.loads_per_s),
+        q_cap=r.predicted.q_cap, predicted_utilisation=list(r.predicted.utilisation),
+        utilisation=list(r.utilisation), p99_ms=list(r.p99_ms),
+        capacity_verdict=r.capacity.verdict.value, capacity_reason=r.capacity.reason)
     for name, value in (("predicted_hit_rate", r.predicted.hit_rate), ("hit_rate", r.hit_rate),
                         ("hit_gap", r.hit_gap), ("imbalance", r.imbalance),
-                        ("hit_rate_since_install", r.hit_rate_since_install)):
+                        ("hit_rate_since_install", r.hit_rate_since_install),
+                        ("p99_target_ms", r.capacity.p99_target_ms)):
         if value is not None:
             setattr(pb, name, value)
     return pb

@@ -42,7 +42,7 @@ from prometheus_client.core import CollectorRegistry, CounterMetricFamily, Gauge
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from planner_svc.control.delivery import DeliveryReport
+from planner_svc.control.delivery import CapacityVerdict, DeliveryReport
 from planner_svc.control.guard import Mode
 from planner_svc.control.traffic import expected_loads
 from planner_svc.errors import NotFound
@@ -75,6 +75,19 @@ def _delivery(r: DeliveryReport | None) -> Iterator[Metric]:
     ):
         yield GaugeMetricFamily(PREFIX + name, help_,
                                 value=math.nan if value is None else float(value))
+    # One series per verdict, 1 on the current one: an alert can match the two misfits.
+    verdicts = GaugeMetricFamily(
+        PREFIX + "plan_capacity_verdict",
+        "Is q_cap consistent with the p99 measured at the measured loads (1 = this verdict)?",
+        labels=["verdict"])
+    for v in CapacityVerdict:
+        verdicts.add_metric([v.value], 1.0 if r.capacity.verdict is v else 0.0)
+    yield verdicts
+    utilisation = [u for u in r.utilisation if math.isfinite(u)]
+    if utilisation:
+        yield GaugeMetricFamily(PREFIX + "plan_realized_utilisation_ratio",
+                                "Mean measured load over q_cap x weight under the plan.",
+                                value=sum(utilisation) / len(utilisation))
 
 
 def _gauge(name: str, help_: str, value: float | None) -> Iterator[Metric]:

@@ -34,7 +34,7 @@ def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
-def add_stack_arguments(p: argparse.ArgumentParser) -> None:
+def add_stack_arguments(p: argparse.ArgumentParser, p99_ms_max: float = 0.0) -> None:
     p.add_argument("--destinations", type=int, default=8, help="engines / destinations (R)")
     p.add_argument("--partitions", type=int, default=4, help="partitions of the events topic")
     p.add_argument("--workers", type=int, default=1, help="stream worker processes")
@@ -43,6 +43,9 @@ def add_stack_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--interval-s", type=float, default=5.0, help="planner control interval")
     p.add_argument("--q-cap", type=float, default=60.0)
     p.add_argument("--warm-slots-per-destination", type=int, default=64)
+    p.add_argument("--p99-ms-max", type=float, default=p99_ms_max,
+                   help="the guard's validated p99 in ms, which `plan report` also checks "
+                   "q_cap against (0: no latency target)")
     p.add_argument("--workdir", default="", help="keep logs and keys here (default: temporary)")
     p.add_argument("--operator-token", default=os.environ.get("CACHEROUTE_OPERATOR_TOKEN", ""),
                    help="the planner's operator token (env CACHEROUTE_OPERATOR_TOKEN; "
@@ -61,6 +64,7 @@ def stack_options(args: argparse.Namespace) -> StackOptions:
         interval_s=args.interval_s,
         q_cap=args.q_cap,
         warm_slots_per_destination=args.warm_slots_per_destination,
+        p99_ms_max=args.p99_ms_max,
         workdir=args.workdir,
         operator_token=args.operator_token,
         reader_token=args.reader_token,

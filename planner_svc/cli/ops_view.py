@@ -468,7 +468,18 @@ def plan_report_dict(pb: Any) -> dict[str, Any]:
         "destinations": list(pb.destinations),
         "predicted_loads_per_s": list(pb.predicted_loads_per_s),
         "loads_per_s": list(pb.loads_per_s),
+        "q_cap": pb.q_cap,
+        "predicted_utilisation": [_finite(x) for x in pb.predicted_utilisation],
+        "utilisation": [_finite(x) for x in pb.utilisation],
+        "p99_ms": [_finite(x) for x in pb.p99_ms],
+        "p99_target_ms": opt("p99_target_ms"),
+        "capacity_verdict": pb.capacity_verdict or "unchecked",
+        "capacity_reason": pb.capacity_reason,
     }
+
+
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None
 
 
 def render_plan_report(r: Mapping[str, Any]) -> str:
@@ -483,9 +494,15 @@ def render_plan_report(r: Mapping[str, Any]) -> str:
              f"  (since the install, dip included: {pct(r['hit_rate_since_install'])})",
              f"  imbalance   predicted {r['predicted_imbalance']:.2f}  realized "
              + ("-" if r["imbalance"] is None else f"{r['imbalance']:.2f}")]
+    verdict = r.get("capacity_verdict", "unchecked")
+    lines.append(f"  capacity    {verdict.replace('_', ' ')}: {r.get('capacity_reason', '')}")
     if r["loads_per_s"]:
         width = max(len(d) for d in r["destinations"])
-        for d, p, m in zip(r["destinations"], r["predicted_loads_per_s"], r["loads_per_s"],
-                           strict=True):
-            lines.append(f"  {d:<{width}}  predicted {p:8.2f} req/s  realized {m:8.2f} req/s")
+        util = r.get("utilisation") or [None] * len(r["loads_per_s"])
+        p99 = r.get("p99_ms") or [None] * len(r["loads_per_s"])
+        for d, p, m, u, lat in zip(r["destinations"], r["predicted_loads_per_s"],
+                                   r["loads_per_s"], util, p99, strict=True):
+            lines.append(f"  {d:<{width}}  predicted {p:8.2f} req/s  realized {m:8.2f} req/s"
+                         + ("" if u is None else f"  {u:5.0%} of q_cap")
+                         + ("" if lat is None else f"  p99 {lat:,.0f} ms"))
     return "\n".join(lines)

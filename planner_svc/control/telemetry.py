@@ -13,6 +13,7 @@ The planner service fills a `Telemetry` from the newest complete
   columns split by admission); None when not measured;
 - `destination_loads_per_s`: destination id -> arrival rate;
 - `p99_ms`: the worst destination's p99 end-to-end latency, None if unknown;
+- `destination_p99_ms`: destination id -> its p99 end-to-end latency (those that reported);
 - `active_keys`: the snapshot's `active_keys`;
 - `key_hit_rates`: optional, admitted key -> its hit rate on its planned set
   (only keys with enough requests to mean something); feeds the per-key Δh.
@@ -41,6 +42,7 @@ class Telemetry:
     planned_hit_rate: float | None = None
     fallback_hit_rate: float | None = None
     p99_ms: float | None = None
+    destination_p99_ms: Mapping[str, float] = field(default_factory=dict)
     active_keys: int = 0
     recovering: bool = False
     key_hit_rates: Mapping[str, float] = field(default_factory=dict)
@@ -66,6 +68,7 @@ class Telemetry:
             "planned_hit_rate": self.planned_hit_rate,
             "fallback_hit_rate": self.fallback_hit_rate,
             "p99_ms": self.p99_ms,
+            "destination_p99_ms": dict(self.destination_p99_ms),
             "active_keys": self.active_keys,
             "recovering": self.recovering,
             "window_s": self.window_s,
@@ -73,4 +76,5 @@ class Telemetry:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Telemetry:
-        return cls(**{**data, "destination_loads_per_s": dict(data["destination_loads_per_s"])})
+        return cls(**{**data, "destination_loads_per_s": dict(data["destination_loads_per_s"]),
+                      "destination_p99_ms": dict(data.get("destination_p99_ms", {}))})

@@ -52,6 +52,8 @@ class StackOptions:
     reader_token: str = ""
     # The planner's --destinations as given (id=address[*weight],...); empty: ids only.
     destination_specs: str = ""
+    # The guard's validated p99 (ms; 0 = none): `plan report` checks q_cap against it.
+    p99_ms_max: float = 0.0
 
     @property
     def destination_ids(self) -> list[str]:
@@ -203,6 +205,8 @@ def start_planner(stack: LocalStack) -> ManagedProcess:
         "--interval-s",
         str(o.interval_s),
     ]
+    if o.p99_ms_max > 0:
+        argv += ["--validated-p99-ms-max", str(o.p99_ms_max)]
     # Only tokens that are set: an empty flag would override the planner's environment.
     for flag, token in (("--operator-token", o.operator_token), ("--reader-token", o.reader_token)):
         if token:

@@ -332,14 +332,15 @@ class Planner:
             if entry is None:
                 raise NotFound(f"no prediction for plan version {version} (fallback tables "
                                "predict nothing; only retained versions are kept)")
-            return report(str(version), entry[0], entry[1])
+            return report(str(version), entry[0], entry[1], self._loop.validated.p99_ms_max)
 
     def _serving_delivery(self) -> DeliveryReport | None:
         """Predicted vs served for the installed plan (None: it predicted nothing)."""
         if self.installed is None:
             return None
         entry = self.deliveries.get(self.installed.plan.version)
-        return None if entry is None else report(str(self.installed.plan.version), *entry[:2])
+        return None if entry is None else report(str(self.installed.plan.version), *entry[:2],
+                                                 self._loop.validated.p99_ms_max)
 
     def _admitted_keys(self) -> set[str]:
         if self.installed is None:
@@ -543,7 +544,7 @@ class Planner:
             [plan.destinations[i].id for i in serving],
             [plan.destinations[i].capacity_weight for i in serving],
             [loads[i] for i in serving] if loads else [0.0] * len(serving),
-            plan.stats.admitted_rate_share, self.telemetry)
+            plan.stats.admitted_rate_share, self.telemetry, plan.config.q_cap)
         self.deliveries[plan.version] = (prediction, Realized(), now)
         while len(self.deliveries) > 64:
             self.deliveries.popitem(last=False)

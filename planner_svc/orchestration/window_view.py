@@ -29,7 +29,8 @@ def telemetry_from_window(window: Any, admitted: set[str]) -> Telemetry:
     prompt = np.asarray(window.prompt_tokens, np.float64)
     cached = np.asarray(window.cached_tokens, np.float64)
     mask = np.fromiter((k in admitted for k in window.keys), bool, count=len(window.keys))
-    p99s = [d.p99_e2e_ms for d in window.destinations.values() if not math.isnan(d.p99_e2e_ms)]
+    p99s = {d: s.p99_e2e_ms for d, s in window.destinations.items()
+            if not math.isnan(s.p99_e2e_ms)}
     return Telemetry(
         window_end_s=window.window_end_ms / 1000.0,
         window_s=span_s,
@@ -41,7 +42,8 @@ def telemetry_from_window(window: Any, admitted: set[str]) -> Telemetry:
         fallback_hit_rate=_ratio(cached[~mask].sum(), prompt[~mask].sum())
         if (~mask).any()
         else None,
-        p99_ms=max(p99s) if p99s else None,
+        p99_ms=max(p99s.values()) if p99s else None,
+        destination_p99_ms=p99s,
         active_keys=int(window.active_keys),
         recovering=bool(window.recovering),
     )

@@ -684,6 +684,59 @@ def test_a_plan_that_misses_its_prediction_sends_the_fleet_to_fallback(redis_ser
         svc.stop(0)
 
 
+def test_plan_report_checks_q_cap_against_the_latency_measured_at_the_measured_loads(
+        redis_server, tmp_path):
+    """300 req/s over six destinations is 2.5x the q_cap of 20: served with a p99 of 150 ms
+    against a 3.5-s target, q_cap is reported understated (report, RPC and metric). With q_cap
+    set to 200 the next plan runs each destination at a quarter of it, and one destination's
+    9-s p99 makes it overstated."""
+    from prometheus_client import generate_latest
+
+    from planner_svc.api.metrics import planner_registry
+
+    settings = planner_settings(redis_server.url, tmp_path, interval_s=5.0)
+    svc = build_service(settings, consume=False)
+    svc.server.start()
+    try:
+        s = stub_for(svc)
+        s.UpdateConfig(planner_pb2.UpdateConfigRequest(
+            guard=planner_pb2.GuardConfig(p99_ms_max=3500.0), min_dwell_s=3600), timeout=10)
+        keys, rates, after = install_a_plan_predicting(svc.planner, 0.8)
+
+        def serve(i: int, at: int, p99: dict[str, float]) -> None:
+            svc.planner.on_window(make_window(
+                keys, rates, window_end_ms=at + i * 5_000 + 5_000, window_s=5.0,
+                hit_rate=0.8, destinations=list(DESTS), p99_ms=p99))
+
+        for i in range(1, 8):
+            serve(i, after, dict.fromkeys(DESTS, 150.0))
+        r = s.GetPlanReport(planner_pb2.GetPlanReportRequest(
+            version=plan_pb2.PlanVersion(epoch=1, seq=2)), timeout=5)
+        assert r.windows >= 1, r
+        assert r.q_cap == 20.0 and r.p99_target_ms == 3500.0
+        assert list(r.utilisation) == pytest.approx([300.0 / 6 / 20.0] * len(DESTS), rel=0.02)
+        assert list(r.p99_ms) == pytest.approx([150.0] * len(DESTS))
+        assert r.capacity_verdict == "q_cap_understated", r.capacity_reason
+        text = generate_latest(planner_registry(svc.planner)).decode()
+        assert ('cacheroute_planner_plan_capacity_verdict{verdict="q_cap_understated"} 1.0'
+                in text), text
+
+        s.UpdateConfig(planner_pb2.UpdateConfigRequest(q_cap=200.0), timeout=10)
+        svc.planner.replan(fresh=False, force=True, dry_run=False)
+        version = svc.planner.current().plan.version
+        later = int(time.time() * 1000) + 120_000
+        for i in range(1, 8):
+            serve(i, later, {**dict.fromkeys(DESTS, 150.0), DESTS[0]: 9000.0})
+        r = s.GetPlanReport(planner_pb2.GetPlanReportRequest(
+            version=plan_pb2.PlanVersion(epoch=version.epoch, seq=version.seq)), timeout=5)
+        assert r.windows >= 1 and r.q_cap == 200.0, r
+        assert r.capacity_verdict == "q_cap_overstated", r.capacity_reason
+        assert r.capacity_reason.startswith(f"{DESTS[0]} ran at 25% of q_cap 200")
+        assert max(r.predicted_utilisation) <= 1.0
+    finally:
+        svc.stop(0)
+
+
 def test_plan_reports_survive_a_planner_restart(broker, redis_server, tmp_path):
     """What each plan predicted and what was measured under it are in the history: a
     restarted planner answers `plan report` for earlier versions with the same figures."""

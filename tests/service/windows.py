@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 
 from streams.assembly import CompleteWindow, DestinationStats
@@ -16,6 +18,7 @@ def make_window(
     destinations: list[str] = (),  # type: ignore[assignment]
     hit_rate: float | np.ndarray = 0.5,
     recovering: bool = False,
+    p99_ms: Mapping[str, float] | None = None,
 ) -> CompleteWindow:
     rates = np.asarray(rates, np.float64)
     requests = np.maximum(0, np.round(rates * window_s)).astype(np.int64)
@@ -34,7 +37,8 @@ def make_window(
         reusable_prefix_tokens=np.full(len(keys), 800.0),
         requests=requests,
         destinations={
-            d: DestinationStats(d, per_dest, 0.0, 0.0, float("nan"), float("nan"))
+            d: DestinationStats(d, per_dest, 0.0, 0.0, float("nan"),
+                                (p99_ms or {}).get(d, float("nan")))
             for d in destinations
         },
         recovering=recovering,

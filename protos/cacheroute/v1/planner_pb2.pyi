@@ -441,7 +441,7 @@ class GetPlanReportRequest(_message.Message):
     def __init__(self, version: _Optional[_Union[_plan_pb2.PlanVersion, _Mapping]] = ...) -> None: ...
 
 class PlanReport(_message.Message):
-    __slots__ = ("version", "windows", "dip_windows", "predicted_hit_rate", "hit_rate", "hit_gap", "predicted_imbalance", "imbalance", "destinations", "predicted_loads_per_s", "loads_per_s", "hit_rate_since_install")
+    __slots__ = ("version", "windows", "dip_windows", "predicted_hit_rate", "hit_rate", "hit_gap", "predicted_imbalance", "imbalance", "destinations", "predicted_loads_per_s", "loads_per_s", "hit_rate_since_install", "q_cap", "predicted_utilisation", "utilisation", "p99_ms", "p99_target_ms", "capacity_verdict", "capacity_reason")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     WINDOWS_FIELD_NUMBER: _ClassVar[int]
     DIP_WINDOWS_FIELD_NUMBER: _ClassVar[int]
@@ -454,6 +454,13 @@ class PlanReport(_message.Message):
     PREDICTED_LOADS_PER_S_FIELD_NUMBER: _ClassVar[int]
     LOADS_PER_S_FIELD_NUMBER: _ClassVar[int]
     HIT_RATE_SINCE_INSTALL_FIELD_NUMBER: _ClassVar[int]
+    Q_CAP_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_UTILISATION_FIELD_NUMBER: _ClassVar[int]
+    UTILISATION_FIELD_NUMBER: _ClassVar[int]
+    P99_MS_FIELD_NUMBER: _ClassVar[int]
+    P99_TARGET_MS_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_VERDICT_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_REASON_FIELD_NUMBER: _ClassVar[int]
     version: _plan_pb2.PlanVersion
     windows: int
     dip_windows: int
@@ -466,4 +473,11 @@ class PlanReport(_message.Message):
     predicted_loads_per_s: _containers.RepeatedScalarFieldContainer[float]
     loads_per_s: _containers.RepeatedScalarFieldContainer[float]
     hit_rate_since_install: float
-    def __init__(self, version: _Optional[_Union[_plan_pb2.PlanVersion, _Mapping]] = ..., windows: _Optional[int] = ..., dip_windows: _Optional[int] = ..., predicted_hit_rate: _Optional[float] = ..., hit_rate: _Optional[float] = ..., hit_gap: _Optional[float] = ..., predicted_imbalance: _Optional[float] = ..., imbalance: _Optional[float] = ..., destinations: _Optional[_Iterable[str]] = ..., predicted_loads_per_s: _Optional[_Iterable[float]] = ..., loads_per_s: _Optional[_Iterable[float]] = ..., hit_rate_since_install: _Optional[float] = ...) -> None: ...
+    q_cap: float
+    predicted_utilisation: _containers.RepeatedScalarFieldContainer[float]
+    utilisation: _containers.RepeatedScalarFieldContainer[float]
+    p99_ms: _containers.RepeatedScalarFieldContainer[float]
+    p99_target_ms: float
+    capacity_verdict: str
+    capacity_reason: str
+    def __init__(self, version: _Optional[_Union[_plan_pb2.PlanVersion, _Mapping]] = ..., windows: _Optional[int] = ..., dip_windows: _Optional[int] = ..., predicted_hit_rate: _Optional[float] = ..., hit_rate: _Optional[float] = ..., hit_gap: _Optional[float] = ..., predicted_imbalance: _Optional[float] = ..., imbalance: _Optional[float] = ..., destinations: _Optional[_Iterable[str]] = ..., predicted_loads_per_s: _Optional[_Iterable[float]] = ..., loads_per_s: _Optional[_Iterable[float]] = ..., hit_rate_since_install: _Optional[float] = ..., q_cap: _Optional[float] = ..., predicted_utilisation: _Optional[_Iterable[float]] = ..., utilisation: _Optional[_Iterable[float]] = ..., p99_ms: _Optional[_Iterable[float]] = ..., p99_target_ms: _Optional[float] = ..., capacity_verdict: _Optional[str] = ..., capacity_reason: _Optional[str] = ...) -> None: ...
