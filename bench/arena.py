@@ -26,6 +26,7 @@ import csv
 import dataclasses
 import json
 import math
+import os
 import resource
 import shutil
 import sys
@@ -40,7 +41,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from cacheroute.v1 import planner_pb2  # noqa: E402
 from planner_svc.cli.demo import delivered_plan_report  # noqa: E402
+from planner_svc.cli.ops_client import PlannerConnection  # noqa: E402
 from planner_svc.devstack.engines import EngineFleet, start_engines  # noqa: E402
 from planner_svc.devstack.llama import LlamaFleet, LlamaOptions, start_llama_fleet  # noqa: E402
 from planner_svc.devstack.routers import RouterSpec, peer_versions, start_routers  # noqa: E402
@@ -174,7 +177,8 @@ def run_one(spec: RouterSpec, replicas: int, scenario: Scenario, seed: int, setu
             row.update(plan_version=delivered.get("version", ""),
                        plan_predicted_hit=delivered.get("predicted_hit_rate"),
                        plan_measured_hit=delivered.get("hit_rate"),
-                       plan_windows=delivered.get("windows", 0))
+                       plan_windows=delivered.get("windows", 0),
+                       **decisions_since(stack, started_ms))
         row.setdefault("scenario", scenario.name)
         row.update(router=spec.name, replicas=replicas, seed=seed,
                    rate_scale=rate_scale, cpu_s=routers.cpu_seconds() - cpu0,
@@ -182,6 +186,23 @@ def run_one(spec: RouterSpec, replicas: int, scenario: Scenario, seed: int, setu
         return row
     finally:
         routers.stop()
+
+
+def decisions_since(stack: LocalStack, since_ms: int) -> dict[str, Any]:
+    """How CacheRoute's planner acted during a run: installs, and the newest reason."""
+    conn = PlannerConnection(stack.grpc_target, stack.options.operator_token)
+    try:
+        listed = conn.call("ListDecisions", planner_pb2.ListDecisionsRequest(limit=200))
+    finally:
+        conn.close()
+    ours = [d for d in listed.decisions if d.at_ms >= since_ms]
+    installs = [d for d in ours if d.action == "install"]
+    if "CACHEROUTE_ARENA_DECISIONS" in os.environ:  # a diagnostic: every reason, in order
+        for d in sorted(ours, key=lambda d: d.id):
+            print(f"    {(d.at_ms - since_ms) / 1000:6.1f} s  {d.action:8s} {d.reason}",
+                  file=sys.stderr)
+    return {"plan_installs": len(installs),
+            "last_decision": max(ours, key=lambda d: d.id).reason if ours else ""}
 
 
 async def _drive_after(driver: Driver, plan: list[Any], total: float, warmup_s: float,
@@ -335,7 +356,10 @@ def main() -> int:
     elapsed = time.monotonic() - t_start
     summary = report(rows, cap, setup, Path(args.out), missing, elapsed, quick, cap_rows)
     print(json.dumps(summary))
-    shutil.rmtree(work, ignore_errors=True)
+    if "CACHEROUTE_ARENA_KEEP" not in os.environ:  # a diagnostic: keep every log
+        shutil.rmtree(work, ignore_errors=True)
+    else:
+        print(f"kept {work}", file=sys.stderr)
     return 0
 
 

@@ -219,9 +219,11 @@ class StreamWorker:
         for p, proc in list(self.processors.items()):
             await self._update_lag(p, proc)
             if p not in self.recovering:
-                # Unknown lag (nothing fetched since the assignment) counts as caught up.
-                caught_up = self.counters.lag_by_partition.get(p, 0) == 0
-                await self._publish_windows(proc, proc.tick(now, caught_up))
+                # Unknown lag (nothing fetched since the assignment) counts as caught up,
+                # except for starting the clock of a partition that never saw an event.
+                lag = self.counters.lag_by_partition.get(p)
+                await self._publish_windows(proc, proc.tick(now, (lag or 0) == 0,
+                                                            log_known=lag is not None))
 
     def _highwater(self, p: int) -> int | None:
         try:

@@ -137,10 +137,15 @@ class PartitionProcessor:
         """Whether `window` holds every event of its range (False: recovering)."""
         return self.complete_since_ms is None or window.window_start_ms >= self.complete_since_ms
 
-    def tick(self, now_ms: int, caught_up: bool = True) -> list[WindowResult]:
+    def tick(self, now_ms: int, caught_up: bool = True,
+             log_known: bool = True) -> list[WindowResult]:
         """Close windows of an idle partition by the wall clock. Only a partition
-        that has read its whole log is idle: a backlog is not silence."""
+        that has read its whole log is idle: a backlog is not silence. One that never saw
+        an event starts its window clock only once its log's end is known (`log_known`):
+        before the first fetch, an empty-looking partition may hold a backlog."""
         if not caught_up:
+            return []
+        if self.windows.next_end_ms is None and not log_known:
             return []
         idle_since = self.last_event_wall_ms
         if idle_since is not None and now_ms - idle_since < self.config.idle_ms:

@@ -84,10 +84,18 @@ class PartitionWindows:
         return self.next_end_ms // self.config.hop_ms - self.config.buckets_per_window
 
     def advance_idle(self, now_ms: int) -> list[WindowResult]:
-        """Move an idle partition's event clock to the wall clock; close windows."""
+        """Move an idle partition's event clock to the wall clock; close windows.
+
+        A partition that never saw an event starts its clock here, at the newest window
+        due: it has counted nothing because there was nothing (the caller knows its log
+        is read to the end). Otherwise one silent partition would hold back every complete
+        window until a key happens to hash onto it: at a cold start with a handful of
+        tenants, the first plan came 20-30 s late."""
+        cfg = self.config
+        clock = now_ms - cfg.idle_ms
         if self.next_end_ms is None:
-            return []
-        self.watermark_ms = max(self.watermark_ms or now_ms, now_ms - self.config.idle_ms)
+            self.next_end_ms = (clock - cfg.grace_ms) // cfg.hop_ms * cfg.hop_ms
+        self.watermark_ms = max(self.watermark_ms or clock, clock)
         return self._close_due()
 
     # -- ingest ------------------------------------------------------------------

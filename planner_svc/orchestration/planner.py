@@ -292,7 +292,9 @@ class Planner:
         with self._lock:
             self.traffic = traffic_from_window(window, self._rate_column)
             self.rates_window_end_ms = int(window.window_end_ms)
-            if self._first_window_end_ms is None:
+            if self._first_window_end_ms is None and self.traffic.total_rate > 0:
+                # The first plan waits for a full window of traffic after the first one that
+                # had any: windows of an idle fleet would plan nothing.
                 self._first_window_end_ms = int(window.window_end_ms)
             self._window_ms = int(window.window_end_ms - window.window_start_ms)
             self.telemetry = telemetry_from_window(window, self._admitted_keys())
@@ -377,8 +379,10 @@ class Planner:
         return self._log(decision)
 
     def _rates_cover_a_window(self) -> bool:
-        if self._first_window_end_ms is None:
+        if not self._window_ms:
             return True  # rates were given directly, not by the stream
+        if self._first_window_end_ms is None:
+            return False  # windows came, but with no traffic yet
         return self.rates_window_end_ms - self._first_window_end_ms >= self._window_ms
 
     def _install_first(self, now: float) -> Decision:

@@ -206,16 +206,25 @@ def test_first_plan_waits_for_a_full_window_of_rates(service):
     assert decision is not None and decision.action == "install"
 
 
-def test_numpy_rates_survive(service):
-    # A window of all-zero rates still yields a (empty-admission) valid plan, not a crash.
+def test_windows_without_traffic_plan_nothing_until_a_window_of_traffic_is_in(service):
+    # All-zero rates (an idle fleet, a silent stream partition) neither crash nor yield a
+    # plan: the first plan waits for a full window after the first one with traffic.
     keys = paper_like_keys(10)
     end = int(time.time() * 1000)
-    for window_end in (end - 10_000, end):
+    for window_end in (end - 30_000, end - 20_000):
         service.planner.on_window(
             make_window(keys, np.zeros(10), window_end_ms=window_end, destinations=list(DESTS))
         )
+    assert service.planner.tick() is None and service.planner.installed is None
+    rates = np.full(10, 5.0)
+    service.planner.on_window(
+        make_window(keys, rates, window_end_ms=end - 10_000, destinations=list(DESTS)))
+    assert service.planner.tick() is None  # one window of traffic is not yet a full one
+    service.planner.on_window(make_window(keys, rates, window_end_ms=end,
+                                          destinations=list(DESTS)))
     decision = service.planner.tick()
-    assert decision is not None
+    assert decision is not None and decision.action == "install"
+    assert len(service.planner.installed.plan.table) == 10
 
 
 def test_history_outlives_redis_and_restart_republishes(broker, redis_server, tmp_path):

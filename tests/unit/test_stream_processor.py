@@ -148,3 +148,23 @@ def test_a_log_that_starts_over_is_counted_from_its_new_offsets():
     # the producer's repeats in the new log are still dropped by sequence
     proc.process([(2, batch(req(7), req(8)))], NOW + 1_000)
     assert total_requests(proc) == 8
+
+
+def test_a_partition_that_never_saw_an_event_publishes_empty_windows_once_its_log_is_known():
+    """A silent partition must not hold back every complete window (the planner assembles
+    one part per partition) until a key happens to hash onto it."""
+    proc = PartitionProcessor(0, CFG)
+    assert proc.tick(NOW, caught_up=True, log_known=False) == []  # may hold a backlog
+    assert proc.tick(NOW, caught_up=False, log_known=True) == []
+    first = proc.tick(NOW, caught_up=True, log_known=True)
+    assert len(first) == 1 and first[0].window_end_ms % CFG.hop_ms == 0
+    assert first[0].window_end_ms <= NOW - CFG.idle_ms - CFG.grace_ms
+    assert first[0].keys == [] and proc.is_complete(first[0])
+    later = proc.tick(NOW + 3 * CFG.hop_ms, caught_up=True, log_known=True)
+    # (after a silence the clock jumps to the newest window due)
+    assert [w.window_end_ms for w in later] == [first[0].window_end_ms + 3 * CFG.hop_ms]
+    # events that arrive afterwards count in the next windows as usual
+    out = proc.process([(0, batch(req(1, ts=NOW + 3 * CFG.hop_ms)))], NOW + 3 * CFG.hop_ms)
+    assert not out.rejected
+    closed = proc.tick(NOW + 20_000, caught_up=True)
+    assert sum(int(w.requests.sum()) for w in closed[:1]) == 1
