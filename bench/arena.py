@@ -285,12 +285,17 @@ def main() -> int:
     args = ap.parse_args()
     quick = args.quick
     llama = args.engine_kind == "llama"
+    # Slowed engines (time scale > 1) take proportionally less load, so a stream window of
+    # the same length would hold proportionally fewer requests: CacheRoute's windows, control
+    # interval and the warm-up that covers its learning stretch by the same factor, as q_cap
+    # shrinks by it. (Every router gets the same warm-up; peers learn from each request.)
+    slow = 1.0 if args.engine_kind == "llama" else max(1.0, args.time_scale)
     setup = Setup(engine_kind=args.engine_kind, engines=args.engines,
                   # llama-server runs at its own speed: no time scale
                   time_scale=1.0 if llama else args.time_scale, kv_tokens=args.kv_tokens,
-                  # the warm-up covers CacheRoute's learning: a stream window (6 s) and a
-                  # control interval (4 s) before its first plan
-                  warmup_s=args.warmup_s or (15.0 if quick else 18.0),
+                  # the warm-up covers CacheRoute's learning: two stream windows and a
+                  # control interval before its first plan (longer on slowed engines)
+                  warmup_s=args.warmup_s or (15.0 if quick else 18.0) * slow,
                   measure_s=args.measure_s or (10.0 if quick else 12.0),
                   rate_scale=args.rate_scale, slo_ttft_s=args.slo_ttft_s)
     names = ["paper-like"] if quick else args.scenarios.split(",")
@@ -311,10 +316,10 @@ def main() -> int:
             "--time-scale", str(setup.time_scale), "--kv-tokens", str(setup.kv_tokens),
             "--faults", "--model", "arena-model"])
     stacks = CacheRouteStack(StackOptions(
-        destinations=setup.engines, destination_specs=fleet.destinations(), window_s=6.0,
+        destinations=setup.engines, destination_specs=fleet.destinations(), window_s=6.0 * slow,
         # q_cap: an engine's knee (~12 req/s for the emulated engine at time scale 1, where
         # the capacity sweep's TTFT bends); slower engines take proportionally less
-        hop_s=2.0, interval_s=4.0, q_cap=args.q_cap or 12.0 / setup.time_scale,
+        hop_s=2.0 * slow, interval_s=4.0 * slow, q_cap=args.q_cap or 12.0 / setup.time_scale,
         warm_slots_per_destination=12,
         workdir=str(work / "stack")), fresh=not args.warm_cacheroute, settle_s=args.settle_s)
     rows: list[dict[str, Any]] = []
