@@ -227,16 +227,21 @@ async def _drive_after(driver: Driver, plan: list[Any], total: float, warmup_s: 
     return records
 
 
+def cap_label(router: str, replicas: int) -> str:
+    return router if replicas == 1 else f"{router} ({replicas} replicas)"
+
+
 def capacity(spec: RouterSpec, scenario: Scenario, seed: int, setup: Setup, fleet: Fleet,
-             stacks: CacheRouteStack, work: Path,
-             scales: list[float]) -> tuple[float, list[dict]]:
+             stacks: CacheRouteStack, work: Path, scales: list[float],
+             replicas: int = 1) -> tuple[float, list[dict]]:
     """The offered load (sessions/s) at which TTFT p99 reaches the SLO, by a sweep: linear
     between the last point that met it and the first that did not (the sweep's steps are
     coarser than the differences between routers); the last point if none failed."""
     best, rows = 0.0, []
     for scale in scales:
-        row = run_one(spec, 1, scenario, seed, setup, fleet, stacks, work, scale,
-                      f"capacity {spec.name} x{scale:g}")
+        row = run_one(spec, replicas, scenario, seed, setup, fleet, stacks, work, scale,
+                      f"capacity {cap_label(spec.name, replicas)} x{scale:g}")
+        row["label"] = cap_label(spec.name, replicas)
         rows.append(row)
         if row["ttft_p99_s"] <= setup.slo_ttft_s and row["errors"] == 0:
             best = scale
@@ -271,6 +276,9 @@ def main() -> int:
     ap.add_argument("--routers", default="", help="comma-separated names (default: all)")
     ap.add_argument("--capacity-scales", default="1,1.5,2,3,4",
                     help="load multiples of the capacity sweep ('' skips it)")
+    ap.add_argument("--capacity-replicas", default="1",
+                    help="router replica counts of the capacity sweep, e.g. 1,4 (each against "
+                    "the best peer at that count)")
     ap.add_argument("--settle-s", type=float, default=15.0,
                     help="idle time after CacheRoute's stack starts, before its run (the "
                     "stream worker and planner start on the same cores the engines use)")
@@ -344,17 +352,19 @@ def main() -> int:
                                     fail_at_s=fail_at))
         cap: dict[str, float] = {}
         scales = [float(x) for x in args.capacity_scales.split(",") if x]
+        replicas_for_capacity = [int(x) for x in args.capacity_replicas.split(",") if x]
         if not quick and scales:
             for name in ("paper-like", "whale"):
                 found = [s for s in scenarios if s.name == name]
                 if not found:
                     continue
-                ranked = _best_peer(rows, name, 1)
-                for spec in [routers[0], *[r for r in routers if r.name == ranked]]:
-                    value, sweep = capacity(spec, found[0], 1, setup, fleet, stacks, work,
-                                            scales)
-                    cap[f"{name}/{spec.name}"] = value
-                    cap_rows += sweep
+                for n in replicas_for_capacity:
+                    ranked = _best_peer(rows, name, n)
+                    for spec in [routers[0], *[r for r in routers if r.name == ranked]]:
+                        value, sweep = capacity(spec, found[0], 1, setup, fleet, stacks, work,
+                                                scales, n)
+                        cap[f"{name}/{cap_label(spec.name, n)}"] = value
+                        cap_rows += sweep
     finally:
         stacks.stop()
         fleet.stop()
@@ -366,6 +376,15 @@ def main() -> int:
     else:
         print(f"kept {work}", file=sys.stderr)
     return 0
+
+
+def _ratio_4r(cap: dict[str, float], scenario: str, best4: str) -> dict[str, float | None]:
+    """The 4-replica capacity ratio, when the sweep ran at 4 replicas."""
+    ours = cap.get(f"{scenario}/{cap_label('cacheroute', 4)}")
+    peer = cap.get(f"{scenario}/{cap_label(best4, 4)}") if best4 else None
+    if ours is None or not peer:
+        return {}
+    return {"capacity_ratio_vs_best_peer_4r": round(ours / peer, 3)}
 
 
 def _mean(rows: list[dict], key: str, **match: Any) -> float:
@@ -454,14 +473,14 @@ def report(rows: list[dict], cap: dict[str, float], setup: Setup, out: Path,
                   "sweep's points are in arena-capacity.csv, with the requests each served):", ""]
         for k, v in cap.items():
             sc, router = k.split("/", 1)
-            sweep = [r for r in cap_rows or [] if r["scenario"] == sc and r["router"] == router]
+            sweep = [r for r in cap_rows or [] if r["scenario"] == sc and r["label"] == router]
             passed_all = all(r["ttft_p99_s"] <= setup.slo_ttft_s and not r["errors"]
                              for r in sweep)
             lines.append(f"- {k}: {'≥ ' if passed_all else ''}{v:.2f}"
                          + (" (no point of the sweep missed the SLO: a lower bound)"
                             if passed_all else ""))
         for r in cap_rows or []:
-            lines.append(f"  - {r['scenario']} {r['router']} x{r['rate_scale']:g}: "
+            lines.append(f"  - {r['scenario']} {r['label']} x{r['rate_scale']:g}: "
                          f"{r['requests']} requests measured, TTFT p99 {r['ttft_p99_s']:.3f} s, "
                          f"hit {r['hit']:.1%}")
     (out / f"arena{suffix}.md").write_text("\n".join(lines) + "\n")
@@ -483,6 +502,7 @@ def report(rows: list[dict], cap: dict[str, float], setup: Setup, out: Path,
                                         replicas=4), 4) if best4 else None,
         "capacity_ratio_vs_best_peer": round(ours_cap / peer_cap, 3)
         if peer_cap and not math.isnan(peer_cap) else None,
+        **_ratio_4r(cap, paper, best4),
         "peer_versions": peer_versions(),
         "errors_after_failure": {r["router"]: r["errors_after_failure"] for r in failed},
         "elapsed_min": round(elapsed_s / 60, 2),
@@ -532,11 +552,12 @@ def plot_capacity(cap_rows: list[dict], out: Path, suffix: str, slo_s: float) ->
     scenarios = sorted({r["scenario"] for r in cap_rows})
     fig, axes = plt.subplots(1, len(scenarios), figsize=(5 * len(scenarios), 4), squeeze=False)
     for ax, sc in zip(axes[0], scenarios, strict=True):
-        for router in sorted({r["router"] for r in cap_rows if r["scenario"] == sc}):
+        for label in sorted({r["label"] for r in cap_rows if r["scenario"] == sc}):
             pts = sorted((float(r["rate_scale"]), float(r["ttft_p99_s"])) for r in cap_rows
-                         if r["scenario"] == sc and r["router"] == router)
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=router,
-                    color="tab:green" if router == "cacheroute" else None)
+                         if r["scenario"] == sc and r["label"] == label)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label,
+                    color="tab:green" if label == "cacheroute" else None,
+                    linestyle=":" if "replicas" in label else "-")
         ax.axhline(slo_s, color="tab:red", linestyle="--", label=f"SLO {slo_s:g} s")
         ax.set_xlabel("offered load (x the scenario's rate)")
         ax.set_ylabel("TTFT p99 (s)")
