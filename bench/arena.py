@@ -241,7 +241,8 @@ def capacity(spec: RouterSpec, scenario: Scenario, seed: int, setup: Setup, flee
     for scale in scales:
         row = run_one(spec, replicas, scenario, seed, setup, fleet, stacks, work, scale,
                       f"capacity {cap_label(spec.name, replicas)} x{scale:g}")
-        row["label"] = cap_label(spec.name, replicas)
+        row.update(label=cap_label(spec.name, replicas),
+                   sessions_per_s=scenario.sessions_per_s * scale)
         rows.append(row)
         if row["ttft_p99_s"] <= setup.slo_ttft_s and row["errors"] == 0:
             best = scale
@@ -476,6 +477,11 @@ def report(rows: list[dict], cap: dict[str, float], setup: Setup, out: Path,
             sweep = [r for r in cap_rows or [] if r["scenario"] == sc and r["label"] == router]
             passed_all = all(r["ttft_p99_s"] <= setup.slo_ttft_s and not r["errors"]
                              for r in sweep)
+            if not v and sweep:  # the first point already missed: an upper bound
+                first = sweep[0]
+                lines.append(f"- {k}: < {first['sessions_per_s']:.2f} (the sweep's first "
+                             f"point, x{first['rate_scale']:g}, already missed the SLO)")
+                continue
             lines.append(f"- {k}: {'≥ ' if passed_all else ''}{v:.2f}"
                          + (" (no point of the sweep missed the SLO: a lower bound)"
                             if passed_all else ""))

@@ -6,6 +6,7 @@ tests/integration); everything from the planner to Redis and the gRPC API is rea
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -593,6 +594,17 @@ def test_guard_options_and_weights_set_at_run_time_survive_a_restart(
         second.stop(0)
 
 
+@contextlib.contextmanager
+def five_second_planner(redis_url: str, tmp_path: Path) -> Iterator[PlannerService]:
+    """A served planner with a 5-s control interval, its ticks driven by the test."""
+    svc = build_service(planner_settings(redis_url, tmp_path, interval_s=5.0), consume=False)
+    svc.server.start()
+    try:
+        yield svc
+    finally:
+        svc.stop(0)
+
+
 def install_a_plan_predicting(planner: Any, hit: float) -> tuple[Any, Any, int]:
     """Three windows at `hit`, the first plan, one more window (what the second plan
     predicts from), then a forced second plan (1.2) installed "now" on the planner's clock.
@@ -627,10 +639,7 @@ def test_plan_report_joins_the_prediction_with_what_the_stream_measured(redis_se
 
     from planner_svc.api.metrics import planner_registry
 
-    settings = planner_settings(redis_server.url, tmp_path, interval_s=5.0)
-    svc = build_service(settings, consume=False)
-    svc.server.start()
-    try:
+    with five_second_planner(redis_server.url, tmp_path) as svc:
         keys, rates, after = install_a_plan_predicting(svc.planner, 0.8)
         for i in range(1, 12):  # the plan serves at 0.5, not the 0.8 it predicts
             end_s = serving_window(svc.planner, keys, rates, after, i, 0.5)
@@ -652,8 +661,6 @@ def test_plan_report_joins_the_prediction_with_what_the_stream_measured(redis_se
                if line.startswith("cacheroute_planner_plan_hit_gap_ratio ")]
         current = svc.planner.delivery()  # the metric follows the installed plan
         assert gap and float(gap[0].split()[1]) == pytest.approx(current.hit_gap, abs=1e-9)
-    finally:
-        svc.stop(0)
 
 
 def test_a_plan_that_misses_its_prediction_sends_the_fleet_to_fallback(redis_server, tmp_path):
@@ -662,10 +669,7 @@ def test_a_plan_that_misses_its_prediction_sends_the_fleet_to_fallback(redis_ser
     GAP_MIN_WINDOWS windows after the dip, with the figures in the decision."""
     from planner_svc.control.guard import GAP_MIN_WINDOWS
 
-    settings = planner_settings(redis_server.url, tmp_path, interval_s=5.0)
-    svc = build_service(settings, consume=False)
-    svc.server.start()
-    try:
+    with five_second_planner(redis_server.url, tmp_path) as svc:
         s = stub_for(svc)
         # (a long dwell: no replan re-predicts from the lower hit rate meanwhile)
         s.UpdateConfig(planner_pb2.UpdateConfigRequest(
@@ -689,8 +693,6 @@ def test_a_plan_that_misses_its_prediction_sends_the_fleet_to_fallback(redis_ser
         status = s.GetStatus(planner_pb2.GetStatusRequest(), timeout=5)
         assert status.mode == planner_pb2.FALLBACK
         assert status.config.guard.hit_gap_max == pytest.approx(0.1)
-    finally:
-        svc.stop(0)
 
 
 def test_plan_report_checks_q_cap_against_the_latency_measured_at_the_measured_loads(
@@ -703,10 +705,7 @@ def test_plan_report_checks_q_cap_against_the_latency_measured_at_the_measured_l
 
     from planner_svc.api.metrics import planner_registry
 
-    settings = planner_settings(redis_server.url, tmp_path, interval_s=5.0)
-    svc = build_service(settings, consume=False)
-    svc.server.start()
-    try:
+    with five_second_planner(redis_server.url, tmp_path) as svc:
         s = stub_for(svc)
         s.UpdateConfig(planner_pb2.UpdateConfigRequest(
             guard=planner_pb2.GuardConfig(p99_ms_max=3500.0), min_dwell_s=3600), timeout=10)
@@ -742,8 +741,6 @@ def test_plan_report_checks_q_cap_against_the_latency_measured_at_the_measured_l
         assert r.capacity_verdict == "q_cap_overstated", r.capacity_reason
         assert r.capacity_reason.startswith(f"{DESTS[0]} ran at 25% of q_cap 200")
         assert max(r.predicted_utilisation) <= 1.0
-    finally:
-        svc.stop(0)
 
 
 def test_plan_reports_survive_a_planner_restart(broker, redis_server, tmp_path):
