@@ -274,6 +274,9 @@ def main() -> int:
     ap.add_argument("--q-cap", type=float, default=0.0,
                     help="CacheRoute's q_cap (0: the engines' knee, 12 req/s / time scale); "
                     "set it wrong to see `plan report` show the gap")
+    ap.add_argument("--rate-noise-z", type=float, default=0.0,
+                    help="CacheRoute's rate_noise_z (hold per-key rates within this many "
+                    "Poisson standard errors of the installed plan's; 0 = off)")
     ap.add_argument("--routers", default="", help="comma-separated names (default: all)")
     ap.add_argument("--capacity-scales", default="1,1.5,2,3,4",
                     help="load multiples of the capacity sweep ('' skips it)")
@@ -329,7 +332,7 @@ def main() -> int:
         # q_cap: an engine's knee (~12 req/s for the emulated engine at time scale 1, where
         # the capacity sweep's TTFT bends); slower engines take proportionally less
         hop_s=2.0 * slow, interval_s=4.0 * slow, q_cap=args.q_cap or 12.0 / setup.time_scale,
-        warm_slots_per_destination=12,
+        warm_slots_per_destination=12, rate_noise_z=args.rate_noise_z,
         workdir=str(work / "stack")), fresh=not args.warm_cacheroute, settle_s=args.settle_s)
     rows: list[dict[str, Any]] = []
     cap_rows: list[dict[str, Any]] = []

@@ -68,6 +68,7 @@ def tunables_from(settings: PlannerSettings) -> Tunables:
         byte_aware=settings.byte_aware,
         admission_hysteresis=settings.admission_hysteresis,
         balance_effort=settings.balance_effort,
+        rate_noise_z=settings.rate_noise_z,
     )
 
 

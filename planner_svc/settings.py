@@ -49,6 +49,9 @@ class PlannerSettings:
     byte_aware: bool = False
     admission_hysteresis: float = 0.0
     balance_effort: float = 1.0
+    # Hold each key's rate at the installed plan's while the window's count moved by no
+    # more than this many Poisson standard errors (0 = plan on the raw window, the paper's).
+    rate_noise_z: float = 0.0
     # The range the plan was validated for (shadow replay / canary, checklist step 5):
     # outside it the guard falls back to Flat-LB, and resumes when telemetry returns.
     # 0 = unchecked.

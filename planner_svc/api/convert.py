@@ -141,6 +141,7 @@ def config_pb(t: Tunables, destinations: list[Any], guard: Guard) -> planner_pb2
         byte_aware=t.byte_aware,
         admission_hysteresis=t.admission_hysteresis,
         balance_effort=t.balance_effort,
+        rate_noise_z=t.rate_noise_z,
         destinations=destinations_to_pb(destinations),
     )
 

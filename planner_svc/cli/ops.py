@@ -63,6 +63,7 @@ SETTABLE: dict[str, Callable[[str], Any]] = {  # `config set` keys and how value
     "byte_aware": _boolean,
     "admission_hysteresis": float,
     "balance_effort": float,
+    "rate_noise_z": float,
     # the fallback guard (0 = unchecked for the range); sent as one GuardConfig
     "guard.active_keys_min": int,
     "guard.active_keys_max": int,

@@ -227,3 +227,41 @@ def moved_traffic_share(installed: RoutingPlan, candidate: RoutingPlan, traffic:
     fresh = new_member_share(installed, candidate)
     moved_in = float(np.dot(aligned_rates(candidate, traffic), fresh))
     return min(1.0, (moved_in + dropped_rate(installed, candidate, traffic)) / total)
+
+
+def hold_noise(now: Traffic, reference: Traffic | None, window_s: float, z: float) -> Traffic:
+    """The rates to plan and price on: `now`'s, except where a key's rate differs from
+    `reference` (the rates the installed plan was built on) by no more than `z` Poisson
+    standard errors of a count over `window_s`; there, the reference rate.
+
+    On stationary traffic a window's per-key rates still move by counting noise (about
+    √n of n requests), and a candidate fitted to them always looks better than the plan
+    fitted to the last window's noise: the loop would count that as staleness and churn
+    keys between engines for nothing. A key in the reference that the window did not see
+    keeps its reference rate while that silence is itself within the noise (an expected
+    count of at most z²). Keys new to the window keep their measured rate. `z <= 0` (or no
+    reference) returns `now` unchanged: the paper's behaviour.
+    """
+    if z <= 0 or reference is None or window_s <= 0:
+        return now
+    ref = dict(zip(reference.keys, reference.rates.tolist(), strict=True))
+    rates = now.rates.astype(np.float64, copy=True)
+    known = np.fromiter((k in ref for k in now.keys), bool, count=len(now.keys))
+    if known.any():
+        r_ref = np.fromiter((ref.get(k, 0.0) for k in now.keys), np.float64,
+                            count=len(now.keys))
+        stderr = np.sqrt(np.maximum(rates, r_ref) / window_s)
+        held = known & (np.abs(rates - r_ref) <= z * stderr)
+        rates[held] = r_ref[held]
+    seen = set(now.keys)
+    ref_tokens = reference.tokens
+    quiet = [i for i, k in enumerate(reference.keys)
+             if k not in seen and float(reference.rates[i]) * window_s <= z * z]
+    if not quiet:
+        return Traffic(now.keys, rates, now.prefix_tokens, now.window_end_s,
+                       now.default_prefix_tokens)
+    tokens = now.tokens
+    return Traffic([*now.keys, *(reference.keys[i] for i in quiet)],
+                   np.concatenate([rates, reference.rates[quiet].astype(np.float64)]),
+                   np.concatenate([tokens, ref_tokens[quiet]]), now.window_end_s,
+                   now.default_prefix_tokens)

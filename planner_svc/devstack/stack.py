@@ -54,6 +54,8 @@ class StackOptions:
     destination_specs: str = ""
     # The guard's validated p99 (ms; 0 = none): `plan report` checks q_cap against it.
     p99_ms_max: float = 0.0
+    # Tunables.rate_noise_z (0 = plan on the raw window rates)
+    rate_noise_z: float = 0.0
 
     @property
     def destination_ids(self) -> list[str]:
@@ -207,6 +209,8 @@ def start_planner(stack: LocalStack) -> ManagedProcess:
     ]
     if o.p99_ms_max > 0:
         argv += ["--validated-p99-ms-max", str(o.p99_ms_max)]
+    if o.rate_noise_z > 0:
+        argv += ["--rate-noise-z", str(o.rate_noise_z)]
     # Only tokens that are set: an empty flag would override the planner's environment.
     for flag, token in (("--operator-token", o.operator_token), ("--reader-token", o.reader_token)):
         if token:

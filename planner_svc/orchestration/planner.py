@@ -40,7 +40,7 @@ from planner_svc.control.drift import Drift
 from planner_svc.control.guard import GuardSettings, Mode, ValidatedRange
 from planner_svc.control.loop import Figures
 from planner_svc.control.telemetry import Telemetry
-from planner_svc.control.traffic import Traffic
+from planner_svc.control.traffic import Traffic, hold_noise
 from planner_svc.errors import (
     CorruptPointer,
     NotFound,
@@ -160,6 +160,9 @@ class Tunables:
     byte_aware: bool = False
     admission_hysteresis: float = 0.0
     balance_effort: float = 1.0
+    # Hold a key's rate at the installed plan's while it moved by no more than this many
+    # Poisson standard errors (control.traffic.hold_noise); 0 = plan on the raw window.
+    rate_noise_z: float = 0.0
 
 
 class Planner:
@@ -190,6 +193,10 @@ class Planner:
         self._epoch = epoch
         self.installed: Installed | None = None
         self.traffic: Traffic | None = None
+        # The rates the installed plan was built on (keys the stream measured), which a
+        # window's counting noise is held to (Tunables.rate_noise_z).
+        self._reference: Traffic | None = None
+        self._window_keys: frozenset[str] = frozenset()
         self.telemetry: Telemetry | None = None
         self.rates_window_end_ms = 0
         self.pinned = False
@@ -290,13 +297,16 @@ class Planner:
     def on_window(self, window: Any) -> None:
         """A complete stream window (streams.assembly.CompleteWindow) arrived."""
         with self._lock:
-            self.traffic = traffic_from_window(window, self._rate_column)
+            measured = traffic_from_window(window, self._rate_column)
+            self._window_keys = frozenset(measured.keys)
+            self._window_ms = int(window.window_end_ms - window.window_start_ms)
+            self.traffic = hold_noise(measured, self._reference, self._window_ms / 1000.0,
+                                      self.tunables.rate_noise_z)
             self.rates_window_end_ms = int(window.window_end_ms)
             if self._first_window_end_ms is None and self.traffic.total_rate > 0:
                 # The first plan waits for a full window of traffic after the first one that
                 # had any: windows of an idle fleet would plan nothing.
                 self._first_window_end_ms = int(window.window_end_ms)
-            self._window_ms = int(window.window_end_ms - window.window_start_ms)
             self.telemetry = telemetry_from_window(window, self._admitted_keys())
             self._realize(self.telemetry)
 
@@ -530,6 +540,7 @@ class Planner:
         self._installed_by_step = versioned.version
         self._remember(versioned)
         if not versioned.config.is_fallback:
+            self._reference = self._measured_part(self.traffic)
             self._loop.record_install(now, forced=forced)
             self._predict(versioned, now)
         self.events.publish("installed", self.version_info(versioned, published.digest))
@@ -540,6 +551,18 @@ class Planner:
             len(versioned.table),
         )
         return self.installed
+
+    def _measured_part(self, t: Traffic | None) -> Traffic | None:
+        """`t` without the keys held only because their silence was within the noise: the
+        next plan's reference does not carry them again."""
+        if t is None or not self._window_keys:
+            return t
+        keep = np.fromiter((k in self._window_keys for k in t.keys), bool, count=len(t.keys))
+        if keep.all():
+            return t
+        keys = [k for k, ok in zip(t.keys, keep, strict=True) if ok]
+        return Traffic(keys, t.rates[keep], t.tokens[keep], t.window_end_s,
+                       t.default_prefix_tokens)
 
     def _predict(self, plan: RoutingPlan, now: float) -> None:
         serving = [i for i, d in enumerate(plan.destinations) if not d.draining]

@@ -767,3 +767,41 @@ def test_plan_reports_survive_a_planner_restart(broker, redis_server, tmp_path):
         assert second.planner.delivery(Version(1, 1)).predicted.hit_rate is None
     finally:
         second.stop(0)
+
+
+def test_rate_noise_z_holds_a_stationary_windows_counting_noise_to_the_plans_rates(
+        redis_server, tmp_path):
+    """Set at run time: after the first plan, a window whose counts are Poisson draws of the
+    same rates is planned on the plan's rates for (almost) every key; with 0, as measured."""
+    with five_second_planner(redis_server.url, tmp_path) as svc:
+        s = stub_for(svc)
+        config = s.UpdateConfig(planner_pb2.UpdateConfigRequest(rate_noise_z=2.0),
+                                timeout=10).config
+        assert config.rate_noise_z == 2.0
+        with pytest.raises(grpc.RpcError) as bad:
+            s.UpdateConfig(planner_pb2.UpdateConfigRequest(rate_noise_z=-1.0), timeout=10)
+        assert bad.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+        keys = paper_like_keys(200)
+        rates = paper_like_rates(200, 300.0, seed=1)
+        start = int(time.time() * 1000) - 600_000
+        for step in range(3):
+            svc.planner.on_window(make_window(keys, rates, window_end_ms=start + step * 5_000,
+                                              window_s=5.0, destinations=list(DESTS)))
+        svc.planner.tick(now_s=(start + 2 * 5_000) / 1000.0 + 0.1)
+        assert svc.planner.installed is not None
+        rng = np.random.default_rng(3)
+
+        def noisy_window(step: int) -> dict[str, float]:
+            counts = rng.poisson(rates * 5.0)
+            svc.planner.on_window(make_window(keys, counts / 5.0, window_end_ms=start + step
+                                              * 5_000, window_s=5.0, destinations=list(DESTS)))
+            t = svc.planner.traffic
+            return dict(zip(t.keys, t.rates.tolist(), strict=True))
+
+        held = noisy_window(3)
+        same = sum(held[k] == pytest.approx(r) for k, r in zip(keys, rates, strict=True))
+        assert same >= 0.9 * len(keys), same
+        s.UpdateConfig(planner_pb2.UpdateConfigRequest(rate_noise_z=0.0), timeout=10)
+        raw = noisy_window(4)
+        same = sum(raw[k] == pytest.approx(r) for k, r in zip(keys, rates, strict=True))
+        assert same <= 0.3 * len(keys), same
