@@ -298,7 +298,9 @@ class Planner:
         """A complete stream window (streams.assembly.CompleteWindow) arrived."""
         with self._lock:
             measured = traffic_from_window(window, self._rate_column)
-            self._window_keys = frozenset(measured.keys)
+            # (a set of every key per window only when it is used: 128k keys cost ~10 ms)
+            self._window_keys = (frozenset(measured.keys) if self.tunables.rate_noise_z > 0
+                                 else frozenset())
             self._window_ms = int(window.window_end_ms - window.window_start_ms)
             self.traffic = hold_noise(measured, self._reference, self._window_ms / 1000.0,
                                       self.tunables.rate_noise_z)
