@@ -84,10 +84,9 @@ def _delivery(r: DeliveryReport | None) -> Iterator[Metric]:
         verdicts.add_metric([v.value], 1.0 if r.capacity.verdict is v else 0.0)
     yield verdicts
     utilisation = [u for u in r.utilisation if math.isfinite(u)]
-    if utilisation:
-        yield GaugeMetricFamily(PREFIX + "plan_realized_utilisation_ratio",
-                                "Mean measured load over q_cap x weight under the plan.",
-                                value=sum(utilisation) / len(utilisation))
+    yield GaugeMetricFamily(PREFIX + "plan_realized_utilisation_ratio",
+                            "Mean measured load over q_cap x weight under the plan.",
+                            value=sum(utilisation) / len(utilisation) if utilisation else math.nan)
 
 
 def _gauge(name: str, help_: str, value: float | None) -> Iterator[Metric]:
