@@ -534,13 +534,22 @@ def _pyplot() -> Any:
     return plt
 
 
-def _plot(rows: list[dict], out: Path, suffix: str) -> None:
+def _scenario_panels(rows: list[dict]) -> tuple[Any, Any, list[tuple[Any, str]]] | None:
+    """(pyplot, figure, [(axes, scenario)]): one panel per scenario; None without matplotlib."""
     plt = _pyplot()
     if plt is None:
-        return
+        return None
     scenarios = sorted({r["scenario"] for r in rows})
     fig, axes = plt.subplots(1, len(scenarios), figsize=(5 * len(scenarios), 4), squeeze=False)
-    for ax, sc in zip(axes[0], scenarios, strict=True):
+    return plt, fig, list(zip(axes[0], scenarios, strict=True))
+
+
+def _plot(rows: list[dict], out: Path, suffix: str) -> None:
+    panels = _scenario_panels(rows)
+    if panels is None:
+        return
+    plt, fig, pairs = panels
+    for ax, sc in pairs:
         groups = sorted({(r["router"], r["replicas"]) for r in rows if r["scenario"] == sc})
         labels = [f"{g[0]} x{g[1]}" for g in groups]
         hits = [_mean(rows, "hit", scenario=sc, router=g[0], replicas=g[1]) for g in groups]
@@ -555,12 +564,11 @@ def _plot(rows: list[dict], out: Path, suffix: str) -> None:
 
 def plot_capacity(cap_rows: list[dict], out: Path, suffix: str, slo_s: float) -> None:
     """TTFT p99 against offered load per router and scenario, the SLO as a line."""
-    plt = _pyplot()
-    if plt is None:
+    panels = _scenario_panels(cap_rows)
+    if panels is None:
         return
-    scenarios = sorted({r["scenario"] for r in cap_rows})
-    fig, axes = plt.subplots(1, len(scenarios), figsize=(5 * len(scenarios), 4), squeeze=False)
-    for ax, sc in zip(axes[0], scenarios, strict=True):
+    plt, fig, pairs = panels
+    for ax, sc in pairs:
         for label in sorted({r["label"] for r in cap_rows if r["scenario"] == sc}):
             pts = sorted((float(r["rate_scale"]), float(r["ttft_p99_s"])) for r in cap_rows
                          if r["scenario"] == sc and r["label"] == label)
