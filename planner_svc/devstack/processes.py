@@ -8,7 +8,6 @@ its own process group and stopped with the whole group, so nothing outlives us.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import shutil
 import signal
@@ -20,22 +19,25 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-PR_SET_PDEATHSIG = 1
-
 
 class ServerStartError(RuntimeError):
     """A server did not come up; the message says which and shows its log tail."""
 
 
-def _die_with_parent() -> None:
-    """In the child: ask Linux to SIGKILL us if the process that started us dies.
+def _die_with_parent(argv: list[str]) -> list[str]:
+    """Prefix `argv` so Linux SIGKILLs the child if the process that started it dies.
 
     The normal path stops children explicitly; this covers the parent being SIGKILLed,
-    so a crashed `cacheroute demo` cannot leave a broker or Redis behind.
+    so a crashed `cacheroute demo` cannot leave a broker or Redis behind. It is done by
+    util-linux's `setpriv` *exec* and not by a `preexec_fn`: Python code run between fork
+    and exec in a threaded parent (router clients, gRPC) can deadlock on a lock another
+    thread held at the fork, and forces a plain fork that runs gRPC's fork handlers. That
+    deadlock left a restarted redis-server unstarted in CI (tests/reliability/test_model).
     """
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    setpriv = shutil.which("setpriv")
+    if sys.platform.startswith("linux") and setpriv:
+        return [setpriv, "--pdeathsig", "KILL", "--", *argv]
+    return argv
 
 
 def free_port() -> int:
@@ -70,13 +72,12 @@ class ManagedProcess:
     def start(self) -> None:
         log = open(self.log_path, "ab")  # noqa: SIM115 - the child owns it until exit
         self.proc = subprocess.Popen(
-            self.argv,
+            _die_with_parent(self.argv),
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
             env=self.env,
-            preexec_fn=_die_with_parent,
         )
         log.close()
 
