@@ -12,7 +12,7 @@ import signal
 import sys
 import threading
 
-from planner_svc.cli import gateway_cmd, ops, replay_cmd
+from planner_svc.cli import epp_cmd, gateway_cmd, ops, replay_cmd
 
 
 def _add_stack_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -69,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan_sub = _add_plan_commands(sub)
     replay_cmd.add_commands(sub)  # replay, diagnose
     gateway_cmd.add_commands(sub)
+    epp_cmd.add_commands(sub)
     ops.add_commands(sub, plan_sub)  # status, watch, replan, mode, ... and online plan commands
     return parser
 

@@ -16,7 +16,24 @@ sink seam), `http11` (HTTP/1.1 server and client connections on httptools), `ups
 
 from __future__ import annotations
 
-from router_client.gateway.app import Gateway
-from router_client.gateway.settings import GatewaySettings
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from router_client.gateway.app import Gateway
+    from router_client.gateway.settings import GatewaySettings
 
 __all__ = ["Gateway", "GatewaySettings"]
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy, so the pure modules here (sse, headers, telemetry) import without httptools:
+    # the endpoint picker (router_client.epp) shares them and has no HTTP server.
+    if name == "Gateway":
+        from router_client.gateway.app import Gateway
+
+        return Gateway
+    if name == "GatewaySettings":
+        from router_client.gateway.settings import GatewaySettings
+
+        return GatewaySettings
+    raise AttributeError(name)

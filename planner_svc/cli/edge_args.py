@@ -1,0 +1,128 @@
+"""What every edge process that routes by the plan shares on its command line: where the
+plan comes from, the engines, the key rule, health and telemetry (`cacheroute gateway` and
+`cacheroute epp`). Every flag can also be given as `<PREFIX><FLAG>` in the environment
+(upper case, `-` as `_`); a bad value there is a one-line error, not a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+# flag -> (type, default, help)
+Flags = dict[str, tuple[type, Any, str]]
+
+ROUTING_FLAGS: Flags = {
+    "router-id": (str, "", "this router's id in events and router status (default: host-pid)"),
+    "destinations": (str, "", "comma-separated id[=http://host:port][*weight]"),
+    "redis-url": (str, "", "follow the planner's plan from this Redis (else P2C only)"),
+    "redis-namespace": (str, "cacheroute", "the planner's Redis namespace"),
+    "public-key": (str, "", "the planner's public key (PEM) that plans must be signed with"),
+    "cache-path": (str, "", "keep the last good plan here across restarts"),
+    "bootstrap": (str, "", "Kafka bootstrap servers for telemetry events (else none)"),
+    "events-topic": (str, "cacheroute.events", "Kafka topic for events"),
+    "key-header": (str, "x-routing-key", "request header that names the routing key"),
+    "prefix-chars": (int, 8192, "characters of leading content hashed into the key"),
+    "prefix-user-turns": (int, 0, "user turns after the system prompt included in the key"),
+    "session-header": (str, "x-session-id", "request header naming the conversation inside "
+                       "a key ('' to use the first user turn only)"),
+    "cold-tail": (str, "hash", "keys the plan does not admit: 'hash' (consistent hashing with "
+                  "bounded loads) or 'p2c' (the paper's power-of-two-choices)"),
+    "set-slack": (float, 0.5, "a conversation stays on its member of a replicated key's set "
+                  "until that member's load is more than (1 + this) x the set's mean"),
+    "tail-slack": (float, 0.25, "a cold-tail key stays on its hash owner until its load is more "
+                   "than (1 + this) x the mean"),
+    "max-inflight": (int, 256, "requests in flight per destination before it counts as full"),
+    "max-body-bytes": (int, 8 << 20, "largest request body accepted"),
+    "probe-path": (str, "/health", "active health probe path ('' disables probes)"),
+    "probe-period-s": (float, 5.0, "seconds between probes of each destination"),
+    "eject-after": (int, 5, "consecutive failures that eject a destination"),
+    "ejection-s": (float, 30.0, "base ejection time (grows with repeated ejections)"),
+    "max-plan-age-s": (float, 300.0, "route by P2C when the plan is older than this"),
+}
+
+
+def add_flags(parser: argparse.ArgumentParser, flags: Flags, env_prefix: str) -> None:
+    for flag, (kind, default, text) in flags.items():
+        env = env_prefix + flag.upper().replace("-", "_")
+        parser.add_argument(f"--{flag}", type=kind, default=_env(env, kind, default),
+                            help=f"{text} (default {default!r}; env {env})")
+
+
+def _env(name: str, kind: type, default: Any) -> Any:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    try:
+        return kind(raw)
+    except ValueError:
+        raise SystemExit(f"{name}={raw!r}: not a valid {kind.__name__}") from None
+
+
+def router_id(args: argparse.Namespace, role: str) -> str:
+    return str(args.router_id or f"{role}-{os.uname().nodename}-{os.getpid()}")
+
+
+def key_rule(args: argparse.Namespace) -> Any:
+    from router_client.keys import KeyRule
+
+    return KeyRule(header=args.key_header.lower(), prefix_chars=args.prefix_chars,
+                   prefix_user_turns=args.prefix_user_turns,
+                   affinity_header=args.session_header.lower())
+
+
+def build_client(args: argparse.Namespace, rid: str, command: str) -> Any:
+    """The started-later AsyncRouterClient the flags describe; SystemExit with a one-line
+    reason when they do not fit together."""
+    from router_client import signing
+    from router_client.aio import AsyncRouterClient
+    from router_client.health import HealthPolicy, ProbeSettings
+    from router_client.plan import parse_destinations
+    from router_client.source import AsyncStaticPlanSource, StaticPlanSource
+
+    try:
+        destinations = parse_destinations(args.destinations)
+        health = HealthPolicy(consecutive_failures=args.eject_after,
+                              base_ejection_s=args.ejection_s,
+                              max_ejection_s=max(args.ejection_s, 300.0))
+        probe = (ProbeSettings(path=args.probe_path, period_s=args.probe_period_s)
+                 if args.probe_path else None)
+        if args.cold_tail not in ("hash", "p2c"):
+            raise ValueError(f"--cold-tail {args.cold_tail!r}: use hash or p2c")
+        if not (args.set_slack >= 0 and args.tail_slack >= 0):
+            raise ValueError("--set-slack and --tail-slack must be >= 0")
+    except ValueError as exc:
+        raise SystemExit(f"cacheroute {command}: {exc}") from None
+    source: Any
+    if args.redis_url:
+        if not args.public_key:
+            raise SystemExit(f"cacheroute {command}: --redis-url needs --public-key "
+                             "(the planner's)")
+        from router_client.redis_source import AsyncRedisPlanSource
+
+        source = AsyncRedisPlanSource(args.redis_url, namespace=args.redis_namespace)
+        keys = signing.pin([signing.load_public_key(args.public_key)])
+    else:
+        if not destinations:
+            raise SystemExit(f"cacheroute {command}: give --destinations (or --redis-url)")
+        static = StaticPlanSource()  # no plan ever: P2C over the destinations
+        source = AsyncStaticPlanSource(static, poll_s=0.5)
+        keys = static.public_keys
+    client = AsyncRouterClient(
+        source, router_id=rid, public_keys=keys,
+        destination_ids=[d.id for d in destinations],
+        addresses={d.id: d.address for d in destinations if d.address},
+        cache_path=args.cache_path or None, max_plan_age_s=args.max_plan_age_s,
+        health=health, probe=probe, cold_tail=args.cold_tail)
+    client.core.set_slack, client.core.tail_slack = args.set_slack, args.tail_slack
+    return client
+
+
+def build_sink(args: argparse.Namespace, rid: str) -> Any:
+    """The Kafka event emitter, or None without --bootstrap."""
+    if not args.bootstrap:
+        return None
+    from streams.emitter import EventEmitter
+
+    return EventEmitter(args.bootstrap, args.events_topic, producer_id=rid)

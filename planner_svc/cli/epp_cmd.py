@@ -1,0 +1,99 @@
+"""`cacheroute epp`: CacheRoute as the endpoint picker of a Gateway API Inference Extension
+gateway (Envoy's ext_proc protocol; see docs/deploy.md).
+
+    cacheroute epp --destinations 10.0.0.5:8000,10.0.0.6:8000 \\
+        --redis-url redis://redis:6379/0 --public-key planner-signing-key.pub.pem \\
+        --bootstrap kafka:9092 --port 9002 --metrics-port 9090
+
+Answers each request with `x-gateway-destination-endpoint: <ip:port>[,fallbacks]` (header
+and `envoy.lb` metadata) from the planner's plan; without `--redis-url` it picks by
+power-of-two-choices over `--destinations`. Health: the gRPC health service (`liveness`,
+`readiness`, and the ext_proc service name); metrics on `--metrics-port`. Every flag can
+also be given as `CACHEROUTE_EPP_<FLAG>` (upper case, `-` as `_`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+
+from planner_svc.cli.edge_args import (
+    ROUTING_FLAGS,
+    Flags,
+    add_flags,
+    build_client,
+    build_sink,
+    key_rule,
+    router_id,
+)
+
+log = logging.getLogger("cacheroute.epp")
+
+FLAGS: Flags = {
+    "host": (str, "127.0.0.1", "listen address of the ext_proc gRPC server"),
+    "port": (int, 9002, "ext_proc gRPC port (0: any free port, printed at start)"),
+    "metrics-port": (int, 0, "Prometheus /metrics port (0: no metrics server)"),
+    **ROUTING_FLAGS,
+    "fallbacks": (int, 2, "endpoints after the primary the gateway may retry, in order"),
+    "body-mode": (str, "full_duplex_streamed", "request body mode assumed when the gateway "
+                  "sends no protocol_config: full_duplex_streamed, buffered, streamed or none"),
+    "shutdown-grace-s": (float, 10.0, "how long open streams may finish at shutdown"),
+}
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("epp", help="the endpoint picker for Gateway API Inference Extension "
+                       "gateways (Envoy ext_proc)", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_flags(p, FLAGS, "CACHEROUTE_EPP_")
+    p.set_defaults(func=cmd_epp)
+
+
+def cmd_epp(args: argparse.Namespace) -> int:
+    return asyncio.run(run_epp(args))
+
+
+async def run_epp(args: argparse.Namespace, ready: asyncio.Event | None = None) -> int:
+    from router_client.epp import protocol
+    from router_client.epp.exchange import EppSettings
+    from router_client.epp.server import EndpointPickerServer
+
+    rid = router_id(args, "epp")
+    mode = protocol.BODY_MODES.get(args.body_mode)
+    if mode is None or mode == protocol.BUFFERED_PARTIAL:
+        raise SystemExit(f"cacheroute epp: --body-mode {args.body_mode!r}: use "
+                         "full_duplex_streamed, buffered, streamed or none")
+    try:
+        settings = EppSettings(router_id=rid, keys=key_rule(args),
+                               max_body_bytes=args.max_body_bytes,
+                               max_inflight_per_destination=args.max_inflight,
+                               fallbacks=args.fallbacks, default_request_mode=mode)
+    except ValueError as exc:
+        raise SystemExit(f"cacheroute epp: {exc}") from None
+    client = build_client(args, rid, "epp")
+    sink = build_sink(args, rid)
+    await client.start()
+    epp = EndpointPickerServer(client, settings, sink=sink)
+    port = await epp.start(f"{args.host}:{args.port}")
+    print(f"CACHEROUTE_EPP={args.host}:{port}", flush=True)
+    if args.metrics_port:
+        from prometheus_client import start_http_server
+
+        start_http_server(args.metrics_port, addr=args.host, registry=epp.metrics.registry)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    if ready is not None:
+        ready.set()
+    await stop.wait()
+    log.info("endpoint picker %s: shutting down (grace %.0f s)", rid, args.shutdown_grace_s)
+    await epp.stop(args.shutdown_grace_s)
+    await client.stop()
+    if sink is not None:
+        with contextlib.suppress(Exception):
+            await asyncio.to_thread(sink.close, 10.0)
+    return 0

@@ -1,0 +1,131 @@
+"""The routing decision as the endpoint picker needs it: the plan's choice, then fallbacks,
+all expressed as `ip:port` endpoints, within the gateway's subset and below each
+destination's in-flight cap.
+
+The decision itself is the router client's (`RouterCore.route_index` / `route_avoiding`:
+the plan, health and drain, P2C or bounded-load hashing for the cold tail), the same one
+the gateway makes; this module only maps destinations to endpoints and back, and counts
+what is in flight. Single-threaded by design: the EPP serves on one asyncio loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from router_client.client_base import BaseRouterClient
+from router_client.health import Outcome
+
+
+def endpoint_of(address: str, destination_id: str) -> str:
+    """`ip:port` for a destination: its address without scheme and path (an address
+    `http://10.0.0.5:8000` gives `10.0.0.5:8000`), else its id when that already is one
+    (pods are often planned by their `ip:port`). "" when neither says where it is."""
+    for text in (address, destination_id):
+        if not text:
+            continue
+        parts = urlsplit(text if "://" in text else f"//{text}")
+        try:
+            port = parts.port
+        except ValueError:
+            continue
+        if parts.hostname and port:
+            host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+            return f"{host}:{port}"
+    return ""
+
+
+@dataclass(frozen=True, slots=True)
+class Pick:
+    slots: tuple[int, ...]  # primary first, then fallbacks
+    endpoints: tuple[str, ...]
+
+    @property
+    def header_value(self) -> str:
+        return ",".join(self.endpoints)
+
+
+class EndpointPicker:
+    def __init__(self, client: BaseRouterClient, *, max_inflight: int = 256,
+                 fallbacks: int = 2) -> None:
+        if max_inflight < 1 or fallbacks < 0:
+            raise ValueError("max_inflight must be >= 1 and fallbacks >= 0")
+        self.client = client
+        self.core = client.core
+        self.max_inflight = max_inflight
+        self.fallbacks = fallbacks
+        self._endpoints: list[str] = []
+        self._slot_of_endpoint: dict[str, int] = {}
+        self._built_for: tuple[object, int] | None = None
+
+    # --- endpoints ---------------------------------------------------------------------
+
+    def _refresh(self) -> None:
+        """Rebuild the endpoint maps when the plan (its addresses) or the destination list
+        changed: once per plan install, not per request."""
+        marker = (self.client.table, len(self.core.destination_ids))
+        if self._built_for is not None and self._built_for[0] is marker[0] \
+                and self._built_for[1] == marker[1]:
+            return
+        ids = self.core.destination_ids
+        self._endpoints = [endpoint_of(self.client.address_of(d), d) for d in ids]
+        self._slot_of_endpoint = {e: s for s, e in enumerate(self._endpoints) if e}
+        self._built_for = marker
+
+    def endpoint(self, slot: int) -> str:
+        self._refresh()
+        return self._endpoints[slot]
+
+    def slot_of_endpoint(self, endpoint: str) -> int | None:
+        self._refresh()
+        return self._slot_of_endpoint.get(endpoint)
+
+    def usable_endpoints(self) -> list[str]:
+        self._refresh()
+        core = self.core
+        return [e for d, e in zip(core.destination_ids, self._endpoints, strict=True)
+                if e and core.is_usable(d)]
+
+    # --- the decision ------------------------------------------------------------------
+
+    def pick(self, key: str, affinity: str | None,
+             subset: Sequence[str] | None = None) -> Pick | None:
+        """Where `key` goes, and where the gateway may retry; None when no endpoint can
+        take it (none usable, none in the subset, or every one at its in-flight cap)."""
+        self._refresh()
+        core, endpoints = self.core, self._endpoints
+        # Never an endpoint that is unknown, ejected or draining: with none left the
+        # protocol's answer is a 503, not the router's last-resort pick of any member.
+        avoid = {s for s, (d, e) in enumerate(zip(core.destination_ids, endpoints, strict=True))
+                 if not e or not core.is_usable(d)}
+        if subset is not None:
+            allowed = {self._slot_of_endpoint[e] for e in subset if e in self._slot_of_endpoint}
+            avoid.update(s for s in range(len(endpoints)) if s not in allowed)
+        cap = self.max_inflight
+        avoid.update(s for s, n in enumerate(core.inflight) if n >= cap)
+        # No constraint: the hot path, the plan's own choice; else the retry path's.
+        primary = (core.route_index(key, affinity) if not avoid
+                   else core.route_avoiding(key, avoid))
+        if primary is None:
+            return None
+        chosen = [primary]
+        for _ in range(self.fallbacks):
+            more = core.route_avoiding(key, avoid.union(chosen))
+            if more is None:
+                break
+            chosen.append(more)
+        return Pick(tuple(chosen), tuple(endpoints[s] for s in chosen))
+
+    # --- accounting --------------------------------------------------------------------
+
+    def started(self, slot: int) -> None:
+        self.core.started(slot)
+
+    def finished(self, slot: int, outcome: Outcome | None) -> None:
+        self.core.finished(slot)
+        if outcome is not None:
+            self.client.report(self.core.destination_ids[slot], outcome)
+
+    def destination(self, slot: int) -> str:
+        return self.core.destination_ids[slot]

@@ -1,0 +1,121 @@
+"""The endpoint picker's gRPC edge: Envoy's ExternalProcessor, health and reflection.
+
+    epp = EndpointPickerServer(client, EppSettings(), sink=emitter)
+    port = await epp.start("127.0.0.1:0")      # serves until `await epp.stop()`
+
+One ext_proc stream is one HTTP request: the servicer feeds each message to an
+`Exchange` and sends back what it answers. A stream the gateway breaks off (client gone,
+timeout) still counts its request out of flight. Health follows GIE's picker protocol:
+`liveness` is SERVING while the process runs; `readiness` and the ext_proc service name
+are SERVING while at least one endpoint is usable and the server is not draining.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+
+import grpc
+from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from router_client.aio import AsyncRouterClient
+from router_client.epp import protocol as proto
+from router_client.epp.exchange import EppSettings, Exchange
+from router_client.epp.metrics import EppMetrics
+from router_client.epp.picker import EndpointPicker
+from router_client.gateway.telemetry import EventSink, NoSink
+
+log = logging.getLogger("cacheroute.epp")
+LIVENESS, READINESS = "liveness", "readiness"
+
+
+class _Processor(ep_grpc.ExternalProcessorServicer):
+    def __init__(self, owner: EndpointPickerServer) -> None:
+        self.owner = owner
+
+    async def Process(  # the generated servicer's method name
+        self, request_iterator: AsyncIterator[ep.ProcessingRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[ep.ProcessingResponse]:
+        o = self.owner
+        exchange = Exchange(o.picker, o.settings, o.sink, o.metrics)
+        try:
+            async for message in request_iterator:
+                for answer in exchange.handle(message):
+                    yield answer
+                if exchange.done:
+                    return
+        except asyncio.CancelledError:
+            o.metrics.streams_failed.inc()
+            raise
+        finally:
+            exchange.close()
+
+
+class EndpointPickerServer:
+    def __init__(self, client: AsyncRouterClient, settings: EppSettings | None = None, *,
+                 sink: EventSink | None = None, health_period_s: float = 1.0) -> None:
+        self.client = client
+        self.settings = settings or EppSettings()
+        self.sink = sink or NoSink()
+        self.metrics = EppMetrics(client)
+        self.picker = EndpointPicker(
+            client, max_inflight=self.settings.max_inflight_per_destination,
+            fallbacks=self.settings.fallbacks)
+        self.health = health.aio.HealthServicer()
+        self.health_period_s = health_period_s
+        self.server: grpc.aio.Server | None = None
+        self.port = 0
+        self.draining = False
+        self._ticker: asyncio.Task[None] | None = None
+
+    async def start(self, address: str = "127.0.0.1:0") -> int:
+        server = grpc.aio.server(options=[
+            ("grpc.max_receive_message_length", 16 << 20),
+            ("grpc.max_send_message_length", 16 << 20),
+        ])
+        ep_grpc.add_ExternalProcessorServicer_to_server(_Processor(self), server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        reflection.enable_server_reflection(
+            (proto.SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+        self.port = server.add_insecure_port(address)
+        if not self.port:
+            raise OSError(f"cannot listen on {address}")
+        await server.start()
+        self.server = server
+        await self.health.set(LIVENESS, health_pb2.HealthCheckResponse.SERVING)
+        await self._update_health()
+        self._ticker = asyncio.create_task(self._health_loop())
+        log.info("endpoint picker %s serving ext_proc on port %d", self.settings.router_id,
+                 self.port)
+        return self.port
+
+    def ready(self) -> bool:
+        return not self.draining and bool(self.picker.usable_endpoints())
+
+    async def _update_health(self) -> None:
+        status = (health_pb2.HealthCheckResponse.SERVING if self.ready()
+                  else health_pb2.HealthCheckResponse.NOT_SERVING)
+        for name in ("", READINESS, proto.SERVICE_NAME):
+            await self.health.set(name, status)
+
+    async def _health_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.health_period_s)
+            try:
+                await self._update_health()
+            except Exception:  # a failed health update must not stop the loop
+                log.exception("endpoint picker: health update failed")
+
+    async def stop(self, grace_s: float = 5.0) -> None:
+        """Fail readiness first (the gateway stops sending), then let streams finish."""
+        self.draining = True
+        if self._ticker is not None:
+            self._ticker.cancel()
+        await self._update_health()
+        if self.server is not None:
+            await self.server.stop(grace_s)
