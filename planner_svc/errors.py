@@ -5,6 +5,8 @@ PlannerError
 ├── NotFound         -> NOT_FOUND          (no such plan version / destination)
 ├── Conflict         -> FAILED_PRECONDITION (valid request, wrong state)
 ├── Unavailable      -> UNAVAILABLE        (not ready yet: no rates, Redis down; retry later)
+│   └── NotLeader                          (a standby planner, or one that lost its lease:
+│                                           the message names the leader; retry there)
 └── Busy             -> RESOURCE_EXHAUSTED (too many streams open; retry later)
 
 PublishError (the plan store refused an install; raised by the Redis adapter)
@@ -36,6 +38,10 @@ class Conflict(PlannerError):
 
 class Unavailable(PlannerError):
     pass
+
+
+class NotLeader(Unavailable):
+    """This planner does not hold the leader lease: it does not install or change config."""
 
 
 class PublishError(RuntimeError):

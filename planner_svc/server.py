@@ -8,6 +8,7 @@ gRPC (PlannerServicer + health + reflection) ──▶ Planner
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 import time
@@ -22,12 +23,13 @@ from grpc_reflection.v1alpha import reflection
 
 from cacheroute.v1 import planner_pb2, planner_pb2_grpc
 from planner_svc.adapters.kafka_history import KafkaHistory
-from planner_svc.adapters.redis_publisher import PlanPublisher
+from planner_svc.adapters.redis_publisher import STANDBY_FENCE, PlanPublisher
 from planner_svc.adapters.snapshot_consumer import SnapshotConsumer
 from planner_svc.api.interceptors import PlannerInterceptor
 from planner_svc.api.metrics import MetricsServer, planner_registry, start_metrics_server
 from planner_svc.api.servicer import PlannerServicer
 from planner_svc.control import ControlLoop, GuardSettings, LoopSettings, ValidatedRange
+from planner_svc.orchestration.leadership import Change, Leadership
 from planner_svc.orchestration.planner import Planner, Tunables
 from planner_svc.settings import PlannerSettings
 from router_client import signing
@@ -41,6 +43,9 @@ ROUTER_REPORT_MAX_AGE_S = 10.0
 MAX_WATCHERS = 8
 UNARY_THREADS = 16
 SERVICE_NAME = planner_pb2.DESCRIPTOR.services_by_name["Planner"].full_name
+# Health service name SERVING on the leader only (replicated planners): a readiness probe
+# on it keeps the Service pointed at the leader.
+LEADER_HEALTH = "leader"
 
 
 def signing_key(settings: PlannerSettings) -> signing.Ed25519PrivateKey:
@@ -84,6 +89,7 @@ class PlannerService:
     _stop: threading.Event
     _timer: threading.Thread | None = None
     metrics: MetricsServer | None = None
+    leadership: Leadership | None = None
 
     def start(self) -> None:
         self.server.start()
@@ -102,7 +108,11 @@ class PlannerService:
 
     def _run_timer(self) -> None:
         period = min(1.0, self.planner.tunables.interval_s / 4)
+        if self.leadership is not None:
+            period = min(period, self.leadership.period_s)
         while not self._stop.wait(period):
+            if self.leadership is not None and not self._elect():
+                continue  # a standby: it follows, it does not act
             try:
                 self.planner.republish_if_missing()
                 self.planner.observe_router_health(
@@ -113,6 +123,24 @@ class PlannerService:
             except Exception:
                 log.exception("control step failed; will retry next period")
                 self._set_health(self._redis_ok())
+
+    def _elect(self) -> bool:
+        """One leader-election step; True when this planner leads and should act."""
+        lead = self.leadership
+        assert lead is not None
+        change = lead.step(self.publisher, time.monotonic())
+        # Installs carry the lease they were made under (the store's fence).
+        self.publisher.fence = lead.value or STANDBY_FENCE
+        try:
+            if change is Change.GAINED:
+                self.planner.take_over(lead.holder_id)
+            elif not lead.leader:
+                self.planner.stand_by(lead.leader_id(self.publisher))
+                self.planner.follow()
+        except Exception:
+            log.exception("leadership step failed; will retry next period")
+        self._set_health(True)
+        return lead.leader
 
     def _redis_ok(self) -> bool:
         try:
@@ -128,11 +156,19 @@ class PlannerService:
         )
         for name in ("", SERVICE_NAME):
             self.health.set(name, status)
+        if self.leadership is not None:  # "leader": SERVING on the leader only
+            leading = ok and self.leadership.leader
+            self.health.set(LEADER_HEALTH, health_pb2.HealthCheckResponse.SERVING if leading
+                            else health_pb2.HealthCheckResponse.NOT_SERVING)
 
     def stop(self, grace_s: float = 2.0) -> None:
         self._stop.set()
         self.health.enter_graceful_shutdown()
         self.server.stop(grace_s).wait()
+        if self._timer is not None:
+            self._timer.join(5)
+        if self.leadership is not None:  # the standby need not wait the lease out
+            self.leadership.release(self.publisher)
         if self.metrics is not None:
             self.metrics.close()
         if self.consumer is not None:
@@ -192,6 +228,17 @@ def build_service(
         rate_column=settings.rate_column,
         history=history,
     )
+    leadership = None
+    if settings.leader_lease_s > 0:
+        try:
+            leadership = Leadership(settings.leader_id or f"{os.uname().nodename}-{os.getpid()}",
+                                    settings.leader_lease_s)
+        except ValueError as exc:
+            raise SystemExit(f"--leader-id / --leader-lease-s: {exc}") from None
+        # Until the first election step says otherwise this replica is a standby: no
+        # install (the fence refuses it), no history writes, no operator changes.
+        publisher.fence = STANDBY_FENCE
+        planner.stand_by()
     _retrying("Redis and the planner's history", planner.resume)
     # Watch streams hold a thread each: they get at most MAX_WATCHERS, and the pool keeps
     # UNARY_THREADS more, so GetStatus, GetCurrentVersion and health always get one.
@@ -230,7 +277,8 @@ def build_service(
         else None
     )
     return PlannerService(
-        settings, planner, publisher, server, health_servicer, consumer, port, threading.Event()
+        settings, planner, publisher, server, health_servicer, consumer, port, threading.Event(),
+        leadership=leadership,
     )
 
 

@@ -69,6 +69,12 @@ class PlannerSettings:
     guard_min_fallback_s: float = 0.0
     guard_p99_resume_margin: float = 0.1
     retain_versions: int = 50
+    # Replicated planners (orchestration.leadership): > 0 runs leader election over a lease
+    # of this many seconds in Redis; the standby takes over within about one lease after
+    # the leader dies. 0 = a single planner (no lease). `leader_id`: this replica's name
+    # in the lease (default: host-pid).
+    leader_lease_s: float = 0.0
+    leader_id: str = ""
     # Access control: empty = no auth. Operators may mutate; readers may only read.
     operator_token: str = ""
     reader_token: str = ""

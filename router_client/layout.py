@@ -123,5 +123,15 @@ class Layout:
         of it; the digest keeps two candidate plans of one version apart."""
         return f"{self.prefix}staged:{version_member(v)}:{digest.hex()[:16]}:{part}"
 
+    @property
+    def leader(self) -> str:
+        """The planners' leader lease: "<term> <holder id>", with a TTL (one slot with the
+        plan keys, so the install script can check it)."""
+        return self.prefix + "leader"
+
+    @property
+    def leader_term(self) -> str:
+        return self.prefix + "leader:term"
+
     def router_status(self, router_id: str) -> str:
         return f"{self.prefix}router:{router_id}"

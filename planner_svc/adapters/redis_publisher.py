@@ -31,6 +31,7 @@ from google.protobuf.message import DecodeError
 from cacheroute.v1 import plan_pb2
 from planner_svc.errors import (
     CorruptPointer,
+    NotLeader,
     PublishError,
     Unavailable,
     VersionConflict,
@@ -69,11 +70,18 @@ class PreparedInstall:
 
 STAGED_TTL_S = 600
 
-# KEYS: current, versions, plan, delta, digest, staged plan, staged delta
+# KEYS: current, versions, plan, delta, digest, staged plan, staged delta, leader lease
 # ARGV: member, digest hex, plan blob, delta blob ('' = none), notification,
 #       channel, retain, version key prefix, '1' = take the blobs from the staged keys
-#       (then ARGV[3] is '' and ARGV[4] is 'delta' when a delta was staged too)
+#       (then ARGV[3] is '' and ARGV[4] is 'delta' when a delta was staged too),
+#       the lease value this planner holds ('' = no leader election)
+# The lease check is the fence: it runs in the same atomic script as the install, so a
+# planner whose lease lapsed (paused, partitioned, deposed) can never install, even with
+# a write already in flight.
 _INSTALL_LUA = """
+if ARGV[10] ~= '' and redis.call('GET', KEYS[8]) ~= ARGV[10] then
+  return redis.error_reply('CRNOTLEADER')
+end
 local member, digest = ARGV[1], ARGV[2]
 local cur = redis.call('GET', KEYS[1])
 -- a pointer that is not ours (tampered, junk) does not hold versions back
@@ -128,6 +136,33 @@ return 1
 """
 
 
+# Acquire or renew the leader lease. KEYS: lease, term counter. ARGV: holder id, lease ms,
+# the value held ('' = acquire). A new holder gets the next term: "<term> <holder id>".
+_LEASE_LUA = """
+local cur = redis.call('GET', KEYS[1])
+if cur then
+  if ARGV[3] ~= '' and cur == ARGV[3] then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    return cur
+  end
+  return false
+end
+if ARGV[3] ~= '' then return false end
+local value = redis.call('INCR', KEYS[2]) .. ' ' .. ARGV[1]
+redis.call('SET', KEYS[1], value, 'PX', ARGV[2])
+return value
+"""
+
+# Give the lease up at shutdown (only if still ours), so the standby need not wait it out.
+_RELEASE_LUA = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+# What the install fence holds while this planner is a standby: never a lease's value.
+STANDBY_FENCE = "standby"
+
+
 def _outage_is_unavailable(fn: F) -> F:
     """Redis being unreachable is `Unavailable` to the planner (and UNAVAILABLE to callers
     of its API, which retry it), never an internal error."""
@@ -164,6 +199,30 @@ class PlanPublisher:
         self.junk_router_statuses = 0  # status values that did not parse (skipped)
         self.junk_index_members = 0  # versions-index members that are not versions
         self._install = self._redis.register_script(_INSTALL_LUA)
+        self._lease = self._redis.register_script(_LEASE_LUA)
+        self._release = self._redis.register_script(_RELEASE_LUA)
+        # The leader lease value installs must match ('' = no leader election).
+        self.fence = ""
+
+    # --- the leader lease (planner_svc.orchestration.leadership) ----------------------
+
+    @_outage_is_unavailable
+    def acquire_lease(self, holder: str, lease_ms: int, held: str) -> str | None:
+        """Renew `held`, or (held == "") acquire a free lease; the lease value, or None
+        when another planner holds it or `held` lapsed."""
+        value = self._lease(keys=[self.layout.leader, self.layout.leader_term],
+                            args=[holder, lease_ms, held])
+        return value.decode() if isinstance(value, bytes) else None
+
+    @_outage_is_unavailable
+    def release_lease(self, held: str) -> None:
+        self._release(keys=[self.layout.leader], args=[held])
+
+    @_outage_is_unavailable
+    def lease_holder(self) -> str:
+        """The current lease value ("" when none): "<term> <holder id>"."""
+        value = self._redis.get(self.layout.leader)
+        return value.decode(errors="replace") if value else ""
 
     @_outage_is_unavailable
     def install(self, plan: RoutingPlan, previous: RoutingPlan | None) -> PublishedVersion:
@@ -214,7 +273,7 @@ class PlanPublisher:
         ).SerializeToString()
         lay = self.layout
         keys = [lay.current, lay.versions, lay.plan(v), lay.delta(v), lay.digest(v),
-                lay.staged(v, digest, "plan"), lay.staged(v, digest, "delta")]
+                lay.staged(v, digest, "plan"), lay.staged(v, digest, "delta"), lay.leader]
         inline = not prepared.staged
         args = [
             version_member(v),
@@ -226,6 +285,7 @@ class PlanPublisher:
             self.retain,
             lay.version_prefix(),
             "0" if inline else "1",
+            self.fence,
         ]
         try:
             self._install(keys=keys, args=args)
@@ -394,8 +454,10 @@ def _digest_of(blob: bytes) -> bytes:
     return bytes(pb.digest)
 
 
-def _translate(exc: redis.ResponseError, v: Version) -> PublishError:
+def _translate(exc: redis.ResponseError, v: Version) -> PublishError | NotLeader:
     text = str(exc)
+    if "CRNOTLEADER" in text:
+        return NotLeader(f"not installing {v}: this planner does not hold the leader lease")
     if "CRBACKWARDS" in text:
         held = parse_member(text.split("CRBACKWARDS ")[1][:32])
         return VersionRegression(f"refused to move the plan pointer back from {held} to {v}")

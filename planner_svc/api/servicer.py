@@ -112,6 +112,8 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
             config=convert.config_pb(s.tunables, s.destinations, s.guard),
             pinned=s.pinned,
             mode_reason=s.mode_reason,
+            role=s.role,
+            leader_id=s.leader_id,
         )
 
     def GetCurrentVersion(

@@ -132,6 +132,8 @@ def status_dict(pb: Any, planner: str) -> dict[str, Any]:
         "mode": MODE_NAMES.get(pb.mode, str(pb.mode)),
         "mode_reason": pb.mode_reason,
         "pinned": pb.pinned,
+        "role": pb.role or "single",
+        "leader_id": pb.leader_id,
         "version": version_text(pb.installed),
         "version_age_s": pb.installed_age_s if pb.HasField("installed") else None,
         "drift": drift_dict(pb.drift),
@@ -258,8 +260,13 @@ def render_status(s: Mapping[str, Any], now_ms: int) -> str:
         stream = f"newest window {age_text(s['rates_age_s'])} old, "
         stream += "fresh" if s["stream_fresh"] else "STALE"
         stream += ", recovering" if s["rates_recovering"] else ""
+    planner = s["planner"]
+    if s.get("role") == "leader":
+        planner += f" (leader {s['leader_id']})"
+    elif s.get("role") == "standby":
+        planner += f" (standby; leader: {s['leader_id'] or 'none yet'})"
     rows = [
-        ("planner", s["planner"]),
+        ("planner", planner),
         ("mode", mode),
         ("plan", plan),
         ("drift", render_drift(s["drift"])),

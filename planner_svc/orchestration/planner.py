@@ -44,6 +44,7 @@ from planner_svc.control.traffic import Traffic, hold_noise
 from planner_svc.errors import (
     CorruptPointer,
     NotFound,
+    NotLeader,
     Unavailable,
     VersionConflict,
     VersionRegression,
@@ -143,6 +144,9 @@ class PlannerStatus:
     tunables: Tunables
     destinations: list[DestinationSpec]
     guard: Guard
+    # "single" (no leader election), "leader" or "standby"; the leader's id when known.
+    role: str = "single"
+    leader_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -218,6 +222,10 @@ class Planner:
         # started): the first plan waits until one full window length has passed since.
         self._first_window_end_ms: int | None = None
         self._window_ms = 0
+        # Replicated planners (orchestration.leadership): only the leader installs, writes
+        # the history or takes operator changes; a standby follows the store's plan.
+        self.role = "single"
+        self.leader_id = ""
 
     # --- start-up ---------------------------------------------------------------
 
@@ -241,8 +249,12 @@ class Planner:
                 and (current is None or current.version < durable.current)
             ):
                 plan = self._publisher.decode_signed(durable.plans[durable.current])
-                current = self._publisher.install(plan, None)
-                log.warning("Redis was behind the history: republished %s", durable.current)
+                try:
+                    current = self._publisher.install(plan, None)
+                    log.warning("Redis was behind the history: republished %s",
+                                durable.current)
+                except NotLeader:  # a standby: the leader republishes
+                    current = self._publisher.current()
             if current is None:
                 return
             plan = self._publisher.load(current.version)
@@ -250,6 +262,52 @@ class Planner:
             self.installed = Installed(plan, current.digest, self._clock())
             self._remember(plan)
             log.info("resumed at plan version %s", current.version)
+
+    # --- leadership (replicated planners) ------------------------------------------------
+
+    def take_over(self, leader_id: str) -> None:
+        """This planner just became the leader: catch up on what the previous leader
+        recorded (config, loop, decisions, reports) and installed, and continue in a new
+        epoch, so every version it installs is above every version before it."""
+        with self._lock:
+            self.role, self.leader_id = "leader", leader_id
+            durable = self._history.load() if self._history is not None else None
+            if durable is not None:
+                self._restore_durable(durable)
+            self._adopt_current()
+            held = self.installed.plan.version.epoch if self.installed else 0
+            self._epoch = max(self._epoch, held + 1)
+            self._last_tick_s = self._clock()  # a full interval before its first step
+            log.warning("took over as leader at %s; installs continue in epoch %d",
+                        self.installed.plan.version if self.installed else "no plan",
+                        self._epoch)
+
+    def stand_by(self, leader_id: str = "") -> None:
+        with self._lock:
+            self.role, self.leader_id = "standby", leader_id
+
+    def follow(self) -> None:
+        """A standby's view of the fleet: the store's current plan, adopted read-only."""
+        with self._lock:
+            self._adopt_current()
+
+    def _adopt_current(self) -> None:
+        try:
+            current = self._publisher.current()
+        except CorruptPointer as exc:
+            log.error("ignoring the current pointer: %s", exc)
+            return
+        if current is None or (self.installed is not None
+                               and self.installed.plan.version == current.version):
+            return
+        plan = self._publisher.load(current.version)
+        self.installed = Installed(plan, current.digest, self._clock())
+        self._remember(plan)
+
+    def _require_leader(self) -> None:
+        if self.role == "standby":
+            who = f"the leader is {self.leader_id}" if self.leader_id else "no leader yet"
+            raise NotLeader(f"this planner is a standby ({who}): send changes to the leader")
 
     def _restore_durable(self, durable: Any) -> None:
         if durable.config is not None:
@@ -332,6 +390,8 @@ class Planner:
         self._record_delivery(version)
 
     def _record_delivery(self, version: Version) -> None:
+        if self.role == "standby":
+            return  # the leader records it
         if self._history is not None and version in self.deliveries:
             self._history.record_delivery(version, delivery_to_dict(*self.deliveries[version]))
 
@@ -598,6 +658,7 @@ class Planner:
         self, *, fresh: bool, force: bool, dry_run: bool, request_id: str = ""
     ) -> ReplanResult:
         with self._lock:
+            self._require_leader()
             cached = self._once.get("replan", request_id)
             if cached is not None:
                 return cached  # type: ignore[no-any-return]
@@ -641,6 +702,7 @@ class Planner:
     def rollback(self, version: Version, request_id: str = "") -> Installed:
         """Install the retained `version` again as a new version, and pin it."""
         with self._lock:
+            self._require_leader()
             cached = self._once.get("rollback", request_id)
             if cached is not None:
                 return cached  # type: ignore[no-any-return]
@@ -666,12 +728,14 @@ class Planner:
 
     def release_pin(self) -> None:
         with self._lock:
+            self._require_leader()
             self.pinned = False
             self._record(self._clock(), Action.KEEP, "operator released the rollback pin", None)
 
     def set_mode(self, mode: Mode | None, reason: str) -> Mode:
         """Force `mode` (None releases the override). Installs the matching table."""
         with self._lock:
+            self._require_leader()
             if self.installed is None:
                 raise Unavailable("no plan installed yet")
             now = self._clock()
@@ -698,6 +762,7 @@ class Planner:
         """Change tunables, destinations and the guard together, or not at all (validated
         first). A new guard acts at the next control step."""
         with self._lock:
+            self._require_leader()
             cached = self._once.get("update_config", request_id)
             if cached is not None:
                 return cached  # type: ignore[no-any-return]
@@ -841,6 +906,8 @@ class Planner:
                 tunables=self.tunables,
                 destinations=list(self.destinations),
                 guard=self.guard,
+                role=self.role,
+                leader_id=self.leader_id,
             )
 
     @property

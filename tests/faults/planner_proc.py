@@ -8,7 +8,9 @@
 the history exactly as `python -m planner_svc` does), feed one window of rates,
 force one install, print the installed version and exit. A `kill` failpoint ends
 the process with SIGKILL at that step instead. `serve`: run the service (timer:
-republish + control steps) until SIGTERM.
+republish + control steps) until SIGTERM, printing `PORT <grpc port>`; with
+`--leader-lease-s` it is one of several replicas electing a leader, fed one window of
+rates first (so whichever leads can plan).
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ def _settings(args: argparse.Namespace) -> PlannerSettings:
         q_cap=20.0,
         warm_slots_per_destination=8,
         interval_s=args.interval_s,
+        leader_lease_s=args.leader_lease_s,
+        leader_id=args.leader_id,
     )
 
 
@@ -43,6 +47,8 @@ def main(argv: list[str] | None = None) -> None:
     for flag in ("--redis-url", "--data-dir", "--bootstrap", "--state-topic"):
         p.add_argument(flag, required=True)
     p.add_argument("--interval-s", type=float, default=1.0)
+    p.add_argument("--leader-lease-s", type=float, default=0.0)
+    p.add_argument("--leader-id", default="")
     p.add_argument("mode", choices=("publish", "serve"))
     p.add_argument("--seed", type=int, default=1)
     args = p.parse_args(argv)
@@ -57,7 +63,10 @@ def main(argv: list[str] | None = None) -> None:
         return
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    if args.leader_lease_s > 0:
+        feed(svc, seed=args.seed)  # rates of its own: a replica that takes over can plan
     svc.start()
+    print(f"PORT {svc.port}", flush=True)
     stop.wait()
     svc.stop(0)
 

@@ -53,10 +53,24 @@ def compose() -> dict[str, Any]:
 
 @functools.cache
 def manifests() -> list[dict[str, Any]]:
-    docs: list[dict[str, Any]] = []
-    for path in sorted((DEPLOY / "k8s").glob("*.yaml")):
-        docs += load_all(path)
-    return docs
+    """Everything the production overlay renders (base, endpoint picker, components), plus
+    the example Secret they expect."""
+    docs = kustomize("overlays/production")
+    return docs + load_all(DEPLOY / "k8s" / "base" / "secret.example.yaml")
+
+
+@functools.cache
+def kustomize_cached(target: str) -> str:
+    kubectl = shutil.which("kubectl")
+    assert kubectl, "kubectl renders the manifests (apt-get install kubectl; run.sh does)"
+    done = subprocess.run([kubectl, "kustomize", str(DEPLOY / "k8s" / target)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def kustomize(target: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(kustomize_cached(target)) if d]
 
 
 def by_kind(kind: str) -> dict[str, dict[str, Any]]:
@@ -216,7 +230,7 @@ def test_k8s_secrets_configmaps_and_service_ports_resolve():
     service = by_kind("Service")["cacheroute-planner"]
     names = {p["name"] for p in container("cacheroute-planner")["ports"]}
     assert {p["targetPort"] for p in service["spec"]["ports"]} <= names
-    kustomization = load_all(DEPLOY / "k8s" / "kustomization.yaml")[0]
+    kustomization = load_all(DEPLOY / "k8s" / "base" / "kustomization.yaml")[0]
     assert "secret.example.yaml" not in kustomization["resources"]
     assert kustomization["images"][0]["newTag"] == VERSION
 
