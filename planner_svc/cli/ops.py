@@ -319,7 +319,7 @@ def cmd_destinations_edit(args: argparse.Namespace, conn: PlannerConnection) -> 
 # --- the parser -------------------------------------------------------------------------
 
 
-def _connection_options() -> argparse.ArgumentParser:
+def connection_options() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     env = os.environ.get
     common.add_argument("--planner", default=env("CACHEROUTE_PLANNER", DEFAULT_PLANNER),
@@ -366,7 +366,7 @@ def run(fn: Command, args: argparse.Namespace) -> int:
 
 def add_commands(sub: Any, plan_sub: Any) -> None:
     """Register the online commands on the top-level and `plan` sub-parsers."""
-    common, mutation = _connection_options(), _mutation_options()
+    common, mutation = connection_options(), _mutation_options()
     both = [common, mutation]
     _online(sub.add_parser("status", parents=[common], help="what plan is live, and why"),
             cmd_status)

@@ -1,5 +1,5 @@
-"""Editing the planner's destination list (UpdateConfig): add, drain, remove, reweight,
-checked."""
+"""Editing the planner's destination list (UpdateConfig): add (or re-address), drain,
+remove, reweight, checked."""
 
 from __future__ import annotations
 
@@ -31,7 +31,11 @@ def edit_destinations(
                                  f"got {weight}")
         by_id[ident] = dataclasses.replace(by_id[ident], capacity_weight=float(weight))
     for d in add:
-        if d.id in by_id and not by_id[d.id].draining:
+        held = by_id.get(d.id)
+        # Adding a listed destination is refused unless it brings it back from draining or
+        # gives it a new address (a pod rescheduled under the same name: pool-sync).
+        if held is not None and not held.draining and (not d.address
+                                                       or d.address == held.address):
             raise Conflict(f"destination {d.id!r} already exists")
         by_id[d.id] = d
     for ident in [*drain, *remove]:

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from planner_svc.cli.epp_cmd import FLAGS as EPP_FLAGS
 from planner_svc.cli.gateway_cmd import FLAGS as GATEWAY_FLAGS
 from planner_svc.devstack.stack import StackOptions
 from planner_svc.settings import PlannerSettings, from_env
@@ -246,8 +247,10 @@ def test_dockerfile_copies_what_exists_and_exposes_the_ports():
                 assert (ROOT / source).exists(), source
     exposed = {int(p) for p in re.search(r"^EXPOSE (.+)$", text, re.M).group(1).split()}
     assert exposed == {PlannerSettings().grpc_port, 9464, StreamSettings().web_port,
-                       GATEWAY_FLAGS["port"][1]}
-    assert "[gateway]" in text
+                       GATEWAY_FLAGS["port"][1], EPP_FLAGS["port"][1]}
+    # the image runs every entry point: gateway, endpoint picker, pool-sync
+    extras = re.search(r"pip install '\.\[([a-z0-9,]+)\]'", text)
+    assert extras and {"gateway", "epp", "k8s"} <= set(extras.group(1).split(","))
     ignore = (DEPLOY / "docker" / "Dockerfile.dockerignore").read_text()
     assert "!deploy/docker/demo_fleet.py" in ignore and "!protos/**" in ignore
 

@@ -15,7 +15,8 @@ import pytest
 
 from planner_svc.cli.epp_cmd import FLAGS as EPP_FLAGS
 from router_client.epp import protocol
-from tests.unit.test_deploy import by_kind, configmap_env, kustomize
+from planner_svc.server import LEADER_HEALTH
+from tests.unit.test_deploy import PLANNER_ENV, by_kind, configmap_env, kustomize
 
 kubernetes_validate = pytest.importorskip("kubernetes_validate")
 
@@ -143,6 +144,10 @@ def test_the_replicated_planner_elects_a_leader() -> None:
     c = planner["spec"]["template"]["spec"]["containers"][0]
     env = {e["name"] for e in c["env"]}
     assert {"CACHEROUTE_LEADER_LEASE_S", "CACHEROUTE_LEADER_ID"} <= env
+    assert {n for n in env if n.startswith("CACHEROUTE_")} <= PLANNER_ENV  # real settings
+    # only the leader is ready (the planner's "leader" health service), so the Service
+    # sends operators' changes to it
+    assert c["readinessProbe"]["grpc"]["service"] == LEADER_HEALTH
     assert by_kind("PodDisruptionBudget")["cacheroute-planner"]["spec"] == {
         "minAvailable": 1, "selector": {"matchLabels": {
             "app.kubernetes.io/name": "cacheroute-planner"}}}

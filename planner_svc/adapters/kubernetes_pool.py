@@ -1,0 +1,58 @@
+"""Reading an InferencePool and its pods from the Kubernetes API (the official client).
+
+The only module of the planner that talks to Kubernetes; it needs the `k8s` extra and a
+ServiceAccount allowed to get/list pods and inferencepools in the namespace (the
+gateway-api overlay's Role). Errors are translated here: an API server that cannot be
+reached is `Unavailable`, a missing pool is `NotFound`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from planner_svc.errors import NotFound, Unavailable
+
+# The Gateway API Inference Extension's pool resource (GIE v1).
+POOL_GROUP, POOL_VERSION, POOL_PLURAL = "inference.networking.k8s.io", "v1", "inferencepools"
+
+
+class KubernetesPool:
+    def __init__(self, namespace: str, pool: str, *, timeout_s: float = 10.0) -> None:
+        try:
+            from kubernetes import client, config
+        except ImportError as exc:  # pragma: no cover - install hint
+            raise SystemExit("pool-sync needs the Kubernetes client: "
+                             "pip install 'cacheroute[k8s]'") from exc
+        try:
+            config.load_incluster_config()
+        except config.ConfigException:
+            config.load_kube_config()  # outside a cluster: the user's kubeconfig
+        self._core = client.CoreV1Api()
+        self._custom = client.CustomObjectsApi()
+        self._exc = client.exceptions.ApiException
+        self.namespace, self.pool, self.timeout_s = namespace, pool, timeout_s
+
+    def read_pool(self) -> dict[str, Any]:
+        try:
+            return dict(self._custom.get_namespaced_custom_object(
+                POOL_GROUP, POOL_VERSION, self.namespace, POOL_PLURAL, self.pool,
+                _request_timeout=self.timeout_s))
+        except self._exc as exc:
+            if exc.status == 404:
+                raise NotFound(f"no InferencePool {self.namespace}/{self.pool}") from exc
+            raise Unavailable(f"the Kubernetes API refused: {exc.status} {exc.reason}") from exc
+        except OSError as exc:
+            raise Unavailable(f"the Kubernetes API is unreachable: {exc}") from exc
+
+    def list_pods(self, label_selector: str) -> list[dict[str, Any]]:
+        try:
+            raw = self._core.list_namespaced_pod(
+                self.namespace, label_selector=label_selector, _preload_content=False,
+                _request_timeout=self.timeout_s)
+        except self._exc as exc:
+            raise Unavailable(f"the Kubernetes API refused: {exc.status} {exc.reason}") from exc
+        except OSError as exc:
+            raise Unavailable(f"the Kubernetes API is unreachable: {exc}") from exc
+        items = json.loads(raw.data).get("items", [])  # the API's JSON, camelCase
+        return [i for i in items if isinstance(i, dict)]
