@@ -435,6 +435,13 @@ class RouterCore:
     def is_healthy(self, destination_id: str) -> bool:
         return self._healthy[self._slot[destination_id]]
 
+    @property
+    def usable_slots(self) -> tuple[bool, ...]:
+        """Per slot: healthy and not draining. The tuple is replaced (never changed) when
+        health, drain or the plan change, so a caller may cache what it derives from it
+        by its identity."""
+        return self._active.usable
+
     def is_usable(self, destination_id: str) -> bool:
         """Healthy and not draining: new requests may go there."""
         slot = self._slot.get(destination_id)
@@ -561,9 +568,15 @@ class RouterCore:
         pool = tuple(s for s in a.pool if s not in avoid and a.usable[s])
         if not pool:
             return None
-        if len(pool) == 1:
+        n = len(pool)
+        if n == 1:
             return pool[0]
-        x, y = random.Random(self._rand()).sample(pool, 2)
+        rand = self._rand
+        i = int(rand() * n)
+        j = int(rand() * (n - 1))
+        if j >= i:  # two distinct draws, without replacement
+            j += 1
+        x, y = pool[i], pool[j]
         lx = (self.inflight[x] + 1) * a.inv_weight[x]
         ly = (self.inflight[y] + 1) * a.inv_weight[y]
         return x if lx <= ly else y

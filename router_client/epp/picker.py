@@ -58,6 +58,8 @@ class EndpointPicker:
         self._endpoints: list[str] = []
         self._slot_of_endpoint: dict[str, int] = {}
         self._built_for: tuple[object, int] | None = None
+        self._unusable_for: tuple[object, object] | None = None
+        self._unusable_cache: frozenset[int] = frozenset()
 
     # --- endpoints ---------------------------------------------------------------------
 
@@ -95,10 +97,7 @@ class EndpointPicker:
         take it (none usable, none in the subset, or every one at its in-flight cap)."""
         self._refresh()
         core, endpoints = self.core, self._endpoints
-        # Never an endpoint that is unknown, ejected or draining: with none left the
-        # protocol's answer is a 503, not the router's last-resort pick of any member.
-        avoid = {s for s, (d, e) in enumerate(zip(core.destination_ids, endpoints, strict=True))
-                 if not e or not core.is_usable(d)}
+        avoid = set(self._unusable())
         if subset is not None:
             allowed = {self._slot_of_endpoint[e] for e in subset if e in self._slot_of_endpoint}
             avoid.update(s for s in range(len(endpoints)) if s not in allowed)
@@ -116,6 +115,20 @@ class EndpointPicker:
                 break
             chosen.append(more)
         return Pick(tuple(chosen), tuple(endpoints[s] for s in chosen))
+
+    def _unusable(self) -> frozenset[int]:
+        """Slots never to answer: unknown address, ejected or draining (with none left the
+        protocol's answer is a 503, not the router's last-resort pick of any member).
+        Cached until health, drain, the plan or the destination list change."""
+        usable = self.core.usable_slots
+        key = (usable, self._built_for)
+        held = self._unusable_for
+        if held is None or held[0] is not usable or held[1] is not self._built_for:
+            n = len(usable)
+            self._unusable_cache = frozenset(
+                s for s, e in enumerate(self._endpoints) if not e or s >= n or not usable[s])
+            self._unusable_for = key
+        return self._unusable_cache
 
     # --- accounting --------------------------------------------------------------------
 
