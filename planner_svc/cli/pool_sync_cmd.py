@@ -20,6 +20,7 @@ import os
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Protocol
 
 from cacheroute.v1 import plan_pb2, planner_pb2
@@ -76,12 +77,15 @@ class PoolSync:
                         [d.id for d in edit.add] or "-", edit.drain or "-", edit.remove or "-")
         return edit
 
-    def run(self, period_s: float, stop: Callable[[], bool]) -> None:
+    def run(self, period_s: float, stop: Callable[[], bool],
+            heartbeat: Path | None = None) -> None:
         while not stop():
             try:
                 self.once()
             except (OpsError, PlannerError) as exc:  # retried next round, never fatal
                 log.warning("pool sync round failed: %s", exc)
+            if heartbeat is not None:  # a liveness probe checks the loop still turns
+                heartbeat.touch()
             time.sleep(period_s)
 
 
@@ -98,6 +102,9 @@ def add_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--remove-after-s", type=float, default=60.0,
                    help="remove a destination drained this long ago (default 60)")
     p.add_argument("--once", action="store_true", help="one round, then exit")
+    p.add_argument("--heartbeat-file", default=env("CACHEROUTE_POOL_SYNC_HEARTBEAT_FILE", ""),
+                   help="touched after every round, for a liveness probe "
+                        "(env CACHEROUTE_POOL_SYNC_HEARTBEAT_FILE)")
     p.set_defaults(func=cmd_pool_sync)
 
 
@@ -117,7 +124,8 @@ def cmd_pool_sync(args: argparse.Namespace) -> int:
             print(f"added {[d.id for d in edit.add]}, drained {edit.drain}, "
                   f"removed {edit.remove}")
             return 0
-        sync.run(args.period_s, lambda: False)
+        sync.run(args.period_s, lambda: False,
+                 Path(args.heartbeat_file) if args.heartbeat_file else None)
     except OpsError as exc:
         raise SystemExit(f"cacheroute: {exc}") from None
     finally:

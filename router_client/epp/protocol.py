@@ -125,8 +125,9 @@ def picked_body(endpoints: str, body: bytes, content_length: int) -> ep.Processi
 def streamed_body(body: bytes, *, request: bool) -> list[ep.ProcessingResponse]:
     """A whole body sent back in the full-duplex mode, in pieces, the last one ending it."""
     pieces = [body[i:i + BODY_PIECE_BYTES] for i in range(0, len(body), BODY_PIECE_BYTES)]
+    pieces = pieces or [b""]  # an empty body still needs its end
     return [body_chunk(piece, end=i == len(pieces) - 1, request=request)
-            for i, piece in enumerate(pieces or [b""])]
+            for i, piece in enumerate(pieces)]
 
 
 def body_chunk(data: bytes, *, end: bool, request: bool) -> ep.ProcessingResponse:

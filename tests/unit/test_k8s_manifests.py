@@ -155,3 +155,10 @@ def test_the_replicated_planner_elects_a_leader() -> None:
     (base,) = [d for d in kustomize("base") if d["kind"] == "Deployment"
                and d["metadata"]["name"] == "cacheroute-planner"]
     assert base["spec"]["replicas"] == 1 and base["spec"]["strategy"] == {"type": "Recreate"}
+
+
+def test_every_container_is_probed_and_sized() -> None:
+    for name, deployment in by_kind("Deployment").items():
+        for c in deployment["spec"]["template"]["spec"]["containers"]:
+            assert "livenessProbe" in c, (name, c["name"])
+            assert c["resources"]["requests"]["cpu"] and c["resources"]["limits"]["memory"]
