@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from planner_svc.cli.epp_cmd import FLAGS as EPP_FLAGS
-from router_client.epp import protocol
 from planner_svc.server import LEADER_HEALTH
+from router_client.epp import protocol
 from tests.unit.test_deploy import PLANNER_ENV, by_kind, configmap_env, kustomize
 
 kubernetes_validate = pytest.importorskip("kubernetes_validate")
