@@ -1,7 +1,10 @@
 """Plans from Redis: the only module of router_client that imports redis.
 
-Follows `router_client.layout`. One command connection (GET / MGET / status
-writes) and one pub/sub connection for change hints. Every Redis or socket
+Follows `router_client.layout`. One server, Redis Cluster or a Sentinel-managed primary,
+named by one URL (router_client.redis_topology); `connect` makes the redis-py client for
+it, for the routers here and for the planner's publisher alike. One command connection
+(GET / MGET / status writes) and one pub/sub connection for change hints (sharded pub/sub
+on a cluster). Every Redis or socket
 error is translated once, here, into `SourceUnavailable`; the client then keeps
 routing on its last good plan and calls again after a jittered backoff.
 
@@ -36,10 +39,12 @@ from router_client.layout import (
     version_member,
 )
 from router_client.plan import Version
+from router_client.redis_topology import CLUSTER, SENTINEL, RedisTopology, parse_redis_url
 from router_client.source import SourceUnavailable
 
 log = logging.getLogger("router_client")
-_ERRORS = (redis.RedisError, OSError)
+# (a cluster that lost a slot's every node raises RedisClusterException, not a RedisError)
+_ERRORS = (redis.RedisError, OSError, redis.exceptions.RedisClusterException)
 
 # Deltas of every retained version in (ARGV[1], ARGV[2]], read in one atomic step.
 # KEYS: versions zset; ARGV: after member, upto member, version key prefix, limit.
@@ -79,6 +84,81 @@ def _options(extra: dict[str, Any], timeout_s: float, retry: Any) -> dict[str, A
     return opts
 
 
+def connect(url: str, *, asyncio_client: bool = False, **options: Any) -> Any:
+    """A redis-py client for the Redis the URL names (see router_client.redis_topology):
+    `redis.Redis`, `RedisCluster` (following MOVED / ASK and slot migrations, the slot map
+    refreshed after a failover) or a Sentinel's `master_for` (re-resolving the primary
+    after a failover); the asyncio variants with `asyncio_client`."""
+    t = parse_redis_url(url)
+    if t.kind == CLUSTER:
+        return _cluster(t, asyncio_client, options)
+    if t.kind == SENTINEL:
+        return _sentinel(t, asyncio_client, options)
+    cls = aioredis.Redis if asyncio_client else redis.Redis
+    return cls.from_url(url, **options)
+
+
+def _credentials(t: RedisTopology) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if t.username:
+        out["username"] = t.username
+    if t.password:
+        out["password"] = t.password
+    if t.tls:
+        out["ssl"] = True
+    return out
+
+
+def _cluster(t: RedisTopology, asyncio_client: bool, options: dict[str, Any]) -> Any:
+    if asyncio_client:
+        from redis.asyncio.cluster import ClusterNode as AioNode
+        from redis.asyncio.cluster import RedisCluster as AioCluster
+
+        return AioCluster(startup_nodes=[AioNode(h, p) for h, p in t.hosts],
+                          **_credentials(t), **options)
+    from redis.cluster import ClusterNode, RedisCluster
+
+    return RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in t.hosts],
+                        **_credentials(t), **options)
+
+
+def _sentinel(t: RedisTopology, asyncio_client: bool, options: dict[str, Any]) -> Any:
+    # Sentinels answer only where the primary is: short timeouts, no data credentials.
+    sentinel_options: dict[str, Any] = {
+        k: options[k] for k in ("socket_timeout", "socket_connect_timeout") if k in options}
+    if "sentinel_password" in options:
+        sentinel_options["password"] = options.pop("sentinel_password")
+    cls: Any
+    if asyncio_client:
+        from redis.asyncio.sentinel import Sentinel as cls
+    else:
+        from redis.sentinel import Sentinel as cls
+    sentinel = cls(list(t.hosts), sentinel_kwargs=sentinel_options)
+    return sentinel.master_for(t.service, db=t.db, **_credentials(t), **options)
+
+
+def disconnect(client: Any) -> None:
+    """Drop every pooled connection (the next command reconnects). A cluster client also
+    re-reads the slot map: after a failover its sharded subscription must go to the
+    promoted node, and a subscribe (unlike a command) does not refresh the map itself."""
+    pool = getattr(client, "connection_pool", None)
+    if pool is not None:
+        pool.disconnect()
+        return
+    client.disconnect_connection_pools()  # RedisCluster: a pool per node
+    with contextlib.suppress(*_ERRORS):
+        client.nodes_manager.initialize()
+
+
+async def disconnect_async(client: Any) -> None:
+    pool = getattr(client, "connection_pool", None)
+    if pool is not None:
+        await pool.disconnect()
+        return
+    with contextlib.suppress(*_ERRORS):
+        await client.nodes_manager.initialize()
+
+
 def _pointer(raw: bytes | None) -> Pointer | None:
     # Anyone with write access to Redis can put junk here: junk reads as "no pointer"
     # (the router keeps its plan), never as an error that would look like an outage.
@@ -92,7 +172,7 @@ def _pointer(raw: bytes | None) -> Pointer | None:
 
 
 def _hint(message: dict[str, Any] | None) -> Version | None:
-    if not message or message.get("type") != "message":
+    if not message or message.get("type") not in ("message", "smessage"):
         return None
     note = plan_pb2.PlanNotification()
     try:
@@ -109,7 +189,7 @@ class _RedisSourceBase:
     for seconds behind the client's capped backoff.
     """
 
-    _client_class: Any = redis.Redis
+    _asyncio = False
 
     def __init__(
         self,
@@ -123,9 +203,15 @@ class _RedisSourceBase:
         self.layout = Layout(namespace)
         self.status_ttl_s = status_ttl_s
         self.reconnects = 0
-        self._redis: Any = self._client_class.from_url(
-            url, **_options(redis_options, timeout_s, Retry(NoBackoff(), 0))
-        )
+        self.topology = parse_redis_url(url)
+        # A cluster client keeps its own retries: they follow MOVED / ASK and refresh the
+        # slot map after a failover, which is what a router wants there.
+        retry = None if self.topology.kind == CLUSTER else Retry(NoBackoff(), 0)
+        options = _options(redis_options, timeout_s, retry)
+        if retry is None:
+            options.pop("retry")
+            options.pop("retry_on_timeout")  # (deprecated in the cluster client)
+        self._redis: Any = connect(url, asyncio_client=self._asyncio, **options)
         self._pubsub: Any = None
         self._last_ping = 0.0
         self._deltas = self._redis.register_script(_DELTAS_LUA)
@@ -143,7 +229,7 @@ class RedisPlanSource(_RedisSourceBase):
 
     def _reset(self) -> None:
         self.reconnects += 1
-        self._redis.connection_pool.disconnect()
+        disconnect(self._redis)
         self._drop_pubsub()
 
     def _drop_pubsub(self) -> None:
@@ -156,7 +242,10 @@ class RedisPlanSource(_RedisSourceBase):
         """(Re)subscribe; the client subscribes before it reads the pointer."""
         if self._pubsub is None:
             ps = self._redis.pubsub(ignore_subscribe_messages=True)
-            self._call(ps.subscribe, self.layout.channel)
+            if self.topology.sharded_pubsub:
+                self._call(ps.ssubscribe, self.layout.channel)
+            else:
+                self._call(ps.subscribe, self.layout.channel)
             self._pubsub = ps
             self._last_ping = time.monotonic()
 
@@ -176,6 +265,10 @@ class RedisPlanSource(_RedisSourceBase):
             time.sleep(timeout_s)
             return None
         try:
+            if self.topology.sharded_pubsub:
+                # (a sharded subscription lives on the slot's node; the per-second
+                # pointer re-check covers a connection that went quiet)
+                return _hint(self._pubsub.get_sharded_message(timeout=timeout_s))
             self._ping_pubsub()
             return _hint(self._pubsub.get_message(timeout=timeout_s))
         except _ERRORS:
@@ -208,7 +301,7 @@ class RedisPlanSource(_RedisSourceBase):
 class AsyncRedisPlanSource(_RedisSourceBase):
     """The same source on redis.asyncio, for `AsyncRouterClient`."""
 
-    _client_class = aioredis.Redis
+    _asyncio = True
 
     async def _call(self, coro: Any) -> Any:
         try:
@@ -219,7 +312,7 @@ class AsyncRedisPlanSource(_RedisSourceBase):
 
     async def _reset(self) -> None:
         self.reconnects += 1
-        await self._redis.connection_pool.disconnect()
+        await disconnect_async(self._redis)
         await self._drop_pubsub()
 
     async def _drop_pubsub(self) -> None:
@@ -231,7 +324,10 @@ class AsyncRedisPlanSource(_RedisSourceBase):
     async def current(self) -> Pointer | None:
         if self._pubsub is None:
             ps = self._redis.pubsub(ignore_subscribe_messages=True)
-            await self._call(ps.subscribe(self.layout.channel))
+            if self.topology.sharded_pubsub:
+                await self._call(ps.ssubscribe(self.layout.channel))
+            else:
+                await self._call(ps.subscribe(self.layout.channel))
             self._pubsub = ps
             self._last_ping = time.monotonic()
         return _pointer(await self._call(self._redis.get(self.layout.current)))
@@ -248,6 +344,8 @@ class AsyncRedisPlanSource(_RedisSourceBase):
             await asyncio.sleep(timeout_s)
             return None
         try:
+            if self.topology.sharded_pubsub:
+                return _hint(await self._pubsub.get_sharded_message(timeout=timeout_s))
             now = time.monotonic()
             if now - self._last_ping >= PING_EVERY_S:
                 await self._pubsub.ping()

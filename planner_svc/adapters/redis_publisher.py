@@ -41,6 +41,8 @@ from router_client import signing
 from router_client.delta import make_delta
 from router_client.layout import DEFAULT_NAMESPACE, Layout, Pointer, parse_member, version_member
 from router_client.plan import RoutingPlan, Version, decode_plan, encode_plan
+from router_client.redis_source import connect
+from router_client.redis_topology import parse_redis_url
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -74,7 +76,9 @@ STAGED_TTL_S = 600
 # ARGV: member, digest hex, plan blob, delta blob ('' = none), notification,
 #       channel, retain, version key prefix, '1' = take the blobs from the staged keys
 #       (then ARGV[3] is '' and ARGV[4] is 'delta' when a delta was staged too),
-#       the lease value this planner holds ('' = no leader election)
+#       the lease value this planner holds ('' = no leader election),
+#       'PUBLISH' or (Redis Cluster) 'SPUBLISH': the notify channel carries the {plan}
+#       hash tag, so a sharded publish reaches the routers subscribed on this slot's node
 # The lease check is the fence: it runs in the same atomic script as the install, so a
 # planner whose lease lapsed (paused, partitioned, deposed) can never install, even with
 # a write already in flight.
@@ -119,7 +123,7 @@ end
 redis.call('SET', KEYS[5], digest)
 redis.call('ZADD', KEYS[2], 0, member)
 redis.call('SET', KEYS[1], member .. ' ' .. digest)
-redis.call('PUBLISH', ARGV[6], ARGV[5])
+redis.call(ARGV[11], ARGV[6], ARGV[5])
 local retain = tonumber(ARGV[7])
 local n = redis.call('ZCARD', KEYS[2])
 if n > retain then
@@ -163,6 +167,13 @@ return 0
 STANDBY_FENCE = "standby"
 
 
+# Redis answering "not now": a cluster slot migrating (TRYAGAIN, a redirect redis-py gave
+# up on), a cluster or a primary down, a write reaching a demoted primary (READONLY).
+_MOVING = (redis.exceptions.TryAgainError, redis.exceptions.ClusterError,
+           redis.exceptions.AskError, redis.exceptions.ReadOnlyError,
+           redis.exceptions.RedisClusterException)
+
+
 def _outage_is_unavailable(fn: F) -> F:
     """Redis being unreachable is `Unavailable` to the planner (and UNAVAILABLE to callers
     of its API, which retry it), never an internal error."""
@@ -172,6 +183,8 @@ def _outage_is_unavailable(fn: F) -> F:
             return fn(*args, **kwargs)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             raise Unavailable(f"Redis is unreachable: {exc}") from exc
+        except _MOVING as exc:
+            raise Unavailable(f"Redis is reconfiguring: {exc}") from exc
     return wrapped  # type: ignore[return-value]
 
 
@@ -191,7 +204,9 @@ class PlanPublisher:
             raise ValueError("retain must keep at least 2 versions (the current and its base)")
         options = {"socket_timeout": 5.0, "socket_connect_timeout": 2.0, **redis_options}
         options["decode_responses"] = False  # blobs are bytes
-        self._redis: Any = redis.Redis.from_url(redis_url, **options)
+        self._redis: Any = connect(redis_url, **options)
+        self._publish_command = ("SPUBLISH" if parse_redis_url(redis_url).sharded_pubsub
+                                 else "PUBLISH")
         self._key = private_key
         self._keys = signing.pin([private_key.public_key()])
         self.layout = Layout(namespace)
@@ -286,9 +301,12 @@ class PlanPublisher:
             lay.version_prefix(),
             "0" if inline else "1",
             self.fence,
+            self._publish_command,
         ]
         try:
             self._install(keys=keys, args=args)
+        except _MOVING as exc:  # a slot migrating or a failover under way: retry later
+            raise Unavailable(f"Redis is reconfiguring: {exc}") from exc
         except redis.ResponseError as exc:
             if str(exc).startswith("CRNOTSTAGED"):
                 raise _NotStaged from exc
