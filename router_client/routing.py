@@ -56,7 +56,7 @@ import bisect
 import dataclasses
 import hashlib
 import random
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import NamedTuple
@@ -270,6 +270,13 @@ def _mix(x: int) -> int:
     x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9 & _MASK64
     x = (x ^ (x >> 27)) * 0x94D049BB133111EB & _MASK64
     return x ^ (x >> 31)
+
+
+def _two_distinct(n: int, rand: Callable[[], float]) -> tuple[int, int]:
+    """Two distinct indices below n (n >= 2), uniformly: two draws without replacement."""
+    i = int(rand() * n)
+    j = int(rand() * (n - 1))
+    return i, (j + 1 if j >= i else j)
 
 
 def _stable_hash(text: str) -> int:
@@ -571,11 +578,7 @@ class RouterCore:
         n = len(pool)
         if n == 1:
             return pool[0]
-        rand = self._rand
-        i = int(rand() * n)
-        j = int(rand() * (n - 1))
-        if j >= i:  # two distinct draws, without replacement
-            j += 1
+        i, j = _two_distinct(n, self._rand)
         x, y = pool[i], pool[j]
         lx = (self.inflight[x] + 1) * a.inv_weight[x]
         ly = (self.inflight[y] + 1) * a.inv_weight[y]
@@ -624,10 +627,7 @@ class RouterCore:
         if a.weighted:
             return self._p2c_weighted(a)
         rand = self._rand
-        i = int(rand() * n)
-        j = int(rand() * (n - 1))
-        if j >= i:  # two distinct draws, without replacement
-            j += 1
+        i, j = _two_distinct(n, rand)
         x, y = pool[i], pool[j]
         lx, ly = self.inflight[x], self.inflight[y]
         if lx < ly:

@@ -7,8 +7,15 @@ plan comes from, the engines, the key rule, health and telemetry (`cacheroute ga
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
+import logging
 import os
+import signal
+from collections.abc import Awaitable, Callable
 from typing import Any
+
+log = logging.getLogger("cacheroute.edge")
 
 # flag -> (type, default, help)
 Flags = dict[str, tuple[type, Any, str]]
@@ -126,3 +133,23 @@ def build_sink(args: argparse.Namespace, rid: str) -> Any:
     from streams.emitter import EventEmitter
 
     return EventEmitter(args.bootstrap, args.events_topic, producer_id=rid)
+
+
+async def serve_until_signalled(client: Any, sink: Any, stop_server: Callable[[], Awaitable[Any]],
+                                what: str, ready: asyncio.Event | None = None) -> int:
+    """Run a started edge server until SIGTERM / SIGINT, then stop it (its own grace),
+    the router client, and flush the event emitter."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    if ready is not None:
+        ready.set()
+    await stop.wait()
+    log.info("%s: shutting down", what)
+    await stop_server()
+    await client.stop()
+    if sink is not None:
+        with contextlib.suppress(Exception):
+            await asyncio.to_thread(sink.close, 10.0)
+    return 0

@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
-import signal
 
 from planner_svc.cli.edge_args import (
     ROUTING_FLAGS,
@@ -28,6 +26,7 @@ from planner_svc.cli.edge_args import (
     build_sink,
     key_rule,
     router_id,
+    serve_until_signalled,
 )
 
 log = logging.getLogger("cacheroute.epp")
@@ -83,17 +82,6 @@ async def run_epp(args: argparse.Namespace, ready: asyncio.Event | None = None) 
         from prometheus_client import start_http_server
 
         start_http_server(args.metrics_port, addr=args.host, registry=epp.metrics.registry)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    if ready is not None:
-        ready.set()
-    await stop.wait()
-    log.info("endpoint picker %s: shutting down (grace %.0f s)", rid, args.shutdown_grace_s)
-    await epp.stop(args.shutdown_grace_s)
-    await client.stop()
-    if sink is not None:
-        with contextlib.suppress(Exception):
-            await asyncio.to_thread(sink.close, 10.0)
-    return 0
+    return await serve_until_signalled(
+        client, sink, lambda: epp.stop(args.shutdown_grace_s),
+        f"endpoint picker {rid} (grace {args.shutdown_grace_s:.0f} s)", ready)

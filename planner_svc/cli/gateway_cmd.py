@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
-import signal
 
 from planner_svc.cli.edge_args import (
     ROUTING_FLAGS,
@@ -27,6 +25,7 @@ from planner_svc.cli.edge_args import (
     build_sink,
     key_rule,
     router_id,
+    serve_until_signalled,
 )
 
 log = logging.getLogger("cacheroute.gateway")
@@ -78,19 +77,6 @@ async def run_gateway(args: argparse.Namespace, ready: asyncio.Event | None = No
     gateway = Gateway(client, settings, sink=sink)
     await gateway.start()
     print(f"CACHEROUTE_GATEWAY={gateway.url}", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    if ready is not None:
-        ready.set()
-    await stop.wait()
-    log.info("gateway %s: shutting down (grace %.0f s)", settings.router_id,
-             settings.shutdown_grace_s)
-    await gateway.stop()
-    await client.stop()
-    if sink is not None:
-        with contextlib.suppress(Exception):
-            await asyncio.to_thread(sink.close, 10.0)
-    return 0
-
+    return await serve_until_signalled(
+        client, sink, gateway.stop,
+        f"gateway {rid} (grace {settings.shutdown_grace_s:.0f} s)", ready)
