@@ -1,0 +1,155 @@
+"""vLLM-protocol KV events through the bridge: a publisher on real ZMQ sockets (PUB and the
+replay ROUTER, as vLLM's ZmqEventPublisher) and `streams.engines.kv_bridge`."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from planner_svc.devstack.kv_publisher import KvEventPublisher, cleared, removed, stored
+from streams.engines.kv_bridge import KvEventSubscriber
+
+pytestmark = pytest.mark.integration
+
+
+def drain(sub: KvEventSubscriber, until_seq: int, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while (sub.last_seq or -1) < until_seq and time.monotonic() < deadline:
+        sub.poll(50)
+    assert sub.last_seq == until_seq, (sub.last_seq, until_seq)
+
+
+def connected(pub: KvEventPublisher) -> KvEventSubscriber:
+    """A subscriber that has seen the publisher's first batch (ZMQ's slow joiner)."""
+    sub = KvEventSubscriber("e0", pub.endpoint, pub.replay_endpoint)
+    deadline = time.monotonic() + 5
+    while sub.last_seq is None and time.monotonic() < deadline:
+        pub.publish([])  # an empty batch every 10 ms until one arrives
+        sub.poll(10)
+    assert sub.last_seq is not None
+    return sub
+
+
+@pytest.fixture(params=["tagged_map", "array"])
+def publisher(request) -> Iterator[KvEventPublisher]:  # type: ignore[no-untyped-def]
+    pub = KvEventPublisher(layout=request.param)
+    yield pub
+    pub.close()
+
+
+def test_blocks_stored_and_removed_give_residency_and_rates(publisher):
+    sub = connected(publisher)
+    try:
+        publisher.publish([stored([1, 2, 3, 4], None, 16)])
+        last = publisher.publish([removed([1, 2])])
+        drain(sub, last)
+        signals = sub.state.signals(time.monotonic())
+        assert signals.blocks_resident == 2 and signals.block_size == 16
+        assert signals.residency_s is not None and signals.residency_s < 1.0
+        assert sub.counters.gaps == 0 and not sub.counters.garbage
+    finally:
+        sub.close()
+
+
+def test_a_gap_is_detected_and_replayed_within_a_second(publisher):
+    sub = connected(publisher)
+    try:
+        publisher.publish([stored([10, 11], None, 16)])
+        publisher.drop_next(5)  # the PUB socket drops these; the replay buffer has them
+        for i in range(5):
+            publisher.publish([stored([100 + i], 11, 16)])
+        detected_at = time.monotonic()
+        last = publisher.publish([removed([10])])
+        drain(sub, last)
+        filled = time.monotonic() - detected_at
+        assert sub.counters.gaps == 1 and sub.counters.replayed == 5
+        assert sub.counters.resyncs == 0
+        assert sub.state.signals(time.monotonic()).blocks_resident == 6  # 11 + 100..104
+        assert filled < 1.0 and sub.counters.last_gap_filled_s < 1.0
+        print(f"gap of 5 batches filled {sub.counters.last_gap_filled_s * 1000:.1f} ms "
+              "after it was seen")
+    finally:
+        sub.close()
+
+
+def test_a_hole_the_replay_cannot_fill_rebuilds_the_state(publisher):
+    pub = KvEventPublisher(buffer_steps=3, layout=publisher.layout)
+    sub = connected(pub)
+    try:
+        pub.publish([stored([1, 2], None, 16)])
+        pub.drop_next(10)  # more than the replay buffer keeps
+        for i in range(10):
+            pub.publish([stored([200 + i], None, 16)])
+        last = pub.publish([stored([300], None, 16)])
+        drain(sub, last)
+        assert sub.counters.gaps == 1 and sub.counters.resyncs == 1
+        assert sub.state.resyncs == 1
+        # what was resident before the hole is not trusted; what came after is
+        assert sub.state.signals(time.monotonic()).blocks_resident == 1
+    finally:
+        sub.close()
+        pub.close()
+
+
+def test_a_restarted_publisher_and_garbage_are_survived(publisher):
+    sub = connected(publisher)
+    try:
+        publisher.publish([stored([1, 2, 3], None, 16)])
+        publisher.send_frames([b"only one frame"])
+        publisher.send_frames([b"", b"short", b"x"])
+        seq = publisher.publish_raw(b"\xc1 not msgpack")
+        publisher.publish_raw(b"\x92\xa3abc\x90")  # msgpack, but no timestamp
+        last = publisher.publish([stored([4], 3, 16)])
+        drain(sub, last)
+        assert seq == last - 2
+        assert dict(sub.counters.garbage) == {"frames": 1, "sequence": 1, "payload": 2}
+        assert sub.state.signals(time.monotonic()).blocks_resident == 4
+        # the engine restarts: a new publisher on the same ports counts from 0 again
+        host_port, replay_port = publisher.port, publisher.replay_port
+        publisher.close()
+        again = KvEventPublisher.__new__(KvEventPublisher)
+        restarted = _rebind(again, host_port, replay_port, publisher.layout)
+        try:
+            deadline = time.monotonic() + 5
+            while sub.counters.resyncs == 0 and time.monotonic() < deadline:
+                restarted.publish([cleared(), stored([7], None, 16)])
+                sub.poll(10)
+            assert sub.counters.resyncs == 1
+            assert sub.state.signals(time.monotonic()).blocks_resident == 1
+        finally:
+            restarted.close()
+    finally:
+        sub.close()
+
+
+def _rebind(pub: KvEventPublisher, port: int, replay_port: int, layout: str) -> KvEventPublisher:
+    """A publisher bound to given ports (the restarted engine keeps its address)."""
+    import threading
+    from collections import deque
+
+    import zmq
+
+    pub.ctx = zmq.Context.instance()
+    pub.pub = pub.ctx.socket(zmq.PUB)
+    pub.pub.setsockopt(zmq.LINGER, 0)
+    pub.replay = pub.ctx.socket(zmq.ROUTER)
+    pub.replay.setsockopt(zmq.LINGER, 0)
+    for sock, p in ((pub.pub, port), (pub.replay, replay_port)):
+        deadline = time.monotonic() + 5
+        while True:  # the old sockets release their ports asynchronously
+            try:
+                sock.bind(f"tcp://127.0.0.1:{p}")
+                break
+            except zmq.ZMQError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+    pub.port, pub.replay_port, pub.host, pub.layout, pub.topic = (
+        port, replay_port, "127.0.0.1", layout, b"")
+    pub._buffer, pub._seq, pub._drop = deque(maxlen=10_000), 0, 0
+    pub._lock, pub._stop = threading.Lock(), threading.Event()
+    pub._thread = threading.Thread(target=pub._serve_replay, daemon=True)
+    pub._thread.start()
+    return pub

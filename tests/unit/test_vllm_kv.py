@@ -1,0 +1,69 @@
+"""vLLM KV-event batches decoded in both wire layouts vLLM has shipped, and a destination's
+cache state from them (streams.engines.vllm_kv, kv_state)."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from planner_svc.devstack.kv_publisher import cleared, encode, removed, stored
+from streams.engines.kv_state import CacheState
+from streams.engines.vllm_kv import KvDecodeError, block_key, decode_batch
+
+
+@pytest.mark.parametrize("layout", ["tagged_map", "array"])
+def test_both_layouts_decode_to_the_same_batch(layout):
+    events = [stored([1, 2, 3], None, 16, [5] * 48), removed([2]),
+              stored([b"\x01" * 32], 3, 16)]
+    batch = decode_batch(encode(events, 12.5, layout))
+    assert batch.ts == 12.5 and batch.rank is None and not batch.cleared
+    assert [s.hashes for s in batch.stored] == [
+        (block_key(1), block_key(2), block_key(3)), (b"\x01" * 32,)]
+    assert batch.stored[1].parent == block_key(3) and batch.stored[0].medium == "GPU"
+    assert batch.removed[0].hashes == (block_key(2),)
+
+
+def test_a_map_batch_with_a_rank_and_a_clear():
+    payload = msgspec.msgpack.encode({"ts": 1.0, "data_parallel_rank": 2, "events": [
+        stored([1], None, 16), cleared(), stored([9], None, 16)]})
+    batch = decode_batch(payload)
+    assert batch.rank == 2 and batch.cleared
+    assert [s.hashes for s in batch.stored] == [(block_key(9),)]  # what came before is void
+
+
+@pytest.mark.parametrize("payload, why", [
+    (b"\xc1", "not msgpack"),
+    (msgspec.msgpack.encode("x"), "array or a map"),
+    (msgspec.msgpack.encode([1.0]), "ts, events"),
+    (msgspec.msgpack.encode(["t", []]), "timestamp"),
+    (msgspec.msgpack.encode([1.0, "e"]), "event list"),
+    (msgspec.msgpack.encode([1.0, [{"type": "Nope"}]]), "unknown event type"),
+    (msgspec.msgpack.encode([1.0, [{"no": "type"}]]), "tagged"),
+    (msgspec.msgpack.encode([1.0, [{"type": "BlockStored", "block_hashes": [1.5],
+                                    "block_size": 16}]]), "not int or bytes"),
+    (msgspec.msgpack.encode([1.0, [{"type": "BlockStored", "block_hashes": [1],
+                                    "block_size": 0}]]), "block_size"),
+])
+def test_bad_payloads_say_why(payload, why):
+    with pytest.raises(KvDecodeError, match=why):
+        decode_batch(payload)
+
+
+def test_residency_is_how_long_blocks_stayed_before_removal():
+    state = CacheState(window_s=100.0)
+    state.apply(decode_batch(encode([stored([1, 2, 3, 4], None, 16)], 0.0)), now=0.0)
+    state.apply(decode_batch(encode([stored([9], None, 16, medium="CPU")], 0.0)), now=1.0)
+    state.apply(decode_batch(encode([removed([1, 2])], 0.0)), now=10.0)
+    state.apply(decode_batch(encode([removed([3])], 0.0)), now=30.0)
+    s = state.signals(now=30.0)
+    assert s.blocks_resident == 1 and s.block_size == 16  # the CPU copy is another tier
+    assert s.residency_s == 10.0  # median of 10, 10, 30
+    assert s.stored_per_s == pytest.approx(4 / 100) and s.removed_per_s == pytest.approx(3 / 100)
+    assert state.signals(now=200.0).residency_s is None  # the window moved past them
+
+
+def test_memory_is_bounded():
+    state = CacheState(max_blocks=10)
+    state.apply(decode_batch(encode([stored(list(range(25)), None, 16)], 0.0)), now=0.0)
+    s = state.signals(now=0.0)
+    assert s.blocks_resident == 10 and s.forgotten == 15
