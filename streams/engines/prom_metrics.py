@@ -4,14 +4,15 @@ The text is Prometheus exposition, read with `prometheus_client`'s parser. Names
 engine (vLLM's V1 engine metrics as of 0.9+, with the older `gpu_` names accepted;
 SGLang's `sglang:` metrics):
 
-| signal | vLLM | SGLang |
-|---|---|---|
-| requests running | `vllm:num_requests_running` | `sglang:num_running_reqs` |
-| requests waiting | `vllm:num_requests_waiting` | `sglang:num_queue_reqs` |
-| KV cache in use (0-1) | `vllm:kv_cache_usage_perc` (`vllm:gpu_cache_usage_perc`) | `sglang:token_usage` |
-| prefix cache, tokens queried / hit | `vllm:prefix_cache_queries_total` / `_hits_total` (`vllm:gpu_prefix_cache_*`) | `sglang:prompt_tokens_total` / `sglang:cached_tokens_total` |
-| preemptions | `vllm:num_preemptions_total` | — |
-| TTFT histogram | `vllm:time_to_first_token_seconds` | `sglang:time_to_first_token_seconds` |
+- requests running: `vllm:num_requests_running`, `sglang:num_running_reqs`;
+- requests waiting: `vllm:num_requests_waiting`, `sglang:num_queue_reqs`;
+- KV cache in use (0-1): `vllm:kv_cache_usage_perc` (`vllm:gpu_cache_usage_perc` before),
+  `sglang:token_usage`;
+- prefix cache, tokens queried / hit: `vllm:prefix_cache_queries_total` / `..._hits_total`
+  (`vllm:gpu_prefix_cache_*` before), `sglang:prompt_tokens_total` /
+  `sglang:cached_tokens_total`;
+- preemptions: `vllm:num_preemptions_total`;
+- TTFT histogram: `vllm:time_to_first_token_seconds`, `sglang:time_to_first_token_seconds`.
 
 A process serving several models or data-parallel engines reports one series per label
 set: counts are summed, the KV usage is the largest. `load_between(before, after)` turns
