@@ -70,9 +70,20 @@ class EmulatedEngine:
 
     def __init__(self, engine_id: str, model: ReplicaModel, *, served_model: str,
                  host: str = "127.0.0.1", faults: bool = False,
-                 load_shape: str = "sglang") -> None:
+                 load_shape: str = "sglang", kv_events: bool = False) -> None:
         self.id = engine_id
         self.replica = Replica(model)
+        # vLLM-format KV-cache events (--kv-events): the block pool's changes, published
+        # as vLLM's ZmqEventPublisher does, a batch every KV_EVENT_PERIOD_S.
+        self.kv_publisher: Any = None
+        self._kv_stored: list[int] = []
+        self._kv_removed: list[int] = []
+        self._kv_clear = False
+        if kv_events:
+            from planner_svc.devstack.kv_publisher import KvEventPublisher
+
+            self.kv_publisher = KvEventPublisher(host)
+            self._observe(self.replica)
         self.block_tokens = model.block_tokens
         self.served_model = served_model
         self.host = host
@@ -105,6 +116,8 @@ class EmulatedEngine:
         self.port = self.server.port
 
     async def stop(self) -> None:
+        if self.kv_publisher is not None:
+            self.kv_publisher.close()
         if self.server is not None:
             await self.server.close(1.0)
 
@@ -299,9 +312,36 @@ class EmulatedEngine:
                            delay_s=float(body.get("delay_s", 0.0)))
         return {"mode": self.fault.mode}
 
+    def _observe(self, replica: Replica) -> None:
+        def on_change(stored: Any, removed: Any) -> None:
+            self._kv_stored.extend(stored)
+            self._kv_removed.extend(removed)
+        replica.cache.observer = on_change
+
+    def publish_kv_events(self) -> None:
+        """One batch of what the block pool did since the last one (if anything)."""
+        from planner_svc.devstack.kv_publisher import cleared, removed, stored
+
+        if self.kv_publisher is None:
+            return
+        events: list[dict[str, Any]] = []
+        if self._kv_clear:
+            events.append(cleared())
+            self._kv_clear = False
+        if self._kv_stored:
+            events.append(stored(self._kv_stored, None, self.block_tokens))
+        if self._kv_removed:
+            events.append(removed(self._kv_removed))
+        self._kv_stored, self._kv_removed = [], []
+        if events:
+            self.kv_publisher.publish(events)
+
     def reset(self) -> dict[str, Any]:
         """A cold engine again: empty cache, counters at zero (between benchmark runs)."""
         self.replica = Replica(self.replica.model)
+        if self.kv_publisher is not None:
+            self._observe(self.replica)
+            self._kv_stored, self._kv_removed, self._kv_clear = [], [], True
         self.counters = EngineCounters()
         self.fault = Fault()
         return {"reset": self.id}
@@ -311,6 +351,7 @@ class EmulatedEngine:
         return {"requests": c.requests, "prompt_tokens": c.prompt_tokens,
                 "cached_tokens": c.cached_tokens, "running": c.running,
                 "kv_used_blocks": self.replica.cache.used_blocks,
+                "kv_cached_blocks": self.replica.cache.cached_blocks,
                 "kv_evicted_blocks": self.replica.cache.evicted_blocks}
 
     def last_request_view(self) -> dict[str, Any]:
@@ -411,6 +452,8 @@ class EngineFleet:
     process: ManagedProcess
     urls: dict[str, str]
     control_url: str = ""  # the control server's URL (with --faults)
+    # (with --kv-events) id -> (KV-event PUB endpoint, replay endpoint)
+    kv_events: dict[str, tuple[str, str]] = field(default_factory=dict)
 
     def destinations(self) -> str:
         """The `--destinations` value for a planner or gateway: id=url,..."""
@@ -452,16 +495,19 @@ def start_engines(workdir: Path, count: int = 4, *, extra: Sequence[str] = (),
         if not proc.alive():
             raise ServerStartError(f"{name} exited:\n{proc.log_tail()}")
         urls: dict[str, str] = {}
+        kv: dict[str, tuple[str, str]] = {}
         control = ""
         for line in log_path.read_text(errors="replace").splitlines():
             with contextlib.suppress(ValueError):
                 row = json.loads(line)
                 if isinstance(row, dict) and "url" in row:
                     urls[row["id"]] = row["url"]
+                    if "kv_events" in row:
+                        kv[row["id"]] = (row["kv_events"], row["kv_replay"])
                 elif isinstance(row, dict) and "control" in row:
                     control = row["control"]
                 elif isinstance(row, dict) and row.get("ready"):
-                    return EngineFleet(proc, urls, control)
+                    return EngineFleet(proc, urls, control, kv)
         time.sleep(0.05)
     proc.stop()
     raise ServerStartError(f"{name} did not start in {timeout_s} s:\n{proc.log_tail()}")
@@ -483,6 +529,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="start the control server for faults (tests only)")
     p.add_argument("--load-shape", choices=("sglang", "vllm"), default="sglang",
                    help="/get_load answer: SGLang's per-rank list or vllm-router's {load}")
+    p.add_argument("--kv-events", action="store_true",
+                   help="publish vLLM-format KV-cache events over ZMQ (endpoints printed)")
     return p.parse_args(argv)
 
 
@@ -490,11 +538,18 @@ async def serve(args: argparse.Namespace) -> None:
     model = ReplicaModel(kv_capacity_tokens=args.kv_tokens, block_tokens=args.block_tokens,
                          batch_limit=args.batch_limit).time_scaled(args.time_scale)
     engines = [EmulatedEngine(f"e{i}", model, served_model=args.model, host=args.host,
-                              faults=args.faults, load_shape=args.load_shape)
+                              faults=args.faults, load_shape=args.load_shape,
+                              kv_events=args.kv_events)
                for i in range(args.count)]
     for e in engines:
         await e.start()
-        print(json.dumps({"id": e.id, "url": e.url}), flush=True)
+        row: dict[str, Any] = {"id": e.id, "url": e.url}
+        if e.kv_publisher is not None:
+            row["kv_events"] = e.kv_publisher.endpoint
+            row["kv_replay"] = e.kv_publisher.replay_endpoint
+        print(json.dumps(row), flush=True)
+    publishing = (asyncio.create_task(_publish_kv_events(engines)) if args.kv_events
+                  else None)
     control = None
     if args.faults:
         control = await _control_server(engines, args.host)
@@ -505,11 +560,23 @@ async def serve(args: argparse.Namespace) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
+    if publishing is not None:
+        publishing.cancel()
     for e in engines:
         with contextlib.suppress(Exception):
             await e.stop()
     if control is not None:
         await control.close(1.0)
+
+
+KV_EVENT_PERIOD_S = 0.02  # a batch per ~scheduler step, as vLLM publishes
+
+
+async def _publish_kv_events(engines: list[EmulatedEngine]) -> None:
+    while True:
+        await asyncio.sleep(KV_EVENT_PERIOD_S)
+        for e in engines:
+            e.publish_kv_events()
 
 
 async def _control_server(engines: list[EmulatedEngine], host: str) -> HttpServer:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -25,15 +26,15 @@ import zmq
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
 
 
-def stored(hashes: list[int | bytes], parent: int | bytes | None, block_size: int,
+def stored(hashes: Sequence[int | bytes], parent: int | bytes | None, block_size: int,
            token_ids: list[int] | None = None, medium: str | None = "GPU") -> dict[str, Any]:
-    return {"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": parent,
+    return {"type": "BlockStored", "block_hashes": list(hashes), "parent_block_hash": parent,
             "token_ids": token_ids or [], "block_size": block_size, "lora_id": None,
             "medium": medium, "lora_name": None}
 
 
-def removed(hashes: list[int | bytes], medium: str | None = "GPU") -> dict[str, Any]:
-    return {"type": "BlockRemoved", "block_hashes": hashes, "medium": medium}
+def removed(hashes: Sequence[int | bytes], medium: str | None = "GPU") -> dict[str, Any]:
+    return {"type": "BlockRemoved", "block_hashes": list(hashes), "medium": medium}
 
 
 def cleared() -> dict[str, Any]:

@@ -21,6 +21,10 @@ The rules are vLLM's (v1 `KVCacheManager` / `BlockPool`):
 
 Work per request is a few dictionary steps per segment, not per block, which is what
 lets the simulator replay millions of requests (bench/simulator.py).
+
+An `observer` (optional) hears which blocks become cached and which are evicted, as
+`block_id`s (a segment's node and the block's index in it), in the order vLLM's KV-event
+publisher reports BlockStored and BlockRemoved; the emulated engines publish them so.
 """
 
 from __future__ import annotations
@@ -28,9 +32,17 @@ from __future__ import annotations
 import itertools
 import math
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 Chain = Sequence[tuple[int, int]]  # (segment id, blocks)
+# (block ids cached, block ids evicted), per change
+Observer = Callable[[Sequence[int], Sequence[int]], None]
+BLOCK_INDEX_BITS = 24
+
+
+def block_id(node_uid: int, index: int) -> int:
+    """A block's identity: its segment node and its index in the segment."""
+    return (node_uid << BLOCK_INDEX_BITS) | index
 
 
 _uids = itertools.count(1)
@@ -67,7 +79,7 @@ class BlockCache:
     """See the module doc. Times are the caller's clock (virtual or real seconds)."""
 
     __slots__ = ("_evictable", "_nodes", "_root_children", "capacity_blocks", "evicted_blocks",
-                 "used_blocks")
+                 "observer", "used_blocks")
 
     def __init__(self, capacity_blocks: int) -> None:
         if capacity_blocks < 1:
@@ -80,6 +92,11 @@ class BlockCache:
         # caller's clock only moves forward, so "used last" is "appended last": no heap.
         self._evictable: OrderedDict[_Node, None] = OrderedDict()
         self._root_children = 0
+        self.observer: Observer | None = None
+
+    def _stored(self, node: _Node, start: int, end: int) -> None:
+        if self.observer is not None and end > start:
+            self.observer([block_id(node.uid, i) for i in range(start, end)], ())
 
     # --- queries -----------------------------------------------------------------------
 
@@ -151,6 +168,7 @@ class BlockCache:
                     continue
                 self._attach(node)
             self.used_blocks += blocks - node.cached
+            self._stored(node, node.cached, blocks)
             node.cached = blocks
         self.used_blocks += private_blocks
         if limit_blocks is not None and matched > limit_blocks:
@@ -174,6 +192,7 @@ class BlockCache:
             grow = min(answer[0][1] - parent.cached, budget)
             if grow > 0:
                 self.used_blocks += grow
+                self._stored(parent, parent.cached, parent.cached + grow)
                 parent.cached += grow
                 budget -= grow
             answer = answer[1:]
@@ -189,6 +208,7 @@ class BlockCache:
                 if node.cached == 0:
                     self._attach(node)
                 self.used_blocks += blocks - node.cached
+                self._stored(node, node.cached, blocks)
                 node.cached = blocks
                 node.ready_at = now
             node.last_used = now
@@ -215,6 +235,9 @@ class BlockCache:
                 skipped.append(node)
                 continue
             give = min(node.cached, self.used_blocks + need - self.capacity_blocks)
+            if self.observer is not None:
+                self.observer((), [block_id(node.uid, i)
+                                   for i in range(node.cached - give, node.cached)])
             node.cached -= give  # the segment's tail blocks go first
             self.used_blocks -= give
             self.evicted_blocks += give
