@@ -24,6 +24,7 @@ from grpc_reflection.v1alpha import reflection
 from cacheroute.v1 import planner_pb2, planner_pb2_grpc
 from planner_svc.adapters.kafka_history import KafkaHistory
 from planner_svc.adapters.redis_publisher import STANDBY_FENCE, PlanPublisher
+from planner_svc.adapters.signals_consumer import EngineSignalsConsumer
 from planner_svc.adapters.snapshot_consumer import SnapshotConsumer
 from planner_svc.api.interceptors import PlannerInterceptor
 from planner_svc.api.metrics import MetricsServer, planner_registry, start_metrics_server
@@ -90,11 +91,14 @@ class PlannerService:
     _timer: threading.Thread | None = None
     metrics: MetricsServer | None = None
     leadership: Leadership | None = None
+    signals: EngineSignalsConsumer | None = None
 
     def start(self) -> None:
         self.server.start()
         if self.consumer is not None:
             _retrying("the snapshots topic", self.consumer.start)
+        if self.signals is not None:
+            _retrying("the engine-signals topic", self.signals.start)
         self._timer = threading.Thread(target=self._run_timer, name="planner-timer", daemon=True)
         self._timer.start()
         self._set_health(True)
@@ -173,6 +177,8 @@ class PlannerService:
             self.metrics.close()
         if self.consumer is not None:
             self.consumer.stop()
+        if self.signals is not None:
+            self.signals.stop()
         if self._timer is not None:
             self._timer.join(5)
         self.publisher.close()
@@ -276,9 +282,12 @@ def build_service(
         if consume
         else None
     )
+    signals = (EngineSignalsConsumer(settings.bootstrap, settings.engine_signals_topic,
+                                     planner.on_engine_signals)
+               if consume and settings.engine_signals_topic else None)
     return PlannerService(
         settings, planner, publisher, server, health_servicer, consumer, port, threading.Event(),
-        leadership=leadership,
+        leadership=leadership, signals=signals,
     )
 
 

@@ -24,6 +24,8 @@ class PlannerSettings:
     stream_window_s: float = 0.0
     stream_hop_s: float = 0.0
     state_topic: str = "cacheroute.planner-state"
+    # What engines report themselves (python -m streams engines); "" = not watched.
+    engine_signals_topic: str = "cacheroute.engine-signals"
     consumer_group: str = "cacheroute-planner"
     redis_url: str = "redis://127.0.0.1:6379/0"
     redis_namespace: str = "cacheroute"

@@ -1,4 +1,5 @@
-"""`python -m streams worker --bootstrap HOST:PORT --web-port PORT [...]`."""
+"""`python -m streams worker --bootstrap HOST:PORT --web-port PORT [...]`: a stream worker.
+`python -m streams engines --kv ... --metrics ...`: the engine-signals watcher."""
 
 from __future__ import annotations
 
@@ -9,6 +10,10 @@ import sys
 
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] == "engines":
+        from streams.engines.watch import main as engines_main
+
+        return engines_main(args[1:])
     if not args or args[0] != "worker":
         print(__doc__, file=sys.stderr)
         return 2

@@ -114,6 +114,7 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
             mode_reason=s.mode_reason,
             role=s.role,
             leader_id=s.leader_id,
+            engines=list(s.engine_signals),
         )
 
     def GetCurrentVersion(

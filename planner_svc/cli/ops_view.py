@@ -134,6 +134,7 @@ def status_dict(pb: Any, planner: str) -> dict[str, Any]:
         "pinned": pb.pinned,
         "role": pb.role or "single",
         "leader_id": pb.leader_id,
+        "engines": [engine_dict(e) for e in pb.engines],
         "version": version_text(pb.installed),
         "version_age_s": pb.installed_age_s if pb.HasField("installed") else None,
         "drift": drift_dict(pb.drift),
@@ -248,6 +249,55 @@ def render_decision(d: Mapping[str, Any], now_ms: int | None = None) -> str:
     return f"#{d['id']} {d['action']}{installed}{when}{churn}: {d['reason']}"
 
 
+def engine_dict(e: Any) -> dict[str, Any]:
+    """An `EngineSignals` message -> dict (absent optional figures are None)."""
+    def opt(name: str) -> Any:
+        return getattr(e, name) if e.HasField(name) else None
+    out: dict[str, Any] = {"destination": e.destination, "observed_at_ms": e.observed_at_ms,
+                           "engine": e.engine}
+    if e.kv_events:
+        out["kv_events"] = {"blocks_resident": e.blocks_resident, "block_size": e.block_size,
+                            "stored_per_s": e.blocks_stored_per_s,
+                            "removed_per_s": e.blocks_removed_per_s,
+                            "residency_s": opt("residency_s"), "gaps": e.kv_gaps,
+                            "resyncs": e.kv_resyncs, "garbage": e.kv_garbage}
+    if e.metrics:
+        out["metrics"] = {"running": e.running, "waiting": e.waiting,
+                          "kv_usage": opt("kv_usage"), "prefix_hit_rate": opt("prefix_hit_rate"),
+                          "ttft_p50_s": opt("ttft_p50_s"), "ttft_p99_s": opt("ttft_p99_s"),
+                          "preemptions_per_s": opt("preemptions_per_s")}
+    if e.metrics_error:
+        out["metrics_error"] = e.metrics_error
+    return out
+
+
+def render_engine(e: Mapping[str, Any], now_ms: int) -> str:
+    age = max(0.0, (now_ms - e["observed_at_ms"]) / 1000)
+    parts = []
+    m = e.get("metrics")
+    if m:
+        line = f"running {m['running']:g}, waiting {m['waiting']:g}"
+        if m["kv_usage"] is not None:
+            line += f", KV {_pct(m['kv_usage'])}"
+        if m["prefix_hit_rate"] is not None:
+            line += f", prefix hit {_pct(m['prefix_hit_rate'])}"
+        if m["ttft_p99_s"] is not None:
+            line += f", TTFT p99 <= {m['ttft_p99_s']:g} s"
+        parts.append(line + " (/metrics)")
+    if e.get("metrics_error"):
+        parts.append(f"metrics failing: {e['metrics_error']}")
+    kv = e.get("kv_events")
+    if kv:
+        line = f"{kv['blocks_resident']:,} blocks resident"
+        if kv["residency_s"] is not None:
+            line += f", a block stays {kv['residency_s']:.1f} s"
+        if kv["resyncs"]:
+            line += f", {kv['resyncs']} resyncs"
+        parts.append(line + " (KV events)")
+    kind = f"{e['engine']}, " if e["engine"] else ""
+    return f"{e['destination']} ({kind}{age:.1f} s ago): " + "; ".join(parts)
+
+
 def render_status(s: Mapping[str, Any], now_ms: int) -> str:
     mode = s["mode"] + (f" ({s['mode_reason']})" if s["mode_reason"] else "")
     plan = "none installed"
@@ -274,6 +324,8 @@ def render_status(s: Mapping[str, Any], now_ms: int) -> str:
         ("decision", render_decision(last, now_ms) if last else "none yet"),
         ("stream", stream),
     ]
+    for i, e in enumerate(s.get("engines", [])):
+        rows.append(("engines" if i == 0 else "", render_engine(e, now_ms)))
     return "\n".join(f"{k:<10} {v}" for k, v in rows)
 
 

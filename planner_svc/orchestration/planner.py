@@ -147,6 +147,7 @@ class PlannerStatus:
     # "single" (no leader election), "leader" or "standby"; the leader's id when known.
     role: str = "single"
     leader_id: str = ""
+    engine_signals: tuple[Any, ...] = ()  # cacheroute.v1.EngineSignals, by destination
 
 
 @dataclass(frozen=True)
@@ -226,6 +227,10 @@ class Planner:
         # the history or takes operator changes; a standby follows the store's plan.
         self.role = "single"
         self.leader_id = ""
+        # The newest signals each destination's engine reported (streams/engines), by
+        # destination: only the planner's destinations, so the table stays bounded.
+        self.engine_signals: dict[str, Any] = {}
+        self.unknown_signals = 0
 
     # --- start-up ---------------------------------------------------------------
 
@@ -262,6 +267,16 @@ class Planner:
             self.installed = Installed(plan, current.digest, self._clock())
             self._remember(plan)
             log.info("resumed at plan version %s", current.version)
+
+    def on_engine_signals(self, signals: Any) -> None:
+        """An engine's own report (cacheroute.v1.EngineSignals) arrived."""
+        with self._lock:
+            if signals.destination not in {d.id for d in self._destinations}:
+                self.unknown_signals += 1  # not ours (or a typo in the watcher's ids)
+                return
+            held = self.engine_signals.get(signals.destination)
+            if held is None or signals.observed_at_ms >= held.observed_at_ms:
+                self.engine_signals[signals.destination] = signals
 
     # --- leadership (replicated planners) ------------------------------------------------
 
@@ -908,6 +923,8 @@ class Planner:
                 guard=self.guard,
                 role=self.role,
                 leader_id=self.leader_id,
+                engine_signals=tuple(self.engine_signals[d]
+                                     for d in sorted(self.engine_signals)),
             )
 
     @property

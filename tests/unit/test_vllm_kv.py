@@ -67,3 +67,14 @@ def test_memory_is_bounded():
     state.apply(decode_batch(encode([stored(list(range(25)), None, 16)], 0.0)), now=0.0)
     s = state.signals(now=0.0)
     assert s.blocks_resident == 10 and s.forgotten == 15
+
+
+def test_the_watchers_kv_endpoints():
+    from streams.engines.watch import kv_endpoints
+
+    assert kv_endpoints("tcp://10.0.0.5:5557") == ("tcp://10.0.0.5:5557", None)
+    assert kv_endpoints("tcp://10.0.0.5:5557/10.0.0.5:5558") == (
+        "tcp://10.0.0.5:5557", "tcp://10.0.0.5:5558")
+    assert kv_endpoints("tcp://h:1/tcp://h:2") == ("tcp://h:1", "tcp://h:2")
+    with pytest.raises(SystemExit, match="expected tcp"):
+        kv_endpoints("10.0.0.5:5557")

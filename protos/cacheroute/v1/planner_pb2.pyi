@@ -1,4 +1,5 @@
 from cacheroute.v1 import plan_pb2 as _plan_pb2
+from cacheroute.v1 import signals_pb2 as _signals_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -68,7 +69,7 @@ class Decision(_message.Message):
     def __init__(self, id: _Optional[int] = ..., at_ms: _Optional[int] = ..., action: _Optional[str] = ..., reason: _Optional[str] = ..., drift: _Optional[_Union[Drift, _Mapping]] = ..., penalties: _Optional[_Union[Penalties, _Mapping]] = ..., installed: _Optional[_Union[_plan_pb2.PlanVersion, _Mapping]] = ..., moved_traffic_share: _Optional[float] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class PlannerStatus(_message.Message):
-    __slots__ = ("mode", "installed", "installed_age_s", "drift", "penalties", "last_decision", "rates_age_s", "rates_recovering", "config", "pinned", "mode_reason", "role", "leader_id")
+    __slots__ = ("mode", "installed", "installed_age_s", "drift", "penalties", "last_decision", "rates_age_s", "rates_recovering", "config", "pinned", "mode_reason", "role", "leader_id", "engines")
     MODE_FIELD_NUMBER: _ClassVar[int]
     INSTALLED_FIELD_NUMBER: _ClassVar[int]
     INSTALLED_AGE_S_FIELD_NUMBER: _ClassVar[int]
@@ -82,6 +83,7 @@ class PlannerStatus(_message.Message):
     MODE_REASON_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     LEADER_ID_FIELD_NUMBER: _ClassVar[int]
+    ENGINES_FIELD_NUMBER: _ClassVar[int]
     mode: Mode
     installed: _plan_pb2.PlanVersion
     installed_age_s: float
@@ -95,7 +97,8 @@ class PlannerStatus(_message.Message):
     mode_reason: str
     role: str
     leader_id: str
-    def __init__(self, mode: _Optional[_Union[Mode, str]] = ..., installed: _Optional[_Union[_plan_pb2.PlanVersion, _Mapping]] = ..., installed_age_s: _Optional[float] = ..., drift: _Optional[_Union[Drift, _Mapping]] = ..., penalties: _Optional[_Union[Penalties, _Mapping]] = ..., last_decision: _Optional[_Union[Decision, _Mapping]] = ..., rates_age_s: _Optional[float] = ..., rates_recovering: _Optional[bool] = ..., config: _Optional[_Union[PlannerConfig, _Mapping]] = ..., pinned: _Optional[bool] = ..., mode_reason: _Optional[str] = ..., role: _Optional[str] = ..., leader_id: _Optional[str] = ...) -> None: ...
+    engines: _containers.RepeatedCompositeFieldContainer[_signals_pb2.EngineSignals]
+    def __init__(self, mode: _Optional[_Union[Mode, str]] = ..., installed: _Optional[_Union[_plan_pb2.PlanVersion, _Mapping]] = ..., installed_age_s: _Optional[float] = ..., drift: _Optional[_Union[Drift, _Mapping]] = ..., penalties: _Optional[_Union[Penalties, _Mapping]] = ..., last_decision: _Optional[_Union[Decision, _Mapping]] = ..., rates_age_s: _Optional[float] = ..., rates_recovering: _Optional[bool] = ..., config: _Optional[_Union[PlannerConfig, _Mapping]] = ..., pinned: _Optional[bool] = ..., mode_reason: _Optional[str] = ..., role: _Optional[str] = ..., leader_id: _Optional[str] = ..., engines: _Optional[_Iterable[_Union[_signals_pb2.EngineSignals, _Mapping]]] = ...) -> None: ...
 
 class GetCurrentVersionRequest(_message.Message):
     __slots__ = ()
