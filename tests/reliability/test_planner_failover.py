@@ -121,14 +121,17 @@ class Published:
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
-        lay = Layout()
         while not self._stop.wait(0.05):
-            for member in self.r.zrange(lay.versions, 0, -1):
-                v = parse_member(member)
-                if v not in self.seen:
-                    raw = self.r.get(lay.digest(v))
-                    if raw:
-                        self.seen[v] = bytes.fromhex(raw.decode())
+            self._sweep()
+
+    def _sweep(self) -> None:
+        lay = Layout()
+        for member in self.r.zrange(lay.versions, 0, -1):
+            v = parse_member(member)
+            if v not in self.seen:
+                raw = self.r.get(lay.digest(v))
+                if raw:
+                    self.seen[v] = bytes.fromhex(raw.decode())
 
     def __enter__(self) -> Published:
         self._thread.start()
@@ -137,6 +140,7 @@ class Published:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join(5)
+        self._sweep()  # what was installed since the last sweep
 
 
 @pytest.fixture()
