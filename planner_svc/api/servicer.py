@@ -100,6 +100,10 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
         s = self._planner.status()
         installed, last = s.installed, s.last_decision
         drift = s.figures.drift if s.figures is not None else None
+        w = s.measured_warm_slots
+        measured = ({} if w is None else {
+            "measured_warm_slots": w.value, "measured_warm_slots_destinations": w.destinations,
+            "measured_mean_prefix_tokens": w.mean_prefix_tokens})
         return planner_pb2.PlannerStatus(
             mode=convert.MODE_TO_PB[s.mode],
             installed=convert.version_pb(installed.plan.version) if installed else None,
@@ -115,6 +119,7 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
             role=s.role,
             leader_id=s.leader_id,
             engines=list(s.engine_signals),
+            **measured,
         )
 
     def GetCurrentVersion(

@@ -135,6 +135,11 @@ def status_dict(pb: Any, planner: str) -> dict[str, Any]:
         "role": pb.role or "single",
         "leader_id": pb.leader_id,
         "engines": [engine_dict(e) for e in pb.engines],
+        "warm_slots": {"configured": pb.config.warm_slots_per_destination,
+                       "measured": (pb.measured_warm_slots
+                                    if pb.HasField("measured_warm_slots") else None),
+                       "measured_destinations": pb.measured_warm_slots_destinations,
+                       "mean_prefix_tokens": pb.measured_mean_prefix_tokens},
         "version": version_text(pb.installed),
         "version_age_s": pb.installed_age_s if pb.HasField("installed") else None,
         "drift": drift_dict(pb.drift),
@@ -324,6 +329,11 @@ def render_status(s: Mapping[str, Any], now_ms: int) -> str:
         ("decision", render_decision(last, now_ms) if last else "none yet"),
         ("stream", stream),
     ]
+    w = s.get("warm_slots")
+    if w and w["measured"] is not None:
+        rows.append(("W", f"configured {w['configured']}; measured {w['measured']:.0f} from "
+                          f"the KV events of {w['measured_destinations']} destination(s) "
+                          f"(mean reusable prefix {w['mean_prefix_tokens']:.0f} tokens)"))
     for i, e in enumerate(s.get("engines", [])):
         rows.append(("engines" if i == 0 else "", render_engine(e, now_ms)))
     return "\n".join(f"{k:<10} {v}" for k, v in rows)

@@ -41,6 +41,7 @@ from planner_svc.control.guard import GuardSettings, Mode, ValidatedRange
 from planner_svc.control.loop import Figures
 from planner_svc.control.telemetry import Telemetry
 from planner_svc.control.traffic import Traffic, hold_noise
+from planner_svc.control.warm_slots import MeasuredWarmSlots, measured_warm_slots
 from planner_svc.errors import (
     CorruptPointer,
     NotFound,
@@ -148,6 +149,7 @@ class PlannerStatus:
     role: str = "single"
     leader_id: str = ""
     engine_signals: tuple[Any, ...] = ()  # cacheroute.v1.EngineSignals, by destination
+    measured_warm_slots: MeasuredWarmSlots | None = None  # W from the engines' KV events
 
 
 @dataclass(frozen=True)
@@ -925,7 +927,17 @@ class Planner:
                 leader_id=self.leader_id,
                 engine_signals=tuple(self.engine_signals[d]
                                      for d in sorted(self.engine_signals)),
+                measured_warm_slots=measured_warm_slots(
+                    self.engine_signals.values(), self._mean_prefix_tokens(),
+                    int(now * 1000)),
             )
+
+    def _mean_prefix_tokens(self) -> float:
+        """Reusable prefix tokens per request, rate-weighted over the window's keys."""
+        t = self.traffic
+        if t is None or not len(t.keys) or not float(t.rates.sum()) > 0:
+            return 0.0
+        return float(np.dot(t.tokens, t.rates) / t.rates.sum())
 
     @property
     def guard(self) -> Guard:

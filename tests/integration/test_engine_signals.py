@@ -18,7 +18,7 @@ from planner_svc.cli.main import main as cli_main
 from planner_svc.devstack.engines import start_engines
 from planner_svc.server import build_service
 from streams.engines.watch import EngineWatch
-from tests.service.harness import planner_settings
+from tests.service.harness import feed, planner_settings
 from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
@@ -60,6 +60,7 @@ def test_status_shows_what_each_engine_reports(redis_server, broker, tmp_path, c
 
         assert eventually(reported, 20)
         assert svc.planner.unknown_signals > 0  # "not-ours" is refused, not stored
+        feed(svc)  # a window of rates: the mean reusable prefix is 800 tokens
         capsys.readouterr()
         assert cli_main(["status", "--planner", f"127.0.0.1:{svc.port}", "--json"]) == 0
         status = json.loads(capsys.readouterr().out)
@@ -70,9 +71,15 @@ def test_status_shows_what_each_engine_reports(redis_server, broker, tmp_path, c
             assert e["kv_events"]["block_size"] == 16 and e["kv_events"]["gaps"] == 0
             assert 0 < e["metrics"]["kv_usage"] <= 1
             assert time.time() * 1000 - e["observed_at_ms"] < 10_000
+        # W measured: what the engines hold, in prefixes of the mean reusable size
+        w = status["warm_slots"]
+        resident = sorted(e["kv_events"]["blocks_resident"] for e in engines.values())
+        assert w["measured_destinations"] == 2 and w["mean_prefix_tokens"] == 800
+        assert min(resident) * 16 / 800 <= w["measured"] <= max(resident) * 16 / 800
         assert cli_main(["status", "--planner", f"127.0.0.1:{svc.port}"]) == 0
         text = capsys.readouterr().out
         assert "engines" in text and "blocks resident" in text and "(/metrics)" in text
+        assert "measured" in text and "from the KV events of 2 destination(s)" in text
     finally:
         stop.set()
         runner.join(5)

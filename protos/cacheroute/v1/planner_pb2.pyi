@@ -69,7 +69,7 @@ class Decision(_message.Message):
     def __init__(self, id: _Optional[int] = ..., at_ms: _Optional[int] = ..., action: _Optional[str] = ..., reason: _Optional[str] = ..., drift: _Optional[_Union[Drift, _Mapping]] = ..., penalties: _Optional[_Union[Penalties, _Mapping]] = ..., installed: _Optional[_Union[_plan_pb2.PlanVersion, _Mapping]] = ..., moved_traffic_share: _Optional[float] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class PlannerStatus(_message.Message):
-    __slots__ = ("mode", "installed", "installed_age_s", "drift", "penalties", "last_decision", "rates_age_s", "rates_recovering", "config", "pinned", "mode_reason", "role", "leader_id", "engines")
+    __slots__ = ("mode", "installed", "installed_age_s", "drift", "penalties", "last_decision", "rates_age_s", "rates_recovering", "config", "pinned", "mode_reason", "role", "leader_id", "engines", "measured_warm_slots", "measured_warm_slots_destinations", "measured_mean_prefix_tokens")
     MODE_FIELD_NUMBER: _ClassVar[int]
     INSTALLED_FIELD_NUMBER: _ClassVar[int]
     INSTALLED_AGE_S_FIELD_NUMBER: _ClassVar[int]
@@ -84,6 +84,9 @@ class PlannerStatus(_message.Message):
     ROLE_FIELD_NUMBER: _ClassVar[int]
     LEADER_ID_FIELD_NUMBER: _ClassVar[int]
     ENGINES_FIELD_NUMBER: _ClassVar[int]
+    MEASURED_WARM_SLOTS_FIELD_NUMBER: _ClassVar[int]
+    MEASURED_WARM_SLOTS_DESTINATIONS_FIELD_NUMBER: _ClassVar[int]
+    MEASURED_MEAN_PREFIX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     mode: Mode
     installed: _plan_pb2.PlanVersion
     installed_age_s: float
@@ -98,7 +101,10 @@ class PlannerStatus(_message.Message):
     role: str
     leader_id: str
     engines: _containers.RepeatedCompositeFieldContainer[_signals_pb2.EngineSignals]
-    def __init__(self, mode: _Optional[_Union[Mode, str]] = ..., installed: _Optional[_Union[_plan_pb2.PlanVersion, _Mapping]] = ..., installed_age_s: _Optional[float] = ..., drift: _Optional[_Union[Drift, _Mapping]] = ..., penalties: _Optional[_Union[Penalties, _Mapping]] = ..., last_decision: _Optional[_Union[Decision, _Mapping]] = ..., rates_age_s: _Optional[float] = ..., rates_recovering: _Optional[bool] = ..., config: _Optional[_Union[PlannerConfig, _Mapping]] = ..., pinned: _Optional[bool] = ..., mode_reason: _Optional[str] = ..., role: _Optional[str] = ..., leader_id: _Optional[str] = ..., engines: _Optional[_Iterable[_Union[_signals_pb2.EngineSignals, _Mapping]]] = ...) -> None: ...
+    measured_warm_slots: float
+    measured_warm_slots_destinations: int
+    measured_mean_prefix_tokens: float
+    def __init__(self, mode: _Optional[_Union[Mode, str]] = ..., installed: _Optional[_Union[_plan_pb2.PlanVersion, _Mapping]] = ..., installed_age_s: _Optional[float] = ..., drift: _Optional[_Union[Drift, _Mapping]] = ..., penalties: _Optional[_Union[Penalties, _Mapping]] = ..., last_decision: _Optional[_Union[Decision, _Mapping]] = ..., rates_age_s: _Optional[float] = ..., rates_recovering: _Optional[bool] = ..., config: _Optional[_Union[PlannerConfig, _Mapping]] = ..., pinned: _Optional[bool] = ..., mode_reason: _Optional[str] = ..., role: _Optional[str] = ..., leader_id: _Optional[str] = ..., engines: _Optional[_Iterable[_Union[_signals_pb2.EngineSignals, _Mapping]]] = ..., measured_warm_slots: _Optional[float] = ..., measured_warm_slots_destinations: _Optional[int] = ..., measured_mean_prefix_tokens: _Optional[float] = ...) -> None: ...
 
 class GetCurrentVersionRequest(_message.Message):
     __slots__ = ()
