@@ -75,6 +75,7 @@ def tunables_from(settings: PlannerSettings) -> Tunables:
         admission_hysteresis=settings.admission_hysteresis,
         balance_effort=settings.balance_effort,
         rate_noise_z=settings.rate_noise_z,
+        learn_warm_slots=settings.learn_warm_slots,
     )
 
 

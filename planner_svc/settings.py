@@ -54,6 +54,9 @@ class PlannerSettings:
     # Hold each key's rate at the installed plan's while the window's count moved by no
     # more than this many Poisson standard errors (0 = plan on the raw window, the paper's).
     rate_noise_z: float = 0.0
+    # Plan with W measured from the engines' KV events (python -m streams engines), bounded
+    # to [W/2, 2W] of `warm_slots_per_destination`; the configured W while none are fresh.
+    learn_warm_slots: bool = False
     # The range the plan was validated for (shadow replay / canary, checklist step 5):
     # outside it the guard falls back to Flat-LB, and resumes when telemetry returns.
     # 0 = unchecked.

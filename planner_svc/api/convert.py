@@ -142,6 +142,7 @@ def config_pb(t: Tunables, destinations: list[Any], guard: Guard) -> planner_pb2
         admission_hysteresis=t.admission_hysteresis,
         balance_effort=t.balance_effort,
         rate_noise_z=t.rate_noise_z,
+        learn_warm_slots=t.learn_warm_slots,
         destinations=destinations_to_pb(destinations),
     )
 

@@ -313,6 +313,8 @@ def _tunable_changes(request: planner_pb2.UpdateConfigRequest) -> dict[str, Any]
             changes[name] = value
     if request.HasField("byte_aware"):
         changes["byte_aware"] = request.byte_aware
+    if request.HasField("learn_warm_slots"):
+        changes["learn_warm_slots"] = request.learn_warm_slots
     if request.HasField("rate_noise_z"):
         if not (math.isfinite(request.rate_noise_z) and 0.0 <= request.rate_noise_z <= 10.0):
             raise InvalidRequest(f"rate_noise_z must be in [0, 10], got {request.rate_noise_z}")

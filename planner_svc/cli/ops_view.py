@@ -107,6 +107,7 @@ def config_dict(pb: Any) -> dict[str, Any]:
         "admission_hysteresis": pb.admission_hysteresis,
         "balance_effort": pb.balance_effort,
         "rate_noise_z": pb.rate_noise_z,
+        "learn_warm_slots": pb.learn_warm_slots,
         "guard": {name: getattr(pb.guard, name) for name in (
             "active_keys_min", "active_keys_max", "p99_ms_max", "hit_rate_min",
             "hit_gap_max", "enter_after_s", "resume_dwell_s", "min_fallback_s",

@@ -11,7 +11,8 @@ measured W is then
 read off a full cache (a cache that is not full yet understates it, so destinations whose
 KV usage is known to be below `full_usage` are left out when any full one exists). The
 fleet's figure is the median over destinations whose report is fresh. It is shown beside
-the configured W in `cacheroute status`; the planner does not act on it (yet).
+the configured W in `cacheroute status`; with `learn_warm_slots` the planner plans with it,
+kept within [W/2, 2W] of the operator's W (`learned_warm_slots`).
 """
 
 from __future__ import annotations
@@ -47,3 +48,10 @@ def measured_warm_slots(signals: Iterable[Any], mean_prefix_tokens: float, now_m
     values = [s.blocks_resident * s.block_size / mean_prefix_tokens for s in use]
     newest = min(now_ms - s.observed_at_ms for s in use) / 1000
     return MeasuredWarmSlots(statistics.median(values), len(use), mean_prefix_tokens, newest)
+
+
+def learned_warm_slots(configured: int, measured: float) -> int:
+    """The W to plan with: the measured one, bounded by the operator's to [W/2, 2W] (a
+    cold or misreporting fleet moves W by at most a factor of two)."""
+    lo, hi = max(1, configured // 2), max(1, configured * 2)
+    return int(min(hi, max(lo, round(measured))))

@@ -41,7 +41,11 @@ from planner_svc.control.guard import GuardSettings, Mode, ValidatedRange
 from planner_svc.control.loop import Figures
 from planner_svc.control.telemetry import Telemetry
 from planner_svc.control.traffic import Traffic, hold_noise
-from planner_svc.control.warm_slots import MeasuredWarmSlots, measured_warm_slots
+from planner_svc.control.warm_slots import (
+    MeasuredWarmSlots,
+    learned_warm_slots,
+    measured_warm_slots,
+)
 from planner_svc.errors import (
     CorruptPointer,
     NotFound,
@@ -170,6 +174,9 @@ class Tunables:
     # Hold a key's rate at the installed plan's while it moved by no more than this many
     # Poisson standard errors (control.traffic.hold_noise); 0 = plan on the raw window.
     rate_noise_z: float = 0.0
+    # Plan with W measured from the engines' KV events (control.warm_slots), within [W/2, 2W]
+    # of `warm_slots_per_destination`.
+    learn_warm_slots: bool = False
 
 
 class Planner:
@@ -851,7 +858,16 @@ class Planner:
                                candidate=candidate, history=older)
 
     def planning_config(self) -> PlanningConfig:
-        return self._planning_config(self.tunables, self._fleet())
+        return self._planning_config(self.tunables, self._fleet(), self._warm_slots_in_use())
+
+    def _warm_slots_in_use(self) -> int:
+        """The configured W, or (learn_warm_slots) the measured one within [W/2, 2W]."""
+        w = self.tunables.warm_slots_per_destination
+        if not self.tunables.learn_warm_slots:
+            return w
+        measured = measured_warm_slots(self.engine_signals.values(), self._mean_prefix_tokens(),
+                                       int(self._clock() * 1000))
+        return w if measured is None else learned_warm_slots(w, measured.value)
 
     def _fleet(self) -> list[DestinationSpec]:
         """The configured destinations as planning sees them (reported-down ones draining)."""
@@ -870,11 +886,13 @@ class Planner:
             return down
 
     @staticmethod
-    def _planning_config(t: Tunables, destinations: list[DestinationSpec]) -> PlanningConfig:
+    def _planning_config(t: Tunables, destinations: list[DestinationSpec],
+                         warm_slots: int | None = None) -> PlanningConfig:
         return PlanningConfig(
             destinations=tuple(destinations),
             q_cap=t.q_cap,
-            warm_slots_per_destination=t.warm_slots_per_destination,
+            warm_slots_per_destination=(t.warm_slots_per_destination if warm_slots is None
+                                        else warm_slots),
             imbalance_tolerance=t.imbalance_tolerance,
             byte_aware=t.byte_aware,
             admission_hysteresis=t.admission_hysteresis,

@@ -33,3 +33,11 @@ def test_nothing_fresh_or_nothing_to_divide_by_measures_nothing():
     assert measured_warm_slots([sig("e0", 800, now)], 0.0, now) is None
     m = measured_warm_slots([sig("e0", 800, now), sig("e1", 400, now)], 64.0, now)
     assert m is not None and m.value == (200 + 100) / 2  # none known full: all count
+
+
+def test_the_learned_w_stays_within_half_and_twice_the_configured():
+    from planner_svc.control.warm_slots import learned_warm_slots
+
+    assert learned_warm_slots(128, 96.4) == 96
+    assert learned_warm_slots(128, 10.0) == 64 and learned_warm_slots(128, 9999.0) == 256
+    assert learned_warm_slots(1, 0.2) == 1
