@@ -15,7 +15,10 @@ so turns hit what earlier turns of the same conversation *computed* (an answer i
 when its request finishes; a turn sent before that finds only what was there), and every
 conversation of a key shares the key's system prompt. A length-only trace (key, prompt,
 prefix tokens) has no conversations: its key is one growing stream of content, and the
-trace's prefix says how much of it a request shares (`reuse limit`).
+trace's prefix says how much of it a request shares (`reuse limit`). A trace that records
+its prompts' block hashes (Mooncake's `hash_ids`) is content already: a request's chain is
+its hashes, each a segment of `hash_block_tokens` tokens (its last one what is left of the
+prompt), so requests share exactly the leading blocks their hashes share, across keys too.
 
 Segments count whole blocks (tokens // block size): the partial block at each segment's
 end is not cached, as vLLM caches only full blocks (this loses at most one block per
@@ -29,6 +32,7 @@ from planner_svc.simulator.workload import Workload
 
 _SYSTEM = 1 << 40  # segment-id spaces, so no two kinds of segment share an id
 _CONVERSATION = 1 << 50
+_HASHED = 1 << 60
 
 
 class ChainBuilder:
@@ -43,10 +47,13 @@ class ChainBuilder:
         self._prompt = w.prompt.tolist()
         self._prefix = w.prefix.tolist()
         self._output = w.output.tolist()
+        self._blocks = w.blocks
 
     def chain(self, i: int) -> tuple[Chain, Chain, int | None]:
         """(prompt chain, answer chain, reuse limit in tokens or None) of request i."""
         bs, key = self.bs, self._keys[i]
+        if self._blocks is not None:
+            return self._hashed(i), (), None
         if self._conv is None or self._system is None:
             # One growing stream of content per key; the trace's prefix bounds the reuse.
             return [(_SYSTEM + key, self._prompt[i] // bs)], (), self._prefix[i]
@@ -59,3 +66,16 @@ class ChainBuilder:
         conv_seg = _CONVERSATION + conv
         chain = [*head, (conv_seg, spoken // bs)]
         return chain, [(conv_seg, (spoken + self._output[i]) // bs)], None
+
+    def _hashed(self, i: int) -> Chain:
+        hashes, bs = self._blocks[i], self.bs  # type: ignore[index]
+        per = self.w.hash_block_tokens
+        left = self._prompt[i]
+        chain = []
+        for h in hashes:
+            tokens = min(per, left)
+            if tokens < bs:
+                break  # a partial block is not cached
+            chain.append((_HASHED + (h & ((1 << 59) - 1)), tokens // bs))
+            left -= tokens
+        return chain

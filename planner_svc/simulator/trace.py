@@ -1,5 +1,12 @@
 """Recorded traffic as a replay workload: CSV / JSONL trace files and Kafka event exports.
 
+Mooncake-style rows are read too: `timestamp` (milliseconds), `input_length`,
+`output_length`, `hash_ids` (one hash per 512-token block of the prompt). Their content is
+the hashes (the simulator shares exactly the blocks they share); their key is the first
+block's hash (requests with the same first 512 tokens, the application's system prompt,
+share it, as the gateway keys on the leading prefix); their reusable prefix is the leading
+blocks some earlier request already had.
+
 A trace row is one request: `timestamp` (seconds; or `timestamp_ms`), `key`, `prompt_tokens`,
 and optionally `prefix_tokens` (the reusable prefix; alias `reusable_prefix_tokens`) and
 `output_tokens`. Without `prefix_tokens` the reusable prefix is taken to be the key's previous
@@ -11,6 +18,7 @@ convert to the same rows with `rows_from_event_batches`: every `RequestEvent` is
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -36,10 +44,15 @@ def read_rows(path: Path) -> list[dict[str, object]]:
     return list(csv.DictReader(text.splitlines()))
 
 
+MOONCAKE_BLOCK_TOKENS = 512
+
+
 def workload_from_rows(rows: Sequence[dict[str, object]], name: str = "trace") -> Workload:
     """A Workload from trace rows (sorted by time; keys interned in first-seen order)."""
     if not rows:
         raise TraceError("the trace has no rows")
+    if "hash_ids" in rows[0]:
+        return _mooncake(rows, name)
     t, names, prompt, prefix, output = [], [], [], [], []
     for n, row in enumerate(rows):
         try:
@@ -106,6 +119,46 @@ def _previous_prompt(key: np.ndarray, prompt: np.ndarray) -> np.ndarray:
         out[i] = min(last.get(k, 0), p)
         last[k] = p
     return out
+
+
+def _mooncake(rows: Sequence[dict[str, object]], name: str) -> Workload:
+    t, names, prompt, output, blocks = [], [], [], [], []
+    for n, row in enumerate(rows):
+        try:
+            hashes = row["hash_ids"]
+            if not isinstance(hashes, list) or not all(
+                    isinstance(h, int) and not isinstance(h, bool) for h in hashes):
+                raise ValueError("hash_ids is not a list of integers")
+            length = int(float(str(row["input_length"])))
+            if length < 0 or len(hashes) * MOONCAKE_BLOCK_TOKENS < length - MOONCAKE_BLOCK_TOKENS:
+                raise ValueError(f"{len(hashes)} hash ids cannot cover {length} tokens")
+            t.append(float(str(row["timestamp"])) / 1000.0)
+            names.append(f"mc:{hashes[0]}" if hashes else "mc:empty")
+            prompt.append(length)
+            output.append(int(float(str(row.get("output_length", DEFAULT_OUTPUT_TOKENS)))))
+            blocks.append(tuple(hashes))
+        except (KeyError, ValueError, TypeError) as exc:
+            raise TraceError(f"row {n + 1}: {exc}") from exc
+    order = np.argsort(np.asarray(t, np.float64), kind="stable")
+    # Reusable prefix: the leading blocks some earlier request (in arrival order) already
+    # had. Each chain prefix is remembered as one 64-bit fingerprint of its hashes.
+    seen: set[int] = set()
+    reusable = [0] * len(rows)
+    for i in order.tolist():
+        fingerprint, shared, extending = 0, 0, True
+        for h in blocks[i]:
+            fingerprint = hash((fingerprint, h))
+            if extending and fingerprint in seen:
+                shared += 1
+            else:
+                extending = False
+                seen.add(fingerprint)
+        reusable[i] = min(shared * MOONCAKE_BLOCK_TOKENS, prompt[i])
+    w = _assemble(name, order, t, names, prompt, reusable, output)
+    return dataclasses.replace(
+        w, blocks=[blocks[i] for i in order.tolist()],
+        hash_block_tokens=MOONCAKE_BLOCK_TOKENS,
+        notes={**w.notes, "source": "recorded trace (Mooncake format: block hashes)"})
 
 
 def load_trace(path: Path) -> Workload:

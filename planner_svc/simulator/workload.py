@@ -61,6 +61,10 @@ class Workload:
     # conversation ids; None for length-only traces (each key one stream of content).
     system: np.ndarray | None = None
     conv: np.ndarray | None = None
+    # Recorded content (Mooncake-style traces): per request, the hash of each block of its
+    # prompt, `hash_block_tokens` tokens a block; None when the trace gives only lengths.
+    blocks: Sequence[tuple[int, ...]] | None = None
+    hash_block_tokens: int = 512
 
     def __len__(self) -> int:
         return len(self.t)

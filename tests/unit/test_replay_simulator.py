@@ -26,6 +26,7 @@ from planner_svc.simulator.policies import PolicyContext, flat_lb
 from planner_svc.simulator.replica import ReplicaModel
 from planner_svc.simulator.simulator import ClusterSpec, simulate
 from planner_svc.simulator.trace import (
+    TraceError,
     load_trace,
     rows_from_event_batches,
     workload_from_rows,
@@ -254,3 +255,44 @@ def test_whale_count_and_share_reach_the_workload() -> None:
     shares = np.bincount(make_workload(replace(cfg, whale_share=0.12), 50.0, 1).key) / 20_000
     heavy = np.sort(shares)[::-1]
     assert np.allclose(heavy[:3], 0.12, atol=0.01) and heavy[3] < 0.01
+
+
+def test_a_mooncake_trace_is_content_shared_across_keys(tmp_path: Path) -> None:
+    """Mooncake-format rows (timestamp ms, input_length, output_length, hash_ids): content
+    chains from the hashes, keys from the first block, reusable prefixes as recorded."""
+    import json
+
+    from planner_svc.simulator.chains import ChainBuilder
+
+    rows = [
+        {"timestamp": 0, "input_length": 1500, "output_length": 20, "hash_ids": [1, 2, 3]},
+        {"timestamp": 100, "input_length": 2000, "output_length": 20, "hash_ids": [1, 2, 4, 5]},
+        {"timestamp": 50, "input_length": 600, "output_length": 10, "hash_ids": [9, 10]},
+        {"timestamp": 200, "input_length": 1000, "output_length": 5, "hash_ids": [9, 2]},
+    ]
+    path = tmp_path / "mooncake.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    w = load_trace(path)
+    assert w.keys == ["mc:1", "mc:9"] and w.key.tolist() == [0, 1, 0, 1]  # by arrival
+    assert w.prompt.tolist() == [1500, 600, 2000, 1000]
+    assert w.prefix.tolist() == [0, 0, 1024, 512]  # [1, 2] seen; [9] seen, [9, 2] not
+    assert w.blocks is not None and w.blocks[2] == (1, 2, 4, 5)
+    chains = ChainBuilder(w, 16)
+    first, answer, limit = chains.chain(0)
+    assert [b for _, b in first] == [32, 32, 29] and answer == () and limit is None
+    third, _, _ = chains.chain(2)
+    assert third[:2] == first[:2]  # the shared leading blocks are the same segments
+    from planner_svc.simulator.kvcache import BlockCache
+
+    cache = BlockCache(10_000)  # requests 0 ([1, 2, 3]) and 1 ([9, 10]) cached
+    for i in (0, 1):
+        held = cache.admit(chains.chain(i)[0], 0.0, 0)
+        assert held is not None
+        cache.computed(held, 0.0)
+        cache.release(held, 0.0)
+    assert cache.match(chains.chain(2)[0], 1.0) == 64  # [1, 2] of [1, 2, 4, 5]
+    assert cache.match(chains.chain(3)[0], 1.0) == 32  # [9]: hash 2 after 9 is new content
+    for bad in ({"timestamp": 0, "input_length": 9000, "hash_ids": [1]},
+                {"timestamp": 0, "input_length": 10, "hash_ids": ["x"]}):
+        with pytest.raises(TraceError):
+            workload_from_rows([bad])
