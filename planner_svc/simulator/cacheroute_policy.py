@@ -49,10 +49,14 @@ class CacheRouteSettings:
     replan: str = "repack"  # "once", "repack" (cumulative rates) or "repack-ewma" (drift)
     ewma_alpha: float = 0.5  # weight of the newest interval in the "repack-ewma" rates
     balance_effort: float = 1.0  # PlanningConfig.balance_effort for repack (churn vs balance)
+    # Keep each conversation on one member of its key's planned set (rendezvous hash, within
+    # the set-slack load bound), as `cacheroute gateway` does with its session key; off =
+    # the paper's least-loaded member for every request.
+    session_affinity: bool = False
 
     def label(self) -> str:
         names = {"full": "CacheRoute", "affinity": "+ affinity", "replication": "+ replication"}
-        return names[self.variant]
+        return names[self.variant] + (" + sessions" if self.session_affinity else "")
 
 
 def planning_config(n_destinations: int, s: CacheRouteSettings) -> PlanningConfig:
@@ -97,6 +101,10 @@ class CacheRoutePolicy:
         self.keys = list(ctx.keys)
         self.config = planning_config(ctx.n_destinations, settings)
         self.core = RouterCore([d.id for d in self.config.destinations], seed=ctx.seed)
+        conversations = ctx.extra.get("conversations") if settings.session_affinity else None
+        # Per request: its conversation (the gateway's session key), when the workload has it.
+        self._sessions = (conversations.tolist()
+                          if isinstance(conversations, np.ndarray) else None)
         self._shared: dict[object, RoutingPlan] = ctx.extra.setdefault("plans", {})  # type: ignore[assignment]
         self._known = ctx.extra.get("known_rates")
         self._warmup = ctx.extra.get("warmup_keys")
@@ -115,7 +123,9 @@ class CacheRoutePolicy:
 
     def route(self, i: int, key: int, prompt: int, prefix: int, output: int, now: float) -> int:
         core = self.core
-        slot = core.route_index(self.keys[key])
+        sessions = self._sessions
+        slot = core.route_index(self.keys[key],
+                                str(sessions[i]) if sessions is not None else None)
         core.started(slot)
         return slot
 

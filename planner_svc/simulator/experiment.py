@@ -127,7 +127,8 @@ def policy_factory(name: str, cfg: ReplayConfig, w: Workload) -> PolicyFactory:
     }
     if name in simple:
         return simple[name]()
-    variants = {"cacheroute": "full", "affinity": "affinity", "replication": "replication"}
+    variants = {"cacheroute": "full", "affinity": "affinity", "replication": "replication",
+                "cacheroute-sessions": "full"}
     if name not in variants and name != "cacheroute-known":
         raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICY_NAMES)}")
     q_cap, slots = calibrate(w, cfg.model, cfg.warmup_fraction)
@@ -137,6 +138,7 @@ def policy_factory(name: str, cfg: ReplayConfig, w: Workload) -> PolicyFactory:
         variant=variants.get(name, "full"),
         rates="known" if name == "cacheroute-known" else cfg.cacheroute_rates,
         replan=cfg.replan,
+        session_affinity=name == "cacheroute-sessions",
     )
     return cacheroute(settings)
 
@@ -152,6 +154,7 @@ POLICY_NAMES = (
     "sglang-rust",
     "cacheroute",
     "cacheroute-known",
+    "cacheroute-sessions",
     "affinity",
     "replication",
 )

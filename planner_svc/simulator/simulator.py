@@ -67,6 +67,7 @@ def simulate(
         "known_rates": workload.interval_rates,
         "plans": {},
         "warmup_keys": workload.key[:n_warm],
+        "conversations": workload.conv,  # the session a gateway would key affinity on
         "warmup_s": float(workload.t[n_warm]) if 0 < n_warm < len(workload) else 0.0,
     }
     routers = [

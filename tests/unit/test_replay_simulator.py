@@ -20,6 +20,7 @@ from planner_svc.simulator.experiment import (
     ReplayConfig,
     make_workload,
     run_experiment,
+    run_point,
 )
 from planner_svc.simulator.metrics import run_metrics, slo_capacity
 from planner_svc.simulator.policies import PolicyContext, flat_lb
@@ -296,3 +297,29 @@ def test_a_mooncake_trace_is_content_shared_across_keys(tmp_path: Path) -> None:
                 {"timestamp": 0, "input_length": 10, "hash_ids": ["x"]}):
         with pytest.raises(TraceError):
             workload_from_rows([bad])
+
+
+def test_cacheroute_can_route_sessions_as_the_gateway_does() -> None:
+    """`cacheroute-sessions`: each conversation stays on its rendezvous member of a
+    replicated key's set (the gateway's session affinity); the paper's policy picks the
+    least-loaded member every time. Whales are replicated, so the two route differently."""
+    import router_client.routing as rt
+
+    picks = {"affine": 0}
+    original = rt.RouterCore._affine_member
+
+    def counting(self, members, a, affinity):  # type: ignore[no-untyped-def]
+        picks["affine"] += 1
+        return original(self, members, a, affinity)
+
+    rt.RouterCore._affine_member = counting  # type: ignore[method-assign]
+    try:
+        cfg = ReplayConfig(scenario="whales", n_requests=8_000, loads=(250.0,), seeds=(1,),
+                           workers=1)
+        (paper,) = run_point(replace(cfg, policies=("cacheroute",)), 250.0, 1)
+        assert picks["affine"] == 0  # the paper's policy: least-loaded member, always
+        (sessions,) = run_point(replace(cfg, policies=("cacheroute-sessions",)), 250.0, 1)
+        assert picks["affine"] > 1_000  # the whales' conversations, by session
+    finally:
+        rt.RouterCore._affine_member = original  # type: ignore[method-assign]
+    assert (paper.policy, sessions.policy) == ("CacheRoute", "CacheRoute + sessions")
