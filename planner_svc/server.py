@@ -99,7 +99,11 @@ class PlannerService:
         if self.consumer is not None:
             _retrying("the snapshots topic", self.consumer.start)
         if self.signals is not None:
-            _retrying("the engine-signals topic", self.signals.start)
+            # Optional input: the planner serves without it, so a broker that refuses the
+            # topic (ACLs) delays only the signals, never the planner's start.
+            threading.Thread(target=_retrying, args=("the engine-signals topic",
+                                                     self.signals.start),
+                             name="engine-signals-start", daemon=True).start()
         self._timer = threading.Thread(target=self._run_timer, name="planner-timer", daemon=True)
         self._timer.start()
         self._set_health(True)
