@@ -19,13 +19,14 @@ the last value per key wins and the order of re-sent records is preserved.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import KafkaError, Producer
+from confluent_kafka import KafkaError, KafkaException, Producer
 
 log = logging.getLogger(__name__)
 DeliveryCallback = Callable[[KafkaError | None, Any], None]
@@ -72,7 +73,16 @@ class RenewingProducer:
         self._kept[ident] = kept
 
     def poll(self, timeout: float = 0.0) -> int:
-        served = int(self._producer.poll(timeout))
+        try:
+            served = int(self._producer.poll(timeout))
+        except KafkaException as exc:
+            # An idempotent producer's fatal error (UNKNOWN_PRODUCER_ID after the broker lost
+            # its state, with a request in flight): this producer is done. Replace it now
+            # and send what it had not delivered again, as for a stall.
+            if not _fatal(exc):
+                raise
+            self._renew(f"fatal producer error: {exc}")
+            served = 0
         self._renew_if_stalled()
         self._requeue()
         return served
@@ -105,7 +115,14 @@ class RenewingProducer:
         kwargs: dict[str, Any] = {"value": kept.value, "key": kept.key, "on_delivery": delivered}
         if kept.partition is not None:
             kwargs["partition"] = kept.partition
-        self._producer.produce(kept.topic, **kwargs)
+        try:
+            self._producer.produce(kept.topic, **kwargs)
+        except KafkaException as exc:
+            if not _fatal(exc):
+                raise
+            self._renew(f"fatal producer error: {exc}")
+            raise BufferError("the producer was replaced after a fatal error; "
+                              "try again") from exc
 
     def _renew_if_stalled(self) -> None:
         if not self._kept:
@@ -114,15 +131,20 @@ class RenewingProducer:
         now = self._clock()
         if now - oldest.since < self.stall_s:
             return
+        self._renew(f"{len(self._kept)} messages unacknowledged for {now - oldest.since:.0f} s")
+
+    def _renew(self, why: str) -> None:
+        now = self._clock()
         self._generation += 1  # callbacks of the old producer are ignored from here
         old = self._producer
-        old.purge()
-        old.poll(0)
+        with contextlib.suppress(KafkaException):  # a fatally failed producer may refuse
+            old.purge()
+            old.poll(0)
         self._producer = Producer(self._config)
         self.renewals += 1
-        log.warning("kafka producer: %d messages unacknowledged for %.0f s; replaced the "
-                    "producer (the broker may have lost its state) and sending them again",
-                    len(self._kept), now - oldest.since)
+        log.warning("kafka producer: %s; replaced the producer (the broker may have lost its "
+                    "state) and sending the %d unacknowledged messages again", why,
+                    len(self._kept))
         for kept in self._kept.values():
             kept.queued, kept.since = False, now
         self._unqueued = len(self._kept)
@@ -142,3 +164,11 @@ class RenewingProducer:
             kept.queued = True
             self._unqueued -= 1
         return True
+
+
+def _fatal(exc: KafkaException) -> bool:
+    """Whether librdkafka says the producer can never be used again."""
+    err = exc.args[0] if exc.args else None
+    if isinstance(err, KafkaError):
+        return bool(err.fatal()) or err.code() == KafkaError._FATAL
+    return "FATAL" in str(exc).upper()

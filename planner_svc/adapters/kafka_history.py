@@ -79,7 +79,13 @@ class KafkaHistory:
         self._plans: list[Version] = []
 
     def _put(self, key: str, value: bytes | None) -> None:
-        self._producer.produce(self._topic, key=key.encode(), value=value)
+        for _ in range(50):
+            try:
+                self._producer.produce(self._topic, key=key.encode(), value=value)
+                return
+            except BufferError:  # a full queue, or a producer just replaced: let it drain
+                self._producer.poll(0.05)
+        raise KafkaException("planner history: the producer's queue stayed full")
 
     def record_install(self, version: Version, signed_blob: bytes) -> None:
         self._put(f"plan:{version}", signed_blob)

@@ -85,7 +85,7 @@ def test_demo_prints_versions_and_both_hit_rates(tmp_path: Path) -> None:
             *CLI,
             "demo",
             "--duration",
-            "40",
+            "55",  # room for a plan to be measured past its rewarm dip on a slow machine
             "--keys",
             "1500",
             "--rate",
