@@ -55,16 +55,33 @@ def encode(events: list[dict[str, Any]], ts: float, layout: str = "tagged_map") 
     raise ValueError(f"layout {layout!r}: tagged_map or array")
 
 
+def _bind(sock: zmq.Socket[bytes], host: str, port: int) -> int:
+    if not port:
+        return sock.bind_to_random_port(f"tcp://{host}")
+    deadline = time.monotonic() + 5
+    while True:  # a closed socket releases its port asynchronously
+        try:
+            sock.bind(f"tcp://{host}:{port}")
+            return port
+        except zmq.ZMQError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
 class KvEventPublisher:
     def __init__(self, host: str = "127.0.0.1", *, buffer_steps: int = 10_000,
-                 layout: str = "tagged_map", topic: bytes = b"") -> None:
+                 layout: str = "tagged_map", topic: bytes = b"", port: int = 0,
+                 replay_port: int = 0) -> None:
+        """`port` / `replay_port` 0: any free port; given: that one (a restarted engine keeps
+        its address), waiting up to 5 s for a previous socket to release it."""
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self.pub = self.ctx.socket(zmq.PUB)
         self.pub.setsockopt(zmq.LINGER, 0)
-        self.port = self.pub.bind_to_random_port(f"tcp://{host}")
+        self.port = _bind(self.pub, host, port)
         self.replay = self.ctx.socket(zmq.ROUTER)
         self.replay.setsockopt(zmq.LINGER, 0)
-        self.replay_port = self.replay.bind_to_random_port(f"tcp://{host}")
+        self.replay_port = _bind(self.replay, host, replay_port)
         self.host, self.layout, self.topic = host, layout, topic
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
         self._seq = 0

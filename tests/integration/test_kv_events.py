@@ -109,8 +109,8 @@ def test_a_restarted_publisher_and_garbage_are_survived(publisher):
         # the engine restarts: a new publisher on the same ports counts from 0 again
         host_port, replay_port = publisher.port, publisher.replay_port
         publisher.close()
-        again = KvEventPublisher.__new__(KvEventPublisher)
-        restarted = _rebind(again, host_port, replay_port, publisher.layout)
+        restarted = KvEventPublisher(layout=publisher.layout, port=host_port,
+                                     replay_port=replay_port)
         try:
             deadline = time.monotonic() + 5
             while sub.counters.resyncs == 0 and time.monotonic() < deadline:
@@ -122,37 +122,6 @@ def test_a_restarted_publisher_and_garbage_are_survived(publisher):
             restarted.close()
     finally:
         sub.close()
-
-
-def _rebind(pub: KvEventPublisher, port: int, replay_port: int, layout: str) -> KvEventPublisher:
-    """A publisher bound to given ports (the restarted engine keeps its address)."""
-    import threading
-    from collections import deque
-
-    import zmq
-
-    pub.ctx = zmq.Context.instance()
-    pub.pub = pub.ctx.socket(zmq.PUB)
-    pub.pub.setsockopt(zmq.LINGER, 0)
-    pub.replay = pub.ctx.socket(zmq.ROUTER)
-    pub.replay.setsockopt(zmq.LINGER, 0)
-    for sock, p in ((pub.pub, port), (pub.replay, replay_port)):
-        deadline = time.monotonic() + 5
-        while True:  # the old sockets release their ports asynchronously
-            try:
-                sock.bind(f"tcp://127.0.0.1:{p}")
-                break
-            except zmq.ZMQError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
-    pub.port, pub.replay_port, pub.host, pub.layout, pub.topic = (
-        port, replay_port, "127.0.0.1", layout, b"")
-    pub._buffer, pub._seq, pub._drop = deque(maxlen=10_000), 0, 0
-    pub._lock, pub._stop = threading.Lock(), threading.Event()
-    pub._thread = threading.Thread(target=pub._serve_replay, daemon=True)
-    pub._thread.start()
-    return pub
 
 
 def test_the_emulated_engines_publish_their_block_pool_as_vllm_does(tmp_path):
