@@ -7,6 +7,7 @@ keys actually tracked.
 
 from __future__ import annotations
 
+import hashlib
 import math
 
 import numpy as np
@@ -213,26 +214,45 @@ def _p99(hist: np.ndarray) -> float:
 
 
 class OverflowRing:
-    """Requests of keys beyond the tracked-key cap: a count per bucket and a
-    linear-counting bitmap per bucket estimating how many distinct keys overflowed."""
+    """Requests of keys beyond the tracked-key cap: a count per bucket, the exact set
+    of distinct keys while a bucket has few, and a linear-counting bitmap per bucket
+    estimating how many distinct keys overflowed once there are many.
+
+    Keys are hashed with a stable digest (not `hash()`, which Python salts
+    per process): the estimate must not depend on the run, and a bitmap collision
+    between two of a handful of keys would under-count the active set."""
 
     BITS = 1 << 16
+    EXACT_LIMIT = 2048  # per bucket; beyond it only the bitmap is kept
 
     def __init__(self, slots: int) -> None:
         self.counts = np.zeros(slots, dtype=np.int64)
         self.bits = np.zeros((slots, self.BITS), dtype=bool)
+        self.exact: list[set[int] | None] = [set() for _ in range(slots)]
 
     def add(self, slot: np.ndarray, names: list[str]) -> None:
-        mask = self.BITS - 1
-        h = np.fromiter((hash(n) & mask for n in names), dtype=np.int64, count=len(names))
+        digests = [_stable_hash(n) for n in names]
+        h = np.fromiter((d & (self.BITS - 1) for d in digests), dtype=np.int64,
+                        count=len(digests))
         self.bits[slot, h] = True
         np.add.at(self.counts, slot, 1)
+        for s, d in zip(slot.tolist(), digests, strict=True):
+            seen = self.exact[s]
+            if seen is None:
+                continue
+            seen.add(d)
+            if len(seen) > self.EXACT_LIMIT:
+                self.exact[s] = None
 
     def requests(self, slots: list[int]) -> int:
         return int(self.counts[slots].sum())
 
     def distinct(self, slots: list[int]) -> int:
-        """Estimated distinct overflowing keys in the window (exact when few)."""
+        """Distinct overflowing keys in the window: exact while every bucket kept its
+        set, else the linear-counting estimate."""
+        sets = [self.exact[s] for s in slots]
+        if all(s is not None for s in sets):
+            return len(set().union(*(s for s in sets if s is not None)))
         seen = int(np.count_nonzero(self.bits[slots].any(axis=0)))
         empty = self.BITS - seen
         if empty == 0:
@@ -242,7 +262,13 @@ class OverflowRing:
     def clear(self, slot: int) -> None:
         self.counts[slot] = 0
         self.bits[slot] = False
+        self.exact[slot] = set()
 
     def clear_all(self) -> None:
         self.counts[:] = 0
         self.bits[:] = False
+        self.exact = [set() for _ in self.exact]
+
+
+def _stable_hash(name: str) -> int:
+    return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "little")

@@ -225,3 +225,18 @@ def test_reuse_fraction_and_cv_match_a_direct_computation(draws):
             assert math.isnan(w.interarrival_cv[i])
         else:
             assert w.interarrival_cv[i] == pytest.approx(cv, rel=1e-9, abs=1e-12)
+
+
+def test_overflow_distinct_count_is_exact_when_few_and_close_when_many():
+    from streams.ring import OverflowRing
+
+    ring = OverflowRing(4)
+    names = [f"junk-{i}" for i in range(50)]
+    ring.add(np.array([0] * 25 + [1] * 25), names)
+    ring.add(np.array([1] * 10), names[:10])  # repeats across buckets count once
+    assert ring.distinct([0, 1]) == 50
+    many = [f"k{i}" for i in range(20_000)]
+    ring.add(np.array([2] * len(many)), many)  # past the exact limit: the bitmap estimates
+    assert abs(ring.distinct([0, 1, 2]) - 20_050) < 0.03 * 20_050
+    ring.clear(2)
+    assert ring.distinct([0, 1, 2]) == 50
