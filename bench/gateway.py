@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from planner_svc.devstack.engines import EngineFleet, start_engines  # noqa: E402
-from planner_svc.devstack.processes import ManagedProcess  # noqa: E402
+from planner_svc.devstack.processes import ManagedProcess, free_port  # noqa: E402
 
 ROUTER_CORE, LOAD_CORE = "0", "1"
 BODY = {"model": "m", "max_tokens": 4,
@@ -49,12 +49,6 @@ BODY = {"model": "m", "max_tokens": 4,
 LUA = ('wrk.method = "POST"\n'
        f"wrk.body = '{json.dumps(BODY)}'\n"
        'wrk.headers["Content-Type"] = "application/json"\n')
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wrk(url: str, connections: int, seconds: float, script: Path) -> dict[str, float]:

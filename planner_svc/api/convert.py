@@ -10,6 +10,7 @@ from planner_svc.control.decision import Decision
 from planner_svc.control.delivery import DeliveryReport
 from planner_svc.control.guard import GuardSettings, Mode, ValidatedRange
 from planner_svc.control.loop import Figures
+from planner_svc.control.saturation import Saturation
 from planner_svc.orchestration.planner import Guard, Tunables
 from planner_svc.planning import PlanDiff
 from planner_svc.planning.explain import KeyExplanation
@@ -177,4 +178,15 @@ def plan_report_pb(r: DeliveryReport) -> planner_pb2.PlanReport:
                         ("p99_target_ms", r.capacity.p99_target_ms)):
         if value is not None:
             setattr(pb, name, value)
+    return pb
+
+
+def saturated_pb(destination: str, record: Saturation, configured: float,
+                 planned: float) -> planner_pb2.SaturatedDestination:
+    pb = planner_pb2.SaturatedDestination(
+        destination=destination, reason=record.reason, since_ms=record.since_ms or 0,
+        clear_since_ms=record.clear_since_ms or 0, derated=record.derated,
+        configured_weight=configured, planned_weight=planned)
+    if record.knee_per_s is not None:
+        pb.knee_per_s = record.knee_per_s
     return pb

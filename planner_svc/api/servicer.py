@@ -119,6 +119,7 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
             role=s.role,
             leader_id=s.leader_id,
             engines=list(s.engine_signals),
+            saturated=[convert.saturated_pb(*row) for row in s.saturated],
             **measured,
         )
 

@@ -136,6 +136,12 @@ def status_dict(pb: Any, planner: str) -> dict[str, Any]:
         "role": pb.role or "single",
         "leader_id": pb.leader_id,
         "engines": [engine_dict(e) for e in pb.engines],
+        "saturated": [{"destination": x.destination, "reason": x.reason,
+                       "since_ms": x.since_ms or None,
+                       "clear_since_ms": x.clear_since_ms or None, "derated": x.derated,
+                       "knee_per_s": x.knee_per_s if x.HasField("knee_per_s") else None,
+                       "configured_weight": x.configured_weight,
+                       "planned_weight": x.planned_weight} for x in pb.saturated],
         "warm_slots": {"configured": pb.config.warm_slots_per_destination,
                        "measured": (pb.measured_warm_slots
                                     if pb.HasField("measured_warm_slots") else None),
@@ -304,6 +310,21 @@ def render_engine(e: Mapping[str, Any], now_ms: int) -> str:
     return f"{e['destination']} ({kind}{age:.1f} s ago): " + "; ".join(parts)
 
 
+def render_saturated(x: Mapping[str, Any], now_ms: int) -> str:
+    """One saturated destination: why, since when, and the weight it is planned with."""
+    if x["since_ms"] is not None:
+        state = f"saturated for {age_text(max(0.0, (now_ms - x['since_ms']) / 1000))}"
+    else:
+        state = f"clear for {age_text(max(0.0, (now_ms - x['clear_since_ms']) / 1000))}"
+    line = f"{x['destination']}: {state} ({x['reason']})"
+    if not x["derated"]:
+        return line + "; planned as configured until it stays saturated"
+    knee = (f", measured capacity {x['knee_per_s']:.3g} req/s"
+            if x["knee_per_s"] is not None else "")
+    return (line + f"; planned at weight {x['planned_weight']:.2g} of "
+            f"{x['configured_weight']:.2g}{knee}")
+
+
 def render_status(s: Mapping[str, Any], now_ms: int) -> str:
     mode = s["mode"] + (f" ({s['mode_reason']})" if s["mode_reason"] else "")
     plan = "none installed"
@@ -337,6 +358,8 @@ def render_status(s: Mapping[str, Any], now_ms: int) -> str:
                           f"(mean reusable prefix {w['mean_prefix_tokens']:.0f} tokens)"))
     for i, e in enumerate(s.get("engines", [])):
         rows.append(("engines" if i == 0 else "", render_engine(e, now_ms)))
+    for i, x in enumerate(s.get("saturated", [])):
+        rows.append(("saturated" if i == 0 else "", render_saturated(x, now_ms)))
     return "\n".join(f"{k:<10} {v}" for k, v in rows)
 
 

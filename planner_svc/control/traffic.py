@@ -24,6 +24,7 @@ Pure: numpy and `router_client.plan` only.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -165,7 +166,12 @@ def _loads(
     share = np.where(served, rates / np.maximum(live_k, 1), 0.0)
     loads = np.bincount(member[alive], weights=share[owner[alive]], minlength=len(dests))
     cold_tail = max(0.0, total - float(rates[served].sum()))
-    return loads.astype(np.float64) + cold_tail * _fallback_shares(dests)
+    # Routers spread the cold tail by the weights of the plan they follow; `dests` says
+    # which destinations are live and, for ones the plan does not name, their weight.
+    in_plan = {d.id: d.capacity_weight for d in plan.destinations}
+    routed = [dataclasses.replace(d, capacity_weight=in_plan.get(d.id, d.capacity_weight))
+              for d in dests]
+    return loads.astype(np.float64) + cold_tail * _fallback_shares(routed)
 
 
 def imbalance(plan: RoutingPlan, loads: np.ndarray, fleet: Fleet | None = None) -> float:

@@ -16,8 +16,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 class ServerStartError(RuntimeError):
@@ -44,6 +48,19 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _on_a_free_port(start: Callable[[int], T], attempts: int = 3) -> T:
+    """Start a server that cannot bind port 0 itself on a port found free. Between finding
+    the port and the server's bind, another process (a parallel test, an outgoing
+    connection's ephemeral port) can take it; the server then exits and we try another."""
+    for attempt in range(attempts):
+        try:
+            return start(free_port())
+        except ServerStartError:
+            if attempt == attempts - 1:
+                raise
+    raise AssertionError("unreachable")
 
 
 def wait_for_port(host: str, port: int, timeout_s: float, proc: subprocess.Popen[bytes]) -> bool:
@@ -167,7 +184,8 @@ def start_listening(name: str, argv: list[str], log: Path, port: int,
 
 
 def start_broker(workdir: Path, port: int | None = None, timeout_s: float = 20.0) -> Broker:
-    port = port or free_port()
+    if port is None:
+        return _on_a_free_port(lambda p: start_broker(workdir, p, timeout_s))
     url = f"tcp://127.0.0.1:{port}"
     argv = [
         tansu_binary(),
@@ -208,7 +226,9 @@ def start_redis(
     extra_args: list[str] | None = None,
     timeout_s: float = 10.0,
 ) -> RedisServer:
-    port = port or free_port()
+    if port is None:
+        return _on_a_free_port(
+            lambda p: start_redis(workdir, p, persistence, extra_args, timeout_s))
     datadir = Path(tempfile.mkdtemp(prefix=f"redis-{port}-", dir=workdir))
     argv = [
         redis_binary(),

@@ -10,7 +10,6 @@ bench/arena.py and are named where used.
 
 from __future__ import annotations
 
-import socket
 import sys
 import time
 import urllib.request
@@ -19,13 +18,7 @@ from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from planner_svc.devstack.processes import ManagedProcess
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from planner_svc.devstack.processes import ManagedProcess, free_port
 
 
 def peer_versions() -> dict[str, str]:

@@ -39,6 +39,13 @@ from planner_svc.control.delivery import (
 from planner_svc.control.drift import Drift
 from planner_svc.control.guard import GuardSettings, Mode, ValidatedRange
 from planner_svc.control.loop import Figures
+from planner_svc.control.saturation import (
+    Saturation,
+    SaturationSettings,
+    derated_fleet,
+    effective_weight,
+    observe,
+)
 from planner_svc.control.telemetry import Telemetry
 from planner_svc.control.traffic import Traffic, hold_noise
 from planner_svc.control.warm_slots import (
@@ -154,6 +161,9 @@ class PlannerStatus:
     leader_id: str = ""
     engine_signals: tuple[Any, ...] = ()  # cacheroute.v1.EngineSignals, by destination
     measured_warm_slots: MeasuredWarmSlots | None = None  # W from the engines' KV events
+    # Destinations whose engines stay saturated (control.saturation): (id, record,
+    # configured weight, weight planned with).
+    saturated: tuple[tuple[str, Saturation, float, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -239,6 +249,10 @@ class Planner:
         # The newest signals each destination's engine reported (streams/engines), by
         # destination: only the planner's destinations, so the table stays bounded.
         self.engine_signals: dict[str, Any] = {}
+        # Saturation records of destinations whose engines report queueing or a full KV
+        # cache; derated ones are planned at their measured capacity (`_fleet`).
+        self.saturation: dict[str, Saturation] = {}
+        self.saturation_settings = SaturationSettings()
         self.unknown_signals = 0
 
     # --- start-up ---------------------------------------------------------------
@@ -286,6 +300,28 @@ class Planner:
             held = self.engine_signals.get(signals.destination)
             if held is None or signals.observed_at_ms >= held.observed_at_ms:
                 self.engine_signals[signals.destination] = signals
+                self._observe_saturation(signals)
+
+    def _observe_saturation(self, signals: Any) -> None:
+        dest = signals.destination
+        before = self.saturation.get(dest, Saturation())
+        loads = self.telemetry.destination_loads_per_s if self.telemetry is not None else {}
+        after = observe(before, signals, loads.get(dest), self.saturation_settings)
+        if after.derated != before.derated:
+            if after.derated:
+                knee = (f"{after.knee_per_s:.3g} req/s" if after.knee_per_s is not None
+                        else "unmeasured")
+                log.warning("destination %s saturated since %.0f s (%s): planned at its "
+                            "measured capacity (%s) until it clears", dest,
+                            (signals.observed_at_ms - (after.since_ms or 0)) / 1000,
+                            after.reason, knee)
+            else:
+                log.info("destination %s no longer saturated: planned at its configured "
+                         "weight again", dest)
+        if after == Saturation():
+            self.saturation.pop(dest, None)
+        else:
+            self.saturation[dest] = after
 
     # --- leadership (replicated planners) ------------------------------------------------
 
@@ -870,8 +906,18 @@ class Planner:
         return w if measured is None else learned_warm_slots(w, measured.value)
 
     def _fleet(self) -> list[DestinationSpec]:
-        """The configured destinations as planning sees them (reported-down ones draining)."""
-        return with_reported_down(self._destinations, self.reported_down)
+        """The configured destinations as planning sees them: reported-down ones draining,
+        saturated ones at their measured capacity."""
+        fleet = with_reported_down(self._destinations, self.reported_down)
+        return derated_fleet(fleet, self.saturation, self.tunables.q_cap,
+                             self.saturation_settings)
+
+    def _saturated(self) -> tuple[tuple[str, Saturation, float, float], ...]:
+        by_id = {d.id: d for d in self._destinations}
+        return tuple(
+            (dest, rec, by_id[dest].capacity_weight,
+             effective_weight(by_id[dest], rec, self.tunables.q_cap, self.saturation_settings))
+            for dest, rec in sorted(self.saturation.items()) if dest in by_id)
 
     def observe_router_health(self, reports: list[list[str]]) -> frozenset[str]:
         """Each recently reporting router's unhealthy destinations; returns the ones planned
@@ -948,6 +994,7 @@ class Planner:
                 measured_warm_slots=measured_warm_slots(
                     self.engine_signals.values(), self._mean_prefix_tokens(),
                     int(now * 1000)),
+                saturated=self._saturated(),
             )
 
     def _mean_prefix_tokens(self) -> float:

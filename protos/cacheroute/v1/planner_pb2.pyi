@@ -69,7 +69,7 @@ class Decision(_message.Message):
     def __init__(self, id: _Optional[int] = ..., at_ms: _Optional[int] = ..., action: _Optional[str] = ..., reason: _Optional[str] = ..., drift: _Optional[_Union[Drift, _Mapping]] = ..., penalties: _Optional[_Union[Penalties, _Mapping]] = ..., installed: _Optional[_Union[_plan_pb2.PlanVersion, _Mapping]] = ..., moved_traffic_share: _Optional[float] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class PlannerStatus(_message.Message):
-    __slots__ = ("mode", "installed", "installed_age_s", "drift", "penalties", "last_decision", "rates_age_s", "rates_recovering", "config", "pinned", "mode_reason", "role", "leader_id", "engines", "measured_warm_slots", "measured_warm_slots_destinations", "measured_mean_prefix_tokens")
+    __slots__ = ("mode", "installed", "installed_age_s", "drift", "penalties", "last_decision", "rates_age_s", "rates_recovering", "config", "pinned", "mode_reason", "role", "leader_id", "engines", "measured_warm_slots", "measured_warm_slots_destinations", "measured_mean_prefix_tokens", "saturated")
     MODE_FIELD_NUMBER: _ClassVar[int]
     INSTALLED_FIELD_NUMBER: _ClassVar[int]
     INSTALLED_AGE_S_FIELD_NUMBER: _ClassVar[int]
@@ -87,6 +87,7 @@ class PlannerStatus(_message.Message):
     MEASURED_WARM_SLOTS_FIELD_NUMBER: _ClassVar[int]
     MEASURED_WARM_SLOTS_DESTINATIONS_FIELD_NUMBER: _ClassVar[int]
     MEASURED_MEAN_PREFIX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SATURATED_FIELD_NUMBER: _ClassVar[int]
     mode: Mode
     installed: _plan_pb2.PlanVersion
     installed_age_s: float
@@ -104,7 +105,28 @@ class PlannerStatus(_message.Message):
     measured_warm_slots: float
     measured_warm_slots_destinations: int
     measured_mean_prefix_tokens: float
-    def __init__(self, mode: _Optional[_Union[Mode, str]] = ..., installed: _Optional[_Union[_plan_pb2.PlanVersion, _Mapping]] = ..., installed_age_s: _Optional[float] = ..., drift: _Optional[_Union[Drift, _Mapping]] = ..., penalties: _Optional[_Union[Penalties, _Mapping]] = ..., last_decision: _Optional[_Union[Decision, _Mapping]] = ..., rates_age_s: _Optional[float] = ..., rates_recovering: _Optional[bool] = ..., config: _Optional[_Union[PlannerConfig, _Mapping]] = ..., pinned: _Optional[bool] = ..., mode_reason: _Optional[str] = ..., role: _Optional[str] = ..., leader_id: _Optional[str] = ..., engines: _Optional[_Iterable[_Union[_signals_pb2.EngineSignals, _Mapping]]] = ..., measured_warm_slots: _Optional[float] = ..., measured_warm_slots_destinations: _Optional[int] = ..., measured_mean_prefix_tokens: _Optional[float] = ...) -> None: ...
+    saturated: _containers.RepeatedCompositeFieldContainer[SaturatedDestination]
+    def __init__(self, mode: _Optional[_Union[Mode, str]] = ..., installed: _Optional[_Union[_plan_pb2.PlanVersion, _Mapping]] = ..., installed_age_s: _Optional[float] = ..., drift: _Optional[_Union[Drift, _Mapping]] = ..., penalties: _Optional[_Union[Penalties, _Mapping]] = ..., last_decision: _Optional[_Union[Decision, _Mapping]] = ..., rates_age_s: _Optional[float] = ..., rates_recovering: _Optional[bool] = ..., config: _Optional[_Union[PlannerConfig, _Mapping]] = ..., pinned: _Optional[bool] = ..., mode_reason: _Optional[str] = ..., role: _Optional[str] = ..., leader_id: _Optional[str] = ..., engines: _Optional[_Iterable[_Union[_signals_pb2.EngineSignals, _Mapping]]] = ..., measured_warm_slots: _Optional[float] = ..., measured_warm_slots_destinations: _Optional[int] = ..., measured_mean_prefix_tokens: _Optional[float] = ..., saturated: _Optional[_Iterable[_Union[SaturatedDestination, _Mapping]]] = ...) -> None: ...
+
+class SaturatedDestination(_message.Message):
+    __slots__ = ("destination", "reason", "since_ms", "clear_since_ms", "derated", "knee_per_s", "configured_weight", "planned_weight")
+    DESTINATION_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    SINCE_MS_FIELD_NUMBER: _ClassVar[int]
+    CLEAR_SINCE_MS_FIELD_NUMBER: _ClassVar[int]
+    DERATED_FIELD_NUMBER: _ClassVar[int]
+    KNEE_PER_S_FIELD_NUMBER: _ClassVar[int]
+    CONFIGURED_WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    PLANNED_WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    destination: str
+    reason: str
+    since_ms: int
+    clear_since_ms: int
+    derated: bool
+    knee_per_s: float
+    configured_weight: float
+    planned_weight: float
+    def __init__(self, destination: _Optional[str] = ..., reason: _Optional[str] = ..., since_ms: _Optional[int] = ..., clear_since_ms: _Optional[int] = ..., derated: _Optional[bool] = ..., knee_per_s: _Optional[float] = ..., configured_weight: _Optional[float] = ..., planned_weight: _Optional[float] = ...) -> None: ...
 
 class GetCurrentVersionRequest(_message.Message):
     __slots__ = ()
