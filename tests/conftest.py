@@ -13,6 +13,31 @@ import pytest
 
 from planner_svc.devstack.processes import Broker, RedisServer, start_broker, start_redis
 
+# The CI tier runs on parallel workers (pytest-xdist, one test file per unit of work; see
+# deploy/local/run.sh). Files are handed out in collection order, so the longest go first:
+# started last, the 3-minute chaos test alone would set the run's length.
+LONGEST_FIRST = (
+    "tests/reliability/test_chaos.py",
+    "tests/integration/test_demo_cli.py",
+    "tests/integration/test_scaleout_streams.py",
+    "tests/integration/test_scaleout_routers.py",
+    "tests/integration/test_stream_crash.py",
+    "tests/reliability/test_redis_kill.py",
+    "tests/reliability/test_planner_kill.py",
+    "tests/reliability/test_fanout.py",
+    "tests/reliability/test_half_open.py",
+    "tests/reliability/test_hardening.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
+
+    def order(item: pytest.Item) -> int:
+        return rank.get(item.nodeid.split("::", 1)[0], len(rank))
+
+    items.sort(key=order)  # stable: the rest keep their order
+
 
 @pytest.fixture(scope="session")
 def server_workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:

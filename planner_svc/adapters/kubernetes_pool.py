@@ -1,4 +1,5 @@
-"""Reading an InferencePool and its pods from the Kubernetes API (the official client).
+"""Reading an InferencePool and its pods, or a Service's EndpointSlices, from the Kubernetes
+API (the official client).
 
 The only module of the planner that talks to Kubernetes; it needs the `k8s` extra and a
 ServiceAccount allowed to get/list pods and inferencepools in the namespace (the
@@ -55,4 +56,35 @@ class KubernetesPool:
         except OSError as exc:
             raise Unavailable(f"the Kubernetes API is unreachable: {exc}") from exc
         items = json.loads(raw.data).get("items", [])  # the API's JSON, camelCase
+        return [i for i in items if isinstance(i, dict)]
+
+
+class KubernetesService:
+    """The EndpointSlices of a Service (`discovery.k8s.io/v1`): what kube-proxy routes to.
+    Needs get/list on endpointslices in the namespace."""
+
+    def __init__(self, namespace: str, service: str, *, timeout_s: float = 10.0) -> None:
+        try:
+            from kubernetes import client, config
+        except ImportError as exc:  # pragma: no cover - install hint
+            raise SystemExit("discovery from Kubernetes needs its client: "
+                             "pip install 'cacheroute[k8s]'") from exc
+        try:
+            config.load_incluster_config()
+        except config.ConfigException:
+            config.load_kube_config()
+        self._api = client.DiscoveryV1Api()
+        self._exc = client.exceptions.ApiException
+        self.namespace, self.service, self.timeout_s = namespace, service, timeout_s
+
+    def list_endpoint_slices(self) -> list[dict[str, Any]]:
+        try:
+            raw = self._api.list_namespaced_endpoint_slice(
+                self.namespace, label_selector=f"kubernetes.io/service-name={self.service}",
+                _preload_content=False, _request_timeout=self.timeout_s)
+        except self._exc as exc:
+            raise Unavailable(f"the Kubernetes API refused: {exc.status} {exc.reason}") from exc
+        except OSError as exc:
+            raise Unavailable(f"the Kubernetes API is unreachable: {exc}") from exc
+        items = json.loads(raw.data).get("items", [])
         return [i for i in items if isinstance(i, dict)]

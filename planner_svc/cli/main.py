@@ -12,7 +12,7 @@ import signal
 import sys
 import threading
 
-from planner_svc.cli import epp_cmd, gateway_cmd, ops, pool_sync_cmd, replay_cmd
+from planner_svc.cli import discover_cmd, epp_cmd, gateway_cmd, ops, replay_cmd
 
 
 def _add_stack_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -71,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     gateway_cmd.add_commands(sub)
     epp_cmd.add_commands(sub)
     ops.add_commands(sub, plan_sub)  # status, watch, replan, mode, ... and online plan commands
-    pool_sync_cmd.add_commands(sub, ops.connection_options())
+    discover_cmd.add_commands(sub, ops.connection_options())
     return parser
 
 

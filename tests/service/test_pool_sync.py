@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
+from planner_svc.adapters.discovery_sources import InferencePoolSource
+from planner_svc.cli.discover_cmd import DestinationSync
 from planner_svc.cli.ops_client import PlannerConnection
-from planner_svc.cli.pool_sync_cmd import PoolSync
 from planner_svc.server import PlannerService, build_service
 from tests.service.harness import OPERATOR, feed, planner_settings
 from tests.unit.test_pool import POOL, pod
@@ -57,7 +58,8 @@ def test_the_planner_follows_the_pools_pods(planner):
     cluster = Cluster()
     clock = [0.0]
     conn = PlannerConnection(f"127.0.0.1:{planner.port}", OPERATOR)
-    sync = PoolSync(cluster, conn, remove_after_s=30.0, clock=lambda: clock[0])
+    sync = DestinationSync(InferencePoolSource(cluster), conn, remove_after_s=30.0,
+                           clock=lambda: clock[0])
     try:
         feed(planner)
         planner.planner.tick()
