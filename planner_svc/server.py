@@ -76,6 +76,7 @@ def tunables_from(settings: PlannerSettings) -> Tunables:
         balance_effort=settings.balance_effort,
         rate_noise_z=settings.rate_noise_z,
         learn_warm_slots=settings.learn_warm_slots,
+        learn_q_cap=settings.learn_q_cap,
     )
 
 

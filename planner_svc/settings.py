@@ -57,6 +57,9 @@ class PlannerSettings:
     # Plan with W measured from the engines' KV events (python -m streams engines), bounded
     # to [W/2, 2W] of `warm_slots_per_destination`; the configured W while none are fresh.
     learn_warm_slots: bool = False
+    # Plan with q_cap measured from the engines' /metrics (saturation knees, served loads),
+    # bounded to [q/2, 2q] of `q_cap`; the configured q_cap while nothing was measured.
+    learn_q_cap: bool = False
     # The range the plan was validated for (shadow replay / canary, checklist step 5):
     # outside it the guard falls back to Flat-LB, and resumes when telemetry returns.
     # 0 = unchecked.

@@ -144,6 +144,7 @@ def config_pb(t: Tunables, destinations: list[Any], guard: Guard) -> planner_pb2
         balance_effort=t.balance_effort,
         rate_noise_z=t.rate_noise_z,
         learn_warm_slots=t.learn_warm_slots,
+        learn_q_cap=t.learn_q_cap,
         destinations=destinations_to_pb(destinations),
     )
 

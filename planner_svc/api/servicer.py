@@ -101,9 +101,13 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
         installed, last = s.installed, s.last_decision
         drift = s.figures.drift if s.figures is not None else None
         w = s.measured_warm_slots
-        measured = ({} if w is None else {
+        measured: dict[str, Any] = ({} if w is None else {
             "measured_warm_slots": w.value, "measured_warm_slots_destinations": w.destinations,
             "measured_mean_prefix_tokens": w.mean_prefix_tokens})
+        q = s.measured_q_cap
+        if q is not None:
+            measured.update(measured_q_cap=q.value, measured_q_cap_source=q.source,
+                            measured_q_cap_destinations=q.destinations)
         return planner_pb2.PlannerStatus(
             mode=convert.MODE_TO_PB[s.mode],
             installed=convert.version_pb(installed.plan.version) if installed else None,
@@ -120,6 +124,7 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
             leader_id=s.leader_id,
             engines=list(s.engine_signals),
             saturated=[convert.saturated_pb(*row) for row in s.saturated],
+            q_cap_in_use=s.q_cap_in_use,
             **measured,
         )
 
@@ -316,6 +321,8 @@ def _tunable_changes(request: planner_pb2.UpdateConfigRequest) -> dict[str, Any]
         changes["byte_aware"] = request.byte_aware
     if request.HasField("learn_warm_slots"):
         changes["learn_warm_slots"] = request.learn_warm_slots
+    if request.HasField("learn_q_cap"):
+        changes["learn_q_cap"] = request.learn_q_cap
     if request.HasField("rate_noise_z"):
         if not (math.isfinite(request.rate_noise_z) and 0.0 <= request.rate_noise_z <= 10.0):
             raise InvalidRequest(f"rate_noise_z must be in [0, 10], got {request.rate_noise_z}")

@@ -108,6 +108,7 @@ def config_dict(pb: Any) -> dict[str, Any]:
         "balance_effort": pb.balance_effort,
         "rate_noise_z": pb.rate_noise_z,
         "learn_warm_slots": pb.learn_warm_slots,
+        "learn_q_cap": pb.learn_q_cap,
         "guard": {name: getattr(pb.guard, name) for name in (
             "active_keys_min", "active_keys_max", "p99_ms_max", "hit_rate_min",
             "hit_gap_max", "enter_after_s", "resume_dwell_s", "min_fallback_s",
@@ -136,6 +137,11 @@ def status_dict(pb: Any, planner: str) -> dict[str, Any]:
         "role": pb.role or "single",
         "leader_id": pb.leader_id,
         "engines": [engine_dict(e) for e in pb.engines],
+        "q_cap": {"configured": pb.config.q_cap, "in_use": pb.q_cap_in_use or pb.config.q_cap,
+                  "learning": pb.config.learn_q_cap,
+                  "measured": pb.measured_q_cap if pb.HasField("measured_q_cap") else None,
+                  "source": pb.measured_q_cap_source,
+                  "destinations": pb.measured_q_cap_destinations},
         "saturated": [{"destination": x.destination, "reason": x.reason,
                        "since_ms": x.since_ms or None,
                        "clear_since_ms": x.clear_since_ms or None, "derated": x.derated,
@@ -310,6 +316,17 @@ def render_engine(e: Mapping[str, Any], now_ms: int) -> str:
     return f"{e['destination']} ({kind}{age:.1f} s ago): " + "; ".join(parts)
 
 
+def render_q_cap(q: Mapping[str, Any]) -> str:
+    """The configured q_cap, what the engines measured and what plans use."""
+    how = ("the median capacity of {n} saturated destination(s)" if q["source"] == "knee"
+           else "the most {n} unsaturated destination(s) carried: a lower bound")
+    line = (f"configured {q['configured']:g}/s; measured {q['measured']:.3g}/s per unit of "
+            f"weight, {how.format(n=q['destinations'])}")
+    if q["learning"]:
+        line += f"; planning with {q['in_use']:.3g}/s (within [q/2, 2q])"
+    return line
+
+
 def render_saturated(x: Mapping[str, Any], now_ms: int) -> str:
     """One saturated destination: why, since when, and the weight it is planned with."""
     if x["since_ms"] is not None:
@@ -356,6 +373,9 @@ def render_status(s: Mapping[str, Any], now_ms: int) -> str:
         rows.append(("W", f"configured {w['configured']}; measured {w['measured']:.0f} from "
                           f"the KV events of {w['measured_destinations']} destination(s) "
                           f"(mean reusable prefix {w['mean_prefix_tokens']:.0f} tokens)"))
+    q = s.get("q_cap")
+    if q and q["measured"] is not None:
+        rows.append(("q_cap", render_q_cap(q)))
     for i, e in enumerate(s.get("engines", [])):
         rows.append(("engines" if i == 0 else "", render_engine(e, now_ms)))
     for i, x in enumerate(s.get("saturated", [])):

@@ -26,6 +26,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from planner_svc.control import ControlLoop
+from planner_svc.control.capacity import MeasuredQCap, learned_q_cap, measured_q_cap
 from planner_svc.control.decision import Action, Decision, Penalties
 from planner_svc.control.delivery import (
     DeliveryReport,
@@ -164,6 +165,8 @@ class PlannerStatus:
     # Destinations whose engines stay saturated (control.saturation): (id, record,
     # configured weight, weight planned with).
     saturated: tuple[tuple[str, Saturation, float, float], ...] = ()
+    measured_q_cap: MeasuredQCap | None = None  # q_cap from the engines (control.capacity)
+    q_cap_in_use: float = 0.0  # what plans are built with (learned or configured)
 
 
 @dataclass(frozen=True)
@@ -187,6 +190,9 @@ class Tunables:
     # Plan with W measured from the engines' KV events (control.warm_slots), within [W/2, 2W]
     # of `warm_slots_per_destination`.
     learn_warm_slots: bool = False
+    # Plan with q_cap measured from the engines' saturation and served loads
+    # (control.capacity), within [q/2, 2q] of `q_cap`.
+    learn_q_cap: bool = False
 
 
 class Planner:
@@ -253,6 +259,9 @@ class Planner:
         # cache; derated ones are planned at their measured capacity (`_fleet`).
         self.saturation: dict[str, Saturation] = {}
         self.saturation_settings = SaturationSettings()
+        # Per destination: the highest load per unit of weight it carried while its engine
+        # reported no saturation, and when (ms); evidence that q_cap is at least that.
+        self.served_peaks: dict[str, tuple[float, int]] = {}
         self.unknown_signals = 0
 
     # --- start-up ---------------------------------------------------------------
@@ -429,6 +438,24 @@ class Planner:
                 self._first_window_end_ms = int(window.window_end_ms)
             self.telemetry = telemetry_from_window(window, self._admitted_keys())
             self._realize(self.telemetry)
+            self._note_served_loads(int(window.window_end_ms))
+
+    SERVED_MEMORY_S = 600.0  # a served load older than this no longer vouches for q_cap
+
+    def _note_served_loads(self, now_ms: int) -> None:
+        """Remember loads the engines carried without saturating (control.capacity)."""
+        if self.telemetry is None:
+            return
+        max_age_ms = self.saturation_settings.max_age_s * 1000
+        for d in self._destinations:
+            signals = self.engine_signals.get(d.id)
+            if (signals is None or not signals.metrics or d.id in self.saturation
+                    or abs(now_ms - signals.observed_at_ms) > max_age_ms):
+                continue  # no fresh report that it coped
+            load = self.telemetry.destination_loads_per_s.get(d.id, 0.0) / d.capacity_weight
+            held = self.served_peaks.get(d.id)
+            if held is None or load >= held[0] or now_ms - held[1] > self.SERVED_MEMORY_S * 1000:
+                self.served_peaks[d.id] = (load, now_ms)
 
     def _realize(self, t: Telemetry) -> None:
         """Join a window with the serving plan's prediction (windows that began after it)."""
@@ -894,7 +921,23 @@ class Planner:
                                candidate=candidate, history=older)
 
     def planning_config(self) -> PlanningConfig:
-        return self._planning_config(self.tunables, self._fleet(), self._warm_slots_in_use())
+        return self._planning_config(self.tunables, self._fleet(), self._warm_slots_in_use(),
+                                     self._q_cap_in_use())
+
+    def _measured_q_cap(self) -> MeasuredQCap | None:
+        by_id = {d.id: d for d in self._destinations}
+        now_ms = int(self._clock() * 1000)
+        knees = [rec.knee_per_s / by_id[dest].capacity_weight
+                 for dest, rec in self.saturation.items()
+                 if dest in by_id and rec.knee_per_s is not None]
+        served = [load for dest, (load, at_ms) in self.served_peaks.items()
+                  if dest in by_id and now_ms - at_ms <= self.SERVED_MEMORY_S * 1000]
+        return measured_q_cap(knees, served)
+
+    def _q_cap_in_use(self) -> float:
+        """The configured q_cap, or (learn_q_cap) the measured one within [q/2, 2q]."""
+        q = self.tunables.q_cap
+        return learned_q_cap(q, self._measured_q_cap()) if self.tunables.learn_q_cap else q
 
     def _warm_slots_in_use(self) -> int:
         """The configured W, or (learn_warm_slots) the measured one within [W/2, 2W]."""
@@ -909,14 +952,14 @@ class Planner:
         """The configured destinations as planning sees them: reported-down ones draining,
         saturated ones at their measured capacity."""
         fleet = with_reported_down(self._destinations, self.reported_down)
-        return derated_fleet(fleet, self.saturation, self.tunables.q_cap,
+        return derated_fleet(fleet, self.saturation, self._q_cap_in_use(),
                              self.saturation_settings)
 
     def _saturated(self) -> tuple[tuple[str, Saturation, float, float], ...]:
         by_id = {d.id: d for d in self._destinations}
         return tuple(
             (dest, rec, by_id[dest].capacity_weight,
-             effective_weight(by_id[dest], rec, self.tunables.q_cap, self.saturation_settings))
+             effective_weight(by_id[dest], rec, self._q_cap_in_use(), self.saturation_settings))
             for dest, rec in sorted(self.saturation.items()) if dest in by_id)
 
     def observe_router_health(self, reports: list[list[str]]) -> frozenset[str]:
@@ -933,10 +976,11 @@ class Planner:
 
     @staticmethod
     def _planning_config(t: Tunables, destinations: list[DestinationSpec],
-                         warm_slots: int | None = None) -> PlanningConfig:
+                         warm_slots: int | None = None,
+                         q_cap: float | None = None) -> PlanningConfig:
         return PlanningConfig(
             destinations=tuple(destinations),
-            q_cap=t.q_cap,
+            q_cap=t.q_cap if q_cap is None else q_cap,
             warm_slots_per_destination=(t.warm_slots_per_destination if warm_slots is None
                                         else warm_slots),
             imbalance_tolerance=t.imbalance_tolerance,
@@ -995,6 +1039,8 @@ class Planner:
                     self.engine_signals.values(), self._mean_prefix_tokens(),
                     int(now * 1000)),
                 saturated=self._saturated(),
+                measured_q_cap=self._measured_q_cap(),
+                q_cap_in_use=self._q_cap_in_use(),
             )
 
     def _mean_prefix_tokens(self) -> float:

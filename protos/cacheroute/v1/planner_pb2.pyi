@@ -69,7 +69,7 @@ class Decision(_message.Message):
     def __init__(self, id: _Optional[int] = ..., at_ms: _Optional[int] = ..., action: _Optional[str] = ..., reason: _Optional[str] = ..., drift: _Optional[_Union[Drift, _Mapping]] = ..., penalties: _Optional[_Union[Penalties, _Mapping]] = ..., installed: _Optional[_Union[_plan_pb2.PlanVersion, _Mapping]] = ..., moved_traffic_share: _Optional[float] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class PlannerStatus(_message.Message):
-    __slots__ = ("mode", "installed", "installed_age_s", "drift", "penalties", "last_decision", "rates_age_s", "rates_recovering", "config", "pinned", "mode_reason", "role", "leader_id", "engines", "measured_warm_slots", "measured_warm_slots_destinations", "measured_mean_prefix_tokens", "saturated")
+    __slots__ = ("mode", "installed", "installed_age_s", "drift", "penalties", "last_decision", "rates_age_s", "rates_recovering", "config", "pinned", "mode_reason", "role", "leader_id", "engines", "measured_warm_slots", "measured_warm_slots_destinations", "measured_mean_prefix_tokens", "saturated", "measured_q_cap", "measured_q_cap_source", "measured_q_cap_destinations", "q_cap_in_use")
     MODE_FIELD_NUMBER: _ClassVar[int]
     INSTALLED_FIELD_NUMBER: _ClassVar[int]
     INSTALLED_AGE_S_FIELD_NUMBER: _ClassVar[int]
@@ -88,6 +88,10 @@ class PlannerStatus(_message.Message):
     MEASURED_WARM_SLOTS_DESTINATIONS_FIELD_NUMBER: _ClassVar[int]
     MEASURED_MEAN_PREFIX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     SATURATED_FIELD_NUMBER: _ClassVar[int]
+    MEASURED_Q_CAP_FIELD_NUMBER: _ClassVar[int]
+    MEASURED_Q_CAP_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    MEASURED_Q_CAP_DESTINATIONS_FIELD_NUMBER: _ClassVar[int]
+    Q_CAP_IN_USE_FIELD_NUMBER: _ClassVar[int]
     mode: Mode
     installed: _plan_pb2.PlanVersion
     installed_age_s: float
@@ -106,7 +110,11 @@ class PlannerStatus(_message.Message):
     measured_warm_slots_destinations: int
     measured_mean_prefix_tokens: float
     saturated: _containers.RepeatedCompositeFieldContainer[SaturatedDestination]
-    def __init__(self, mode: _Optional[_Union[Mode, str]] = ..., installed: _Optional[_Union[_plan_pb2.PlanVersion, _Mapping]] = ..., installed_age_s: _Optional[float] = ..., drift: _Optional[_Union[Drift, _Mapping]] = ..., penalties: _Optional[_Union[Penalties, _Mapping]] = ..., last_decision: _Optional[_Union[Decision, _Mapping]] = ..., rates_age_s: _Optional[float] = ..., rates_recovering: _Optional[bool] = ..., config: _Optional[_Union[PlannerConfig, _Mapping]] = ..., pinned: _Optional[bool] = ..., mode_reason: _Optional[str] = ..., role: _Optional[str] = ..., leader_id: _Optional[str] = ..., engines: _Optional[_Iterable[_Union[_signals_pb2.EngineSignals, _Mapping]]] = ..., measured_warm_slots: _Optional[float] = ..., measured_warm_slots_destinations: _Optional[int] = ..., measured_mean_prefix_tokens: _Optional[float] = ..., saturated: _Optional[_Iterable[_Union[SaturatedDestination, _Mapping]]] = ...) -> None: ...
+    measured_q_cap: float
+    measured_q_cap_source: str
+    measured_q_cap_destinations: int
+    q_cap_in_use: float
+    def __init__(self, mode: _Optional[_Union[Mode, str]] = ..., installed: _Optional[_Union[_plan_pb2.PlanVersion, _Mapping]] = ..., installed_age_s: _Optional[float] = ..., drift: _Optional[_Union[Drift, _Mapping]] = ..., penalties: _Optional[_Union[Penalties, _Mapping]] = ..., last_decision: _Optional[_Union[Decision, _Mapping]] = ..., rates_age_s: _Optional[float] = ..., rates_recovering: _Optional[bool] = ..., config: _Optional[_Union[PlannerConfig, _Mapping]] = ..., pinned: _Optional[bool] = ..., mode_reason: _Optional[str] = ..., role: _Optional[str] = ..., leader_id: _Optional[str] = ..., engines: _Optional[_Iterable[_Union[_signals_pb2.EngineSignals, _Mapping]]] = ..., measured_warm_slots: _Optional[float] = ..., measured_warm_slots_destinations: _Optional[int] = ..., measured_mean_prefix_tokens: _Optional[float] = ..., saturated: _Optional[_Iterable[_Union[SaturatedDestination, _Mapping]]] = ..., measured_q_cap: _Optional[float] = ..., measured_q_cap_source: _Optional[str] = ..., measured_q_cap_destinations: _Optional[int] = ..., q_cap_in_use: _Optional[float] = ...) -> None: ...
 
 class SaturatedDestination(_message.Message):
     __slots__ = ("destination", "reason", "since_ms", "clear_since_ms", "derated", "knee_per_s", "configured_weight", "planned_weight")
@@ -307,7 +315,7 @@ class GuardConfig(_message.Message):
     def __init__(self, active_keys_min: _Optional[int] = ..., active_keys_max: _Optional[int] = ..., p99_ms_max: _Optional[float] = ..., hit_rate_min: _Optional[float] = ..., enter_after_s: _Optional[float] = ..., resume_dwell_s: _Optional[float] = ..., min_fallback_s: _Optional[float] = ..., p99_resume_margin: _Optional[float] = ..., hit_gap_max: _Optional[float] = ...) -> None: ...
 
 class PlannerConfig(_message.Message):
-    __slots__ = ("q_cap", "warm_slots_per_destination", "interval_s", "hysteresis", "min_dwell_s", "imbalance_tolerance", "max_plan_age_s", "destinations", "guard", "byte_aware", "admission_hysteresis", "balance_effort", "rate_noise_z", "learn_warm_slots")
+    __slots__ = ("q_cap", "warm_slots_per_destination", "interval_s", "hysteresis", "min_dwell_s", "imbalance_tolerance", "max_plan_age_s", "destinations", "guard", "byte_aware", "admission_hysteresis", "balance_effort", "rate_noise_z", "learn_warm_slots", "learn_q_cap")
     Q_CAP_FIELD_NUMBER: _ClassVar[int]
     WARM_SLOTS_PER_DESTINATION_FIELD_NUMBER: _ClassVar[int]
     INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
@@ -322,6 +330,7 @@ class PlannerConfig(_message.Message):
     BALANCE_EFFORT_FIELD_NUMBER: _ClassVar[int]
     RATE_NOISE_Z_FIELD_NUMBER: _ClassVar[int]
     LEARN_WARM_SLOTS_FIELD_NUMBER: _ClassVar[int]
+    LEARN_Q_CAP_FIELD_NUMBER: _ClassVar[int]
     q_cap: float
     warm_slots_per_destination: int
     interval_s: float
@@ -336,10 +345,11 @@ class PlannerConfig(_message.Message):
     balance_effort: float
     rate_noise_z: float
     learn_warm_slots: bool
-    def __init__(self, q_cap: _Optional[float] = ..., warm_slots_per_destination: _Optional[int] = ..., interval_s: _Optional[float] = ..., hysteresis: _Optional[float] = ..., min_dwell_s: _Optional[float] = ..., imbalance_tolerance: _Optional[float] = ..., max_plan_age_s: _Optional[float] = ..., destinations: _Optional[_Iterable[_Union[_plan_pb2.Destination, _Mapping]]] = ..., guard: _Optional[_Union[GuardConfig, _Mapping]] = ..., byte_aware: _Optional[bool] = ..., admission_hysteresis: _Optional[float] = ..., balance_effort: _Optional[float] = ..., rate_noise_z: _Optional[float] = ..., learn_warm_slots: _Optional[bool] = ...) -> None: ...
+    learn_q_cap: bool
+    def __init__(self, q_cap: _Optional[float] = ..., warm_slots_per_destination: _Optional[int] = ..., interval_s: _Optional[float] = ..., hysteresis: _Optional[float] = ..., min_dwell_s: _Optional[float] = ..., imbalance_tolerance: _Optional[float] = ..., max_plan_age_s: _Optional[float] = ..., destinations: _Optional[_Iterable[_Union[_plan_pb2.Destination, _Mapping]]] = ..., guard: _Optional[_Union[GuardConfig, _Mapping]] = ..., byte_aware: _Optional[bool] = ..., admission_hysteresis: _Optional[float] = ..., balance_effort: _Optional[float] = ..., rate_noise_z: _Optional[float] = ..., learn_warm_slots: _Optional[bool] = ..., learn_q_cap: _Optional[bool] = ...) -> None: ...
 
 class UpdateConfigRequest(_message.Message):
-    __slots__ = ("q_cap", "warm_slots_per_destination", "interval_s", "hysteresis", "min_dwell_s", "imbalance_tolerance", "add_destinations", "drain_destinations", "remove_destinations", "request_id", "guard", "set_weights", "byte_aware", "admission_hysteresis", "balance_effort", "rate_noise_z", "learn_warm_slots")
+    __slots__ = ("q_cap", "warm_slots_per_destination", "interval_s", "hysteresis", "min_dwell_s", "imbalance_tolerance", "add_destinations", "drain_destinations", "remove_destinations", "request_id", "guard", "set_weights", "byte_aware", "admission_hysteresis", "balance_effort", "rate_noise_z", "learn_warm_slots", "learn_q_cap")
     class SetWeightsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -364,6 +374,7 @@ class UpdateConfigRequest(_message.Message):
     BALANCE_EFFORT_FIELD_NUMBER: _ClassVar[int]
     RATE_NOISE_Z_FIELD_NUMBER: _ClassVar[int]
     LEARN_WARM_SLOTS_FIELD_NUMBER: _ClassVar[int]
+    LEARN_Q_CAP_FIELD_NUMBER: _ClassVar[int]
     q_cap: float
     warm_slots_per_destination: int
     interval_s: float
@@ -381,7 +392,8 @@ class UpdateConfigRequest(_message.Message):
     balance_effort: float
     rate_noise_z: float
     learn_warm_slots: bool
-    def __init__(self, q_cap: _Optional[float] = ..., warm_slots_per_destination: _Optional[int] = ..., interval_s: _Optional[float] = ..., hysteresis: _Optional[float] = ..., min_dwell_s: _Optional[float] = ..., imbalance_tolerance: _Optional[float] = ..., add_destinations: _Optional[_Iterable[_Union[_plan_pb2.Destination, _Mapping]]] = ..., drain_destinations: _Optional[_Iterable[str]] = ..., remove_destinations: _Optional[_Iterable[str]] = ..., request_id: _Optional[str] = ..., guard: _Optional[_Union[GuardConfig, _Mapping]] = ..., set_weights: _Optional[_Mapping[str, float]] = ..., byte_aware: _Optional[bool] = ..., admission_hysteresis: _Optional[float] = ..., balance_effort: _Optional[float] = ..., rate_noise_z: _Optional[float] = ..., learn_warm_slots: _Optional[bool] = ...) -> None: ...
+    learn_q_cap: bool
+    def __init__(self, q_cap: _Optional[float] = ..., warm_slots_per_destination: _Optional[int] = ..., interval_s: _Optional[float] = ..., hysteresis: _Optional[float] = ..., min_dwell_s: _Optional[float] = ..., imbalance_tolerance: _Optional[float] = ..., add_destinations: _Optional[_Iterable[_Union[_plan_pb2.Destination, _Mapping]]] = ..., drain_destinations: _Optional[_Iterable[str]] = ..., remove_destinations: _Optional[_Iterable[str]] = ..., request_id: _Optional[str] = ..., guard: _Optional[_Union[GuardConfig, _Mapping]] = ..., set_weights: _Optional[_Mapping[str, float]] = ..., byte_aware: _Optional[bool] = ..., admission_hysteresis: _Optional[float] = ..., balance_effort: _Optional[float] = ..., rate_noise_z: _Optional[float] = ..., learn_warm_slots: _Optional[bool] = ..., learn_q_cap: _Optional[bool] = ...) -> None: ...
 
 class UpdateConfigResponse(_message.Message):
     __slots__ = ("config",)

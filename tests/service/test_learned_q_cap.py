@@ -1,0 +1,69 @@
+"""The planner learns q_cap from the engines when asked (`learn_q_cap`, live through
+UpdateConfig): loads carried without queueing can only raise it, destinations that stay
+saturated measure it, and the operator's q_cap bounds it to [q/2, 2q]."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import grpc
+import pytest
+
+from cacheroute.v1 import planner_pb2, planner_pb2_grpc, signals_pb2
+from planner_svc.server import PlannerService, build_service
+from tests.service.harness import DESTS, feed, planner_settings
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture()
+def service(redis_server, tmp_path) -> Iterator[PlannerService]:  # type: ignore[no-untyped-def]
+    # q_cap 60 req/s; the harness sends 300 req/s over six destinations: 50 each.
+    svc = build_service(planner_settings(redis_server.url, tmp_path, q_cap=60.0),
+                        consume=False)
+    svc.server.start()
+    yield svc
+    svc.stop(0)
+
+
+def report(svc: PlannerService, at_ms: int, *, waiting: int) -> None:
+    for d in DESTS:
+        svc.planner.on_engine_signals(signals_pb2.EngineSignals(
+            destination=d, observed_at_ms=at_ms, metrics=True, running=8, waiting=waiting))
+
+
+def planned_q_cap(svc: PlannerService) -> float:
+    svc.planner.replan(fresh=True, force=True, dry_run=False)
+    return svc.planner.installed.plan.config.q_cap  # type: ignore[union-attr]
+
+
+def test_q_cap_follows_the_engines_when_learning_is_on(service):
+    stub = planner_pb2_grpc.PlannerStub(grpc.insecure_channel(f"127.0.0.1:{service.port}"))
+    now_ms = int(time.time() * 1000)
+    report(service, now_ms, waiting=0)  # every engine copes...
+    feed(service, end_ms=now_ms)  # ...with 50 req/s each
+    service.planner.tick()
+    status = stub.GetStatus(planner_pb2.GetStatusRequest(), timeout=10)
+    assert status.measured_q_cap_source == "served"
+    assert status.measured_q_cap == pytest.approx(50.0)
+    assert status.measured_q_cap_destinations == 6 and status.q_cap_in_use == 60.0
+    config = stub.UpdateConfig(planner_pb2.UpdateConfigRequest(learn_q_cap=True),
+                               timeout=10).config
+    assert config.learn_q_cap
+    assert planned_q_cap(service) == 60.0  # coping at 50 says only "q_cap >= 50"
+
+    for s in range(0, 30, 5):  # then all six queue for 25 s at 50 req/s
+        report(service, now_ms + 1000 + s * 1000, waiting=12)
+    status = stub.GetStatus(planner_pb2.GetStatusRequest(), timeout=10)
+    assert status.measured_q_cap_source == "knee"
+    assert status.measured_q_cap == pytest.approx(45.0, rel=0.02)  # 50 less the drain margin
+    assert planned_q_cap(service) == pytest.approx(45.0, rel=0.02)
+    plan = service.planner.installed.plan  # type: ignore[union-attr]
+    # planned at the learned q_cap, the knees are the fleet's own: nobody is derated
+    assert all(d.capacity_weight == pytest.approx(1.0) for d in plan.destinations)
+
+    stub.UpdateConfig(planner_pb2.UpdateConfigRequest(learn_q_cap=False), timeout=10)
+    assert planned_q_cap(service) == 60.0  # the operator's again; each destination derated
+    plan = service.planner.installed.plan  # type: ignore[union-attr]
+    assert all(d.capacity_weight == pytest.approx(0.75, rel=0.02) for d in plan.destinations)

@@ -1,0 +1,46 @@
+"""q_cap measured from the engines (planner_svc.control.capacity): a saturation knee sets it,
+an unsaturated load can only raise it, and the operator's q_cap bounds it to [q/2, 2q]."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from planner_svc.control.capacity import KNEE, SERVED, MeasuredQCap, learned_q_cap, measured_q_cap
+
+
+def test_knees_win_over_served_loads_and_their_median_is_the_fleets():
+    assert measured_q_cap([8.0, 10.0, 30.0], [50.0]) == MeasuredQCap(10.0, KNEE, 3)
+    assert measured_q_cap([], [4.0, 9.0, 0.0]) == MeasuredQCap(9.0, SERVED, 2)
+    assert measured_q_cap([0.0], []) is None
+
+
+def test_a_knee_moves_q_cap_either_way_a_served_load_only_up():
+    assert learned_q_cap(20.0, MeasuredQCap(12.0, KNEE, 4)) == 12.0  # too high: lowered
+    assert learned_q_cap(20.0, MeasuredQCap(30.0, KNEE, 4)) == 30.0
+    assert learned_q_cap(20.0, MeasuredQCap(12.0, SERVED, 4)) == 20.0  # says only q >= 12
+    assert learned_q_cap(20.0, MeasuredQCap(26.0, SERVED, 4)) == 26.0  # too low: raised
+    assert learned_q_cap(20.0, MeasuredQCap(1.0, KNEE, 1)) == 10.0  # bounded to [q/2, 2q]
+    assert learned_q_cap(20.0, MeasuredQCap(100.0, SERVED, 1)) == 40.0
+    assert learned_q_cap(20.0, None) == 20.0
+
+
+@given(q=st.floats(0.1, 1e4), value=st.floats(0.0, 1e6), knee=st.booleans())
+def test_the_learned_q_cap_stays_within_a_factor_of_two(q, value, knee):
+    got = learned_q_cap(q, MeasuredQCap(value, KNEE if knee else SERVED, 1))
+    assert q / 2 <= got <= 2 * q
+    if not knee:
+        assert got >= q
+
+
+def test_status_says_what_was_measured_and_what_plans_use():
+    from planner_svc.cli.ops_view import render_q_cap
+
+    q = {"configured": 60.0, "in_use": 45.0, "learning": True, "measured": 45.0,
+         "source": "knee", "destinations": 6}
+    assert render_q_cap(q) == (
+        "configured 60/s; measured 45/s per unit of weight, the median capacity of 6 saturated "
+        "destination(s); planning with 45/s (within [q/2, 2q])")
+    served = {**q, "learning": False, "measured": 50.0, "source": "served"}
+    assert render_q_cap(served).endswith("the most 6 unsaturated destination(s) carried: "
+                                         "a lower bound")
