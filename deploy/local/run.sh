@@ -39,7 +39,13 @@ case "$what" in
   test)
     .venv/bin/ruff check . && .venv/bin/mypy streams planner_svc router_client
     .venv/bin/lint-imports --no-cache
-    exec .venv/bin/python -m pytest -m "not slow" "$@" ;;
+    # Three workers, one test file each at a time, longest files first (tests/conftest.py):
+    # the tier mostly waits on servers, so it runs in parallel even on 2 cores. Set
+    # CACHEROUTE_TEST_WORKERS=0 to run it serially.
+    workers=${CACHEROUTE_TEST_WORKERS:-3}
+    parallel=()
+    [ "$workers" != "0" ] && parallel=(-n "$workers" --dist loadfile --no-loadscope-reorder)
+    exec .venv/bin/python -m pytest -m "not slow" "${parallel[@]}" "$@" ;;
   slow) CACHEROUTE_STRICT_TIMING=1 exec .venv/bin/python -m pytest -m slow "$@" ;;
   *) echo "usage: $0 demo|test|check|slow [args]" >&2; exit 2 ;;
 esac
