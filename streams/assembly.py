@@ -50,13 +50,25 @@ class DestinationStats:
         return self.cached_tokens / self.prompt_tokens if self.prompt_tokens > 0 else math.nan
 
 
-@dataclass(frozen=True)
-class CompleteWindow:
-    """All partitions' statistics of window [window_start_ms, window_end_ms).
+# The per-key columns every window carries, in wire order (snapshot_pb2.KeyColumns), with
+# the dtype they are assembled in.
+KEY_COLUMNS: tuple[tuple[str, type], ...] = (
+    ("rate_per_s", np.float64),
+    ("ewma_rate_per_s", np.float64),
+    ("prompt_tokens", np.float64),
+    ("cached_tokens", np.float64),
+    ("reuse_fraction", np.float64),
+    ("interarrival_cv", np.float64),
+    ("reusable_prefix_tokens", np.float64),
+    ("requests", np.uint64),
+)
 
-    Entry i of every array belongs to `keys[i]`. `recovering` is True when any
-    partition's worker was rebuilding state: do not plan on such a window.
-    """
+
+@dataclass(frozen=True)
+class KeyWindow:
+    """Per-key statistics of window [window_start_ms, window_end_ms): one partition's
+    (`streams.windows.WindowResult`) or all partitions' (`CompleteWindow`). Entry i of
+    every array belongs to `keys[i]`; the columns are `KEY_COLUMNS`."""
 
     window_start_ms: int
     window_end_ms: int
@@ -69,15 +81,6 @@ class CompleteWindow:
     interarrival_cv: np.ndarray
     reusable_prefix_tokens: np.ndarray
     requests: np.ndarray
-    destinations: dict[str, DestinationStats]
-    recovering: bool
-    overflow_keys: int
-    overflow_rate_per_s: float
-    active_keys: int
-    dead_letters: int
-    duplicates_dropped: int
-    partition_count: int
-    published_at_ms: int
 
     @property
     def hit_rate(self) -> np.ndarray:
@@ -88,6 +91,23 @@ class CompleteWindow:
     def key_index(self) -> dict[str, int]:
         """key -> row, for lookups by name."""
         return {k: i for i, k in enumerate(self.keys)}
+
+
+@dataclass(frozen=True)
+class CompleteWindow(KeyWindow):
+    """All partitions' statistics of one window: the key columns of every partition, and
+    the window-wide figures. `recovering` is True when any partition's worker was
+    rebuilding state: do not plan on such a window."""
+
+    destinations: dict[str, DestinationStats]
+    recovering: bool
+    overflow_keys: int
+    overflow_rate_per_s: float
+    active_keys: int
+    dead_letters: int
+    duplicates_dropped: int
+    partition_count: int
+    published_at_ms: int
 
 
 @dataclass
@@ -213,14 +233,7 @@ def merge_parts(parts: list[snapshot_pb2.RateSnapshot]) -> CompleteWindow:
         window_start_ms=first.window_start_ms,
         window_end_ms=first.window_end_ms,
         keys=keys,
-        rate_per_s=_concat(parts, "rate_per_s", np.float64),
-        ewma_rate_per_s=_concat(parts, "ewma_rate_per_s", np.float64),
-        prompt_tokens=_concat(parts, "prompt_tokens", np.float64),
-        cached_tokens=_concat(parts, "cached_tokens", np.float64),
-        reuse_fraction=_concat(parts, "reuse_fraction", np.float64),
-        interarrival_cv=_concat(parts, "interarrival_cv", np.float64),
-        reusable_prefix_tokens=_concat(parts, "reusable_prefix_tokens", np.float64),
-        requests=_concat(parts, "requests", np.uint64),
+        **{name: _concat(parts, name, dtype) for name, dtype in KEY_COLUMNS},
         destinations=merge_destinations(firsts),
         recovering=any(p.recovering for p in parts),
         overflow_keys=sum(p.overflow_keys for p in firsts),

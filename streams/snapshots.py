@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cacheroute.v1 import snapshot_pb2
+from streams.assembly import KEY_COLUMNS
 from streams.columns import encode_keys
 from streams.windows import WindowResult
 
@@ -82,14 +83,8 @@ def _split(keys: list[str], budget: int) -> list[tuple[int, int]]:
 
 def _fill_keys(cols: snapshot_pb2.KeyColumns, w: WindowResult, lo: int, hi: int) -> None:
     cols.keys = encode_keys(w.keys[lo:hi])
-    cols.rate_per_s.extend(w.rate_per_s[lo:hi].tolist())
-    cols.ewma_rate_per_s.extend(w.ewma_rate_per_s[lo:hi].tolist())
-    cols.prompt_tokens.extend(w.prompt_tokens[lo:hi].tolist())
-    cols.cached_tokens.extend(w.cached_tokens[lo:hi].tolist())
-    cols.interarrival_cv.extend(w.interarrival_cv[lo:hi].tolist())
-    cols.reuse_fraction.extend(w.reuse_fraction[lo:hi].tolist())
-    cols.reusable_prefix_tokens.extend(w.reusable_prefix_tokens[lo:hi].tolist())
-    cols.requests.extend(w.requests[lo:hi].tolist())
+    for name, _ in KEY_COLUMNS:
+        getattr(cols, name).extend(getattr(w, name)[lo:hi].tolist())
 
 
 def _fill_partition_totals(snap: snapshot_pb2.RateSnapshot, w: WindowResult,

@@ -27,28 +27,17 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from streams.arrivals import interarrival_gaps, reuse_flags
-from streams.assembly import DestinationStats
+from streams.assembly import DestinationStats, KeyWindow
 from streams.config import StreamConfig
 from streams.decoding import KIND_CACHE_HIT, KIND_REQUEST, EventColumns
 from streams.keyspace import SlotMap
 from streams.ring import DestinationRing, KeyRing, OverflowRing
 
 
-@dataclass
-class WindowResult:
-    """One partition's statistics for one window; entry i of each array is keys[i]."""
+@dataclass(frozen=True)
+class WindowResult(KeyWindow):
+    """One partition's statistics for one window: its key columns and its destinations."""
 
-    window_start_ms: int
-    window_end_ms: int
-    keys: list[str]
-    rate_per_s: np.ndarray
-    ewma_rate_per_s: np.ndarray
-    prompt_tokens: np.ndarray
-    cached_tokens: np.ndarray
-    reuse_fraction: np.ndarray
-    interarrival_cv: np.ndarray
-    reusable_prefix_tokens: np.ndarray
-    requests: np.ndarray
     destinations: list[DestinationStats] = field(default_factory=list)
     overflow_keys: int = 0
     overflow_rate_per_s: float = 0.0

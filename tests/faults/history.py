@@ -82,6 +82,17 @@ class RouterHistory:
     def last_version(self) -> Version | None:
         return self.applied[-1].version if self.applied else None
 
+    def wait_for(self, version: Version, timeout_s: float = 5.0) -> bool:
+        """Until the hook has recorded `version` (or a later one). The client swaps its table
+        in before it calls the hook, so `client.version` can be ahead of the history."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            last = self.last_version
+            if last is not None and last >= version:
+                return True
+            time.sleep(0.01)
+        return False
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "router_id": self.router_id,

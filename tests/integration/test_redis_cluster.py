@@ -121,8 +121,9 @@ def run_stream(cluster: RedisClusterProcs, versions: int, routers_n: int = 10,
         if action is not None:
             action.join(60)
         final = max(stream.published)
-        for client, _ in fleet:
+        for client, history in fleet:
             assert client.wait_for_version(final, 15), (client.router_id, client.version)
+            assert history.wait_for(final)
         for _, history in fleet:
             assert check_history(history, published=stream.published, final=final) == []
         if check is not None:
@@ -210,6 +211,7 @@ def test_routers_converge_within_2_s_after_the_replica_is_promoted(cluster):
               f"({stream.retries} install retries)")
         assert converged - promoted <= 2.0
         for _, history in fleet:
+            assert history.wait_for(version)
             assert check_history(history, published=stream.published, final=version) == []
     finally:
         for client, _ in fleet:

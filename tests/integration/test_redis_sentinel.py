@@ -117,7 +117,7 @@ def test_routers_follow_the_promoted_primary_within_5_s(sentinel, planner, tmp_p
         published = {first.plan.version: first.digest,
                      **{v: d for _, v, d in installer.digests}}
         for client, history in fleet:
-            assert client.wait_for_version(final, 10)
+            assert client.wait_for_version(final, 10) and history.wait_for(final)
             assert check_history(history, published=published, final=final) == []
     finally:
         for client, _ in fleet:

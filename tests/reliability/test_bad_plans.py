@@ -60,7 +60,7 @@ def test_every_kind_of_bad_plan_is_refused_and_reported(redis_server):
             seq += 1
         nxt = perturb(plan, 0.1, version=Version(1, seq))
         last = pub.install(nxt, None)  # the real planner moves on past the junk
-        assert client.wait_for_version(last.version, 3)
+        assert client.wait_for_version(last.version, 3) and history.wait_for(last.version)
     finally:
         client.stop()
     for kind, reason in EXPECTED_REASON.items():

@@ -192,8 +192,8 @@ def test_the_standby_takes_over_within_5_s_of_the_leader_being_killed(
         assert after[0].epoch > before[-1].epoch  # a new term, above everything before
         assert b.status().role == "leader"
         final = versions[-1]
-        for client, _history in routers:
-            assert client.wait_for_version(final, 10)
+        for client, history in routers:
+            assert client.wait_for_version(final, 10) and history.wait_for(final)
         for _client, history in routers:
             assert check_history(history, published=published.seen, final=final) == []
     finally:

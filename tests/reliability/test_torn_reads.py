@@ -93,6 +93,7 @@ def test_a_million_decisions_while_5000_plans_swap_in():
     assert sum(callers.done) == CALLS
     assert callers.bad == [], callers.bad[:5]
     final = max(published)
+    assert history.wait_for(final)
     assert check_history(history, published=published, final=final) == []
     assert len(history.applied) == PLANS  # every valid plan was swapped in, one by one
     assert not set(forged) & {a.version for a in history.applied}
