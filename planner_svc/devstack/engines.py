@@ -91,6 +91,9 @@ class EmulatedEngine:
         self.load_shape = load_shape
         self.fault = Fault()
         self.counters = EngineCounters()
+        # In-flight requests' prefill start times, by ticket: what /metrics calls waiting.
+        self._prefill_starts: dict[int, float] = {}
+        self._ticket = 0
         self.last_request: dict[str, Any] = {}
         self.port = 0
         self.server: HttpServer | None = None
@@ -181,6 +184,8 @@ class EmulatedEngine:
                  "prompt_tokens_details": {"cached_tokens": served.cached_tokens}}
         meta = _Meta(chat, body.get("model") or self.served_model, f"cmpl-{uuid.uuid4().hex}")
         c.running += 1
+        ticket = self._ticket = self._ticket + 1
+        self._prefill_starts[ticket] = served.prefill_start_time
         try:
             if body.get("stream") is True:
                 await self._stream(out, body, answer, usage, served, meta)
@@ -189,6 +194,12 @@ class EmulatedEngine:
             _send(out, 200, meta.full(answer, usage), self._headers())
         finally:
             c.running -= 1
+            del self._prefill_starts[ticket]
+
+    def _waiting(self) -> int:
+        """In-flight requests whose prefill has not begun (queued, as vLLM counts them)."""
+        now = time.monotonic()
+        return sum(1 for t in self._prefill_starts.values() if t > now)
 
     async def _stream(self, out: Responder, body: dict[str, Any], answer: str,
                       usage: dict[str, Any], served: Any, meta: _Meta) -> None:
@@ -237,7 +248,9 @@ class EmulatedEngine:
         if self.load_shape == "vllm":
             _send(out, 200, {"load": running})
         else:
-            _send(out, 200, [{"dp_rank": 0, "num_reqs": running, "num_waiting_reqs": 0,
+            waiting = self._waiting()
+            _send(out, 200, [{"dp_rank": 0, "num_reqs": max(0, running - waiting),
+                              "num_waiting_reqs": waiting,
                               "num_tokens": self.replica.kv_held}])
 
     def _token_ids(self, data: bytes) -> list[int]:
@@ -278,11 +291,12 @@ class EmulatedEngine:
         c, r = self.counters, self.replica
         labels = f'{{model_name="{self.served_model}",engine="0"}}'
         usage = r.cache.used_blocks / r.cache.capacity_blocks
+        waiting = self._waiting()
         lines = [
             "# TYPE vllm:num_requests_running gauge",
-            f"vllm:num_requests_running{labels} {c.running}",
+            f"vllm:num_requests_running{labels} {max(0, c.running - waiting)}",
             "# TYPE vllm:num_requests_waiting gauge",
-            f"vllm:num_requests_waiting{labels} 0",
+            f"vllm:num_requests_waiting{labels} {waiting}",
             "# TYPE vllm:kv_cache_usage_perc gauge",
             f"vllm:kv_cache_usage_perc{labels} {usage:.6f}",
             "# TYPE vllm:prefix_cache_queries counter",

@@ -125,6 +125,9 @@ class Served(NamedTuple):
     start_time: float  # admitted to the batch
     first_token_time: float
     finish_time: float
+    # When its prefill began: before it, the request waits (vLLM's "waiting" queue): for a
+    # batch slot, for KV blocks, or behind other prefills.
+    prefill_start_time: float = 0.0
 
 
 class Replica:
@@ -178,7 +181,7 @@ class Replica:
         self._seq += 1
         heapq.heappush(self._running, (finish, self._seq, kv, holding, answer))
         self.kv_held += kv
-        return Served(cached, start, prefill_end + tpot, finish)
+        return Served(cached, start, prefill_end + tpot, finish, prefill_start)
 
     def in_flight(self, now: float) -> int:
         """Requests admitted and not finished at `now`."""

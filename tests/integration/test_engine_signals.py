@@ -10,6 +10,7 @@ import threading
 import time
 import urllib.request
 import uuid
+from typing import Any
 
 import pytest
 from confluent_kafka import Producer
@@ -85,4 +86,43 @@ def test_status_shows_what_each_engine_reports(redis_server, broker, tmp_path, c
         runner.join(5)
         producer.flush(5)
         svc.stop(0)
+        fleet.stop()
+
+
+def test_an_emulated_engine_reports_its_queue_as_vllm_does(tmp_path):
+    """More requests than its batch holds: the engine model queues them, and /metrics says
+    so in vLLM's names, which the watcher's parser reads and the planner's saturation rule
+    calls saturated."""
+    from cacheroute.v1 import signals_pb2
+    from planner_svc.control.saturation import SaturationSettings, saturation_reason
+    from streams.engines.prom_metrics import parse_engine_metrics
+
+    fleet = start_engines(tmp_path, 1, extra=["--time-scale", "6", "--batch-limit", "1"])
+    url = fleet.urls["e0"]
+    body = json.dumps({"model": "emulated-model", "max_tokens": 8,
+                       "messages": [{"role": "user", "content": "why is the sky blue " * 20}]})
+
+    def ask() -> None:
+        req = urllib.request.Request(url + "/v1/chat/completions", data=body.encode(),
+                                     headers={"Content-Type": "application/json"})
+        urllib.request.urlopen(req, timeout=60).read()
+
+    callers = [threading.Thread(target=ask) for _ in range(5)]
+    try:
+        for t in callers:
+            t.start()
+
+        def scrape() -> Any:
+            return parse_engine_metrics(
+                urllib.request.urlopen(url + "/metrics", timeout=5).read().decode())
+        assert eventually(lambda: scrape().waiting >= 3, 10)
+        m = scrape()
+        assert m.running == 1 and m.running + m.waiting <= 5  # one in the batch, the rest queue
+        report = signals_pb2.EngineSignals(destination="e0", metrics=True,
+                                           running=int(m.running), waiting=int(m.waiting))
+        assert saturation_reason(report, SaturationSettings()).startswith("waiting")
+        for t in callers:
+            t.join(60)
+        assert scrape().waiting == 0 and scrape().running == 0
+    finally:
         fleet.stop()
