@@ -122,6 +122,14 @@ class BaseRouterClient:
         with self._inflight_lock:
             self.core.finished(slot)
 
+    def report_engine_load(self, reported: Mapping[str, float]) -> None:
+        """The engines' own load (running + waiting requests, by destination id), fresh:
+        decisions compare the larger of it and this router's in-flight count, moved by this
+        router's requests until the next report (`RouterCore.report_engine_load`). Call it
+        again with only fresh figures: a destination left out counts its own requests."""
+        with self._inflight_lock:
+            self.core.report_engine_load(reported)
+
     @contextmanager
     def request(self, key: str) -> Iterator[str]:
         """`with client.request(key) as dest:` routes and counts the request in flight."""

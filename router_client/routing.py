@@ -360,7 +360,12 @@ class RouterCore:
         self.set_slack = set_slack
         self.destination_ids: list[str] = []
         self._slot: dict[str, int] = {}
+        # Own requests in flight per slot (what this router sent and has not seen finish),
+        # and the load its decisions compare: the same, plus what the engine reported
+        # beyond it (`report_engine_load`; zero unless engine loads are fed in).
         self.inflight: list[int] = []
+        self.load: list[int] = []
+        self._external: list[int] = []
         self._healthy: list[bool] = []
         for d in destination_ids:
             self._slot_for(d)
@@ -417,10 +422,27 @@ class RouterCore:
 
     def started(self, slot: int) -> None:
         self.inflight[slot] += 1
+        self.load[slot] += 1
 
     def finished(self, slot: int) -> None:
         if self.inflight[slot] > 0:
             self.inflight[slot] -= 1
+            self.load[slot] -= 1
+
+    def report_engine_load(self, reported: Mapping[str, float]) -> None:
+        """Fuse what the engines say they hold (running + waiting, all routers' requests
+        and any other traffic) with this router's own counts: a destination's load becomes
+        the larger of the two, then moves with this router's own requests until the next
+        report. Destinations absent from `reported` (no fresh report) count only their own
+        requests: a stale figure never steers traffic."""
+        for slot, dest in enumerate(self.destination_ids):
+            value = reported.get(dest)
+            own = self.inflight[slot]
+            extra = 0
+            if value is not None and value == value and value > own:
+                extra = int(min(value, 1e9)) - own
+            self._external[slot] = extra
+            self.load[slot] = own + extra
 
     # --- queries --------------------------------------------------------------
 
@@ -460,9 +482,9 @@ class RouterCore:
         return [d for d, ok in zip(self.destination_ids, self._healthy, strict=True) if not ok]
 
     def load_of(self, destination_id: str) -> float:
-        """In-flight requests per unit of capacity weight."""
+        """Load (in-flight requests, fused with the engine's report) per unit of weight."""
         slot = self._slot[destination_id]
-        return self.inflight[slot] * self._active.inv_weight[slot]
+        return self.load[slot] * self._active.inv_weight[slot]
 
     def counters(self) -> dict[str, int]:
         return {
@@ -505,7 +527,7 @@ class RouterCore:
         ring = a.ring
         if ring is None:
             ring = a.ring = _Ring(a.pool)
-        inflight, inv = self.inflight, a.inv_weight
+        inflight, inv = self.load, a.inv_weight
         total = sum(inflight[s] for s in a.pool) + 1
         cap = (1.0 + self.tail_slack) * total / a.total_weight
         for s in ring.walk(_stable_hash(key)):
@@ -515,7 +537,7 @@ class RouterCore:
 
     def _affine_member(self, members: tuple[int, ...], a: _Active, affinity: str) -> int:
         """The rendezvous-hash member for `affinity` unless it is too far ahead in load."""
-        usable, inflight, inv = a.usable, self.inflight, a.inv_weight
+        usable, inflight, inv = a.usable, self.load, a.inv_weight
         h = _stable_hash(affinity)
         best, best_score, loads, n = -1, -1, 0.0, 0
         for m in members:
@@ -580,14 +602,14 @@ class RouterCore:
             return pool[0]
         i, j = _two_distinct(n, self._rand)
         x, y = pool[i], pool[j]
-        lx = (self.inflight[x] + 1) * a.inv_weight[x]
-        ly = (self.inflight[y] + 1) * a.inv_weight[y]
+        lx = (self.load[x] + 1) * a.inv_weight[x]
+        ly = (self.load[y] + 1) * a.inv_weight[y]
         return x if lx <= ly else y
 
     def _least_loaded(self, members: tuple[int, ...], a: _Active) -> int:
         if a.weighted:
             return self._least_loaded_weighted(members, a)
-        usable, inflight, rand = a.usable, self.inflight, self._rand
+        usable, inflight, rand = a.usable, self.load, self._rand
         best, best_load, ties = -1, 0, 0
         for m in members:
             if not usable[m]:
@@ -602,7 +624,7 @@ class RouterCore:
         return best
 
     def _least_loaded_weighted(self, members: tuple[int, ...], a: _Active) -> int:
-        usable, inv, inflight, rand = a.usable, a.inv_weight, self.inflight, self._rand
+        usable, inv, inflight, rand = a.usable, a.inv_weight, self.load, self._rand
         best, best_load, tied_weight = -1, 0.0, 0.0
         for m in members:
             if not usable[m]:
@@ -629,7 +651,7 @@ class RouterCore:
         rand = self._rand
         i, j = _two_distinct(n, rand)
         x, y = pool[i], pool[j]
-        lx, ly = self.inflight[x], self.inflight[y]
+        lx, ly = self.load[x], self.load[y]
         if lx < ly:
             return x
         if ly < lx:
@@ -648,7 +670,7 @@ class RouterCore:
         if j == i:  # one weight dominates the pool: any other member
             j = (i + 1 + int(rand() * (len(pool) - 1))) % len(pool)
         x, y = pool[min(i, len(pool) - 1)], pool[min(j, len(pool) - 1)]
-        lx, ly = (self.inflight[x] + 1) * inv[x], (self.inflight[y] + 1) * inv[y]
+        lx, ly = (self.load[x] + 1) * inv[x], (self.load[y] + 1) * inv[y]
         if lx < ly:
             return x
         if ly < lx:
@@ -663,6 +685,8 @@ class RouterCore:
         if slot is None:
             slot = len(self.destination_ids)
             self.inflight.append(0)
+            self.load.append(0)
+            self._external.append(0)
             self._healthy.append(True)
             self.destination_ids.append(destination_id)
             self._slot[destination_id] = slot

@@ -39,6 +39,9 @@ FLAGS: Flags = {
     "idle-timeout-s": (float, 60.0, "longest silence between streamed chunks"),
     "max-retries": (int, 2, "attempts on other destinations when nothing was generated"),
     "shutdown-grace-s": (float, 30.0, "how long in-flight requests may finish at shutdown"),
+    "engine-load-period-s": (float, 0.0, "read each engine's running + waiting requests from "
+                                         "its /metrics this often and route on the larger of "
+                                         "that and the gateway's own count (0 = off)"),
 }
 
 
@@ -68,7 +71,8 @@ async def run_gateway(args: argparse.Namespace, ready: asyncio.Event | None = No
             first_byte_timeout_s=args.first_byte_timeout_s,
             idle_timeout_s=args.idle_timeout_s,
             max_inflight_per_destination=args.max_inflight, max_retries=args.max_retries,
-            max_body_bytes=args.max_body_bytes, shutdown_grace_s=args.shutdown_grace_s)
+            max_body_bytes=args.max_body_bytes, shutdown_grace_s=args.shutdown_grace_s,
+            engine_load_period_s=args.engine_load_period_s)
     except ValueError as exc:
         raise SystemExit(f"cacheroute gateway: {exc}") from None
     client = build_client(args, rid, "gateway")

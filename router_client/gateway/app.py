@@ -25,6 +25,7 @@ from typing import Any
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from router_client.aio import AsyncRouterClient
+from router_client.gateway.engine_load import EngineLoadPoller
 from router_client.gateway.http11 import HttpServer, Request, Responder, ServerLimits, UpstreamError
 from router_client.gateway.metrics import GatewayMetrics
 from router_client.gateway.proxy import JSON, Proxy, send_error
@@ -48,6 +49,10 @@ class Gateway:
         limits = ServerLimits(max_body_bytes=self.settings.max_body_bytes)
         self.server = HttpServer(self.handle, limits, on_exception=self._log_exception)
         self._models: tuple[float, bytes] | None = None
+        self.engine_load = (EngineLoadPoller(client, self.upstreams,
+                                             self.settings.engine_load_period_s,
+                                             self.settings.engine_load_timeout_s)
+                            if self.settings.engine_load_period_s > 0 else None)
 
     @property
     def port(self) -> int:
@@ -59,11 +64,15 @@ class Gateway:
 
     async def start(self) -> Gateway:
         await self.server.start(self.settings.host, self.settings.port)
+        if self.engine_load is not None:
+            self.engine_load.start()
         log.info("gateway %s serving on %s", self.settings.router_id, self.url)
         return self
 
     async def stop(self) -> None:
         self.stopping = True
+        if self.engine_load is not None:
+            await self.engine_load.stop()
         await self.server.close(self.settings.shutdown_grace_s)
         self.upstreams.close()
 

@@ -28,6 +28,10 @@ class GatewaySettings:
     models_cache_s: float = 5.0
     # Answer with `x-cacheroute-destination` (which destination served the request).
     expose_destination: bool = True
+    # Read each engine's own load from its /metrics this often and decide on the larger of
+    # it and the gateway's own in-flight count (gateway.engine_load); 0 = off.
+    engine_load_period_s: float = 0.0
+    engine_load_timeout_s: float = 0.5
 
     def __post_init__(self) -> None:
         positive = {
@@ -40,5 +44,8 @@ class GatewaySettings:
         bad = [name for name, value in positive.items() if not value > 0]
         if bad:
             raise ValueError(f"must be > 0: {', '.join(bad)}")
+        if not (self.engine_load_period_s >= 0 and self.engine_load_timeout_s > 0):
+            raise ValueError("engine_load_period_s must be >= 0 (0 = off), "
+                             "engine_load_timeout_s > 0")
         if self.max_retries < 0 or self.shutdown_grace_s < 0:
             raise ValueError("max_retries and shutdown_grace_s must be >= 0")

@@ -7,5 +7,5 @@ engine kind and signal, pure decoders apart from the shells that own sockets.
                  stored / removed rates, how long a block stays resident (pure)
     kv_bridge    the ZMQ subscriber: sequence gaps detected and replayed from the
                  publisher's replay socket, garbage counted and skipped (shell)
-    prom_metrics vLLM's and SGLang's /metrics, parsed with prometheus_client (pure)
+    (the /metrics parser is cacheroute.engine_metrics, shared with the gateway)
 """

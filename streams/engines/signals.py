@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from cacheroute.engine_metrics import EngineLoad
 from cacheroute.v1 import signals_pb2
 from streams.engines.kv_state import CacheSignals
-from streams.engines.prom_metrics import EngineLoad
 
 
 def engine_signals(destination: str, observed_at_ms: int, *, cache: CacheSignals | None,

@@ -24,14 +24,14 @@ import time
 import urllib.request
 from collections.abc import Callable
 
-from streams.engines.kv_bridge import KvEventSubscriber
-from streams.engines.prom_metrics import (
+from cacheroute.engine_metrics import (
     EngineLoad,
     EngineMetrics,
     MetricsError,
     load_between,
     parse_engine_metrics,
 )
+from streams.engines.kv_bridge import KvEventSubscriber
 from streams.engines.signals import engine_signals
 
 log = logging.getLogger("cacheroute.engines")

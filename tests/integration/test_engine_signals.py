@@ -93,9 +93,9 @@ def test_an_emulated_engine_reports_its_queue_as_vllm_does(tmp_path):
     """More requests than its batch holds: the engine model queues them, and /metrics says
     so in vLLM's names, which the watcher's parser reads and the planner's saturation rule
     calls saturated."""
+    from cacheroute.engine_metrics import parse_engine_metrics
     from cacheroute.v1 import signals_pb2
     from planner_svc.control.saturation import SaturationSettings, saturation_reason
-    from streams.engines.prom_metrics import parse_engine_metrics
 
     fleet = start_engines(tmp_path, 1, extra=["--time-scale", "6", "--batch-limit", "1"])
     url = fleet.urls["e0"]

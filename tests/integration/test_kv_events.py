@@ -131,8 +131,8 @@ def test_the_emulated_engines_publish_their_block_pool_as_vllm_does(tmp_path):
     import json
     import urllib.request
 
+    from cacheroute.engine_metrics import load_between, parse_engine_metrics
     from planner_svc.devstack.engines import start_engines
-    from streams.engines.prom_metrics import load_between, parse_engine_metrics
 
     fleet = start_engines(tmp_path, 1, extra=["--time-scale", "0", "--kv-events",
                                               "--kv-tokens", "4096", "--faults"])

@@ -1,4 +1,4 @@
-"""Engine load from vLLM's and SGLang's /metrics text (streams.engines.prom_metrics)."""
+"""Engine load from vLLM's and SGLang's /metrics text (cacheroute.engine_metrics)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from streams.engines.prom_metrics import MetricsError, load_between, parse_engine_metrics
+from cacheroute.engine_metrics import MetricsError, load_between, parse_engine_metrics
 
 # Shaped as vLLM 0.9+ (V1 engine) exposes them: one series per engine, counters with
 # _total and _created, the TTFT histogram with its buckets.
@@ -96,7 +96,7 @@ def test_other_pages_are_refused(text, why):
 
 
 def test_quantile_past_the_last_finite_bound_is_infinite():
-    from streams.engines.prom_metrics import _quantile
+    from cacheroute.engine_metrics import _quantile
 
     buckets = [(0.1, 1.0), (2.5, 5.0), (math.inf, 10.0)]
     assert _quantile(buckets, 10.0, 0.5) == 2.5

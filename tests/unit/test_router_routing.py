@@ -168,3 +168,21 @@ def test_route_stays_in_its_set_or_in_the_healthy_pool(n, data):
         else:
             assert slot not in down
         core.started(slot)
+
+
+def test_engine_reported_load_is_fused_with_the_routers_own_and_expires():
+    core = core_with({"a": (0, 1)}, n=2)
+    core.started(0)  # this router: one request on d0, none on d1
+    core.report_engine_load({"d1": 5.0, "d0": 0.0})  # d1's engine is busy with others' work
+    assert core.load == [1, 5] and core.inflight == [1, 0]
+    assert {core.route_index("zzz") for _ in range(100)} == {0}  # P2C sees d1's queue
+    assert {core.route_index("a") for _ in range(100)} == {0}  # so does least-loaded
+    core.started(1)  # the router's own requests move the fused load until the next report
+    assert core.load == [1, 6]
+    core.finished(1)
+    core.finished(0)
+    assert core.load == [0, 5] and core.inflight == [0, 0]
+    core.report_engine_load({})  # no fresh report: own counts only, nothing stale steers
+    assert core.load == [0, 0]
+    core.report_engine_load({"d0": float("nan"), "d1": 1e30})  # garbage is bounded
+    assert core.load[0] == 0 and core.load[1] == 10**9
