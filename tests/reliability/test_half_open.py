@@ -82,6 +82,6 @@ def test_blackholed_routers_detect_and_recover_the_rest_never_notice(redis_serve
     assert all(v < final for v in held)  # they really were cut off
     assert check_histories(cut + fine, published=published, final=final) == []
     fine_delays = [d for h in fine for d in propagation_delays_ms(h, published_at)]
-    assert max(fine_delays) <= 200.0  # unaffected: hints arrive as usual
+    bound(max(fine_delays), 200.0, "worst propagation delay to the routers not cut off, ms")
     time.sleep(0.5)
     assert open_fds() <= fds_before + 2, (fds_before, open_fds())

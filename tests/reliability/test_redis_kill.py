@@ -59,6 +59,7 @@ def test_redis_sigkilled_twice_under_load(tmp_path, persistence):
             histories.append(h)
         with RoutingLoad(clients, histories) as load, Replanner(svc) as replans:
             time.sleep(2.0)
+            ok_before = [replans.ok]
             for _ in range(2):
                 signals.kill(server.process.pid)
                 t_kill = time.monotonic()
@@ -72,9 +73,13 @@ def test_redis_sigkilled_twice_under_load(tmp_path, persistence):
                 assert eventually(lambda: _all_on_latest(clients, svc), 1.0 + pointer_s)
                 figures.append((stale_s, pointer_s, time.monotonic() - t_back))
                 time.sleep(2.0)
+                ok_before.append(replans.ok)
         assert load.errors == []
         bound(load.longest_gap_s, 0.5, "longest routing gap while Redis is killed, s")
-        assert replans.ok > 10 and replans.failed > 0
+        # Replans failed while Redis was down, and succeeded again after each restart (how
+        # many fit in the 2 s depends on the machine's speed, so only "some" is asserted).
+        assert replans.failed > 0
+        assert ok_before[0] > 0 and ok_before[1] > ok_before[0] and ok_before[2] > ok_before[1]
     finally:
         log.close()
         for c in clients:
