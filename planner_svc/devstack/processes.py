@@ -139,11 +139,32 @@ class ManagedProcess:
             os.killpg(self.proc.pid, signal.SIGKILL)  # stragglers in the group
         self.proc.wait()
 
+    def terminate(self) -> None:
+        """SIGTERM the group without waiting (`stop_all` waits for several together)."""
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+
     def log_tail(self, lines: int = 20) -> str:
         try:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return ""
+
+
+def stop_all(processes: list[ManagedProcess], timeout_s: float = 5.0) -> None:
+    """Stop several processes together: SIGTERM all, give them `timeout_s` between them,
+    then `stop` each (SIGKILL for stragglers, always reaped). One after another, four slow
+    shutdowns added up past half a minute on a loaded machine."""
+    for p in processes:
+        p.terminate()
+    deadline = time.monotonic() + timeout_s
+    for p in processes:
+        if p.proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.proc.wait(max(0.0, deadline - time.monotonic()))
+    for p in processes:
+        p.stop(timeout_s=0.5)
 
 
 def tansu_binary() -> str:

@@ -30,6 +30,7 @@ from planner_svc.devstack.processes import (
     restart_redis,
     start_broker,
     start_redis,
+    stop_all,
 )
 from planner_svc.settings import PlannerSettings
 
@@ -98,8 +99,10 @@ class LocalStack:
         return procs
 
     def stop(self) -> None:
-        for proc in self.processes():
-            proc.stop()
+        # The clients first, together (their shutdown may still talk to broker and Redis),
+        # then the servers, together.
+        stop_all([p for p in (self.planner, *self.workers) if p is not None])
+        stop_all([s.process for s in (self.redis, self.broker) if s is not None])
         if self._owns_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
