@@ -18,17 +18,24 @@ from planner_svc.errors import NotFound, Unavailable
 POOL_GROUP, POOL_VERSION, POOL_PLURAL = "inference.networking.k8s.io", "v1", "inferencepools"
 
 
+def _configured_client() -> Any:
+    """The official client's `kubernetes.client`, configured from the pod's ServiceAccount
+    (in a cluster) or the user's kubeconfig (outside one)."""
+    try:
+        from kubernetes import client, config
+    except ImportError as exc:  # pragma: no cover - install hint
+        raise SystemExit("reading Kubernetes needs its client: "
+                         "pip install 'cacheroute[k8s]'") from exc
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+    return client
+
+
 class KubernetesPool:
     def __init__(self, namespace: str, pool: str, *, timeout_s: float = 10.0) -> None:
-        try:
-            from kubernetes import client, config
-        except ImportError as exc:  # pragma: no cover - install hint
-            raise SystemExit("pool-sync needs the Kubernetes client: "
-                             "pip install 'cacheroute[k8s]'") from exc
-        try:
-            config.load_incluster_config()
-        except config.ConfigException:
-            config.load_kube_config()  # outside a cluster: the user's kubeconfig
+        client = _configured_client()
         self._core = client.CoreV1Api()
         self._custom = client.CustomObjectsApi()
         self._exc = client.exceptions.ApiException
@@ -64,15 +71,7 @@ class KubernetesService:
     Needs get/list on endpointslices in the namespace."""
 
     def __init__(self, namespace: str, service: str, *, timeout_s: float = 10.0) -> None:
-        try:
-            from kubernetes import client, config
-        except ImportError as exc:  # pragma: no cover - install hint
-            raise SystemExit("discovery from Kubernetes needs its client: "
-                             "pip install 'cacheroute[k8s]'") from exc
-        try:
-            config.load_incluster_config()
-        except config.ConfigException:
-            config.load_kube_config()
+        client = _configured_client()
         self._api = client.DiscoveryV1Api()
         self._exc = client.exceptions.ApiException
         self.namespace, self.service, self.timeout_s = namespace, service, timeout_s

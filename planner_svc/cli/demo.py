@@ -84,8 +84,16 @@ def describe(stack: LocalStack) -> str:
     )
 
 
-def cmd_up(args: argparse.Namespace) -> int:
+def _stop_on_signals() -> None:
+    # SIGINT explicitly too: a process started by a parent that ignores SIGINT (nohup, some
+    # CI runners and test harnesses) inherits the ignore, and Python then installs no
+    # KeyboardInterrupt handler, so Ctrl-C would not stop the stack.
     signal.signal(signal.SIGTERM, _raise_interrupt)
+    signal.signal(signal.SIGINT, _raise_interrupt)
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    _stop_on_signals()
     stack = start_stack(stack_options(args))
     supervisor = Supervisor(stack)
     try:
@@ -114,7 +122,7 @@ class DemoResult:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    signal.signal(signal.SIGTERM, _raise_interrupt)
+    _stop_on_signals()
     stack = start_stack(stack_options(args))
     try:
         print("CacheRoute demo: stack up\n" + describe(stack), flush=True)

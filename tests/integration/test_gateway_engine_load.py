@@ -43,7 +43,7 @@ def ask(url: str, text: str, timeout_s: float = 60.0) -> str:
 def test_an_engine_busy_with_other_traffic_is_avoided_until_it_drains(fleet):
     e0 = fleet.urls["e0"]
     others = [threading.Thread(target=ask, args=(e0, f"a long report on topic {i} " * 30))
-              for i in range(4)]
+              for i in range(8)]
     g = GatewayThread([DestinationSpec(i, u) for i, u in fleet.urls.items()],
                       settings=GatewaySettings(port=0, router_id="gw-load",
                                                engine_load_period_s=0.1)).start()
@@ -54,8 +54,15 @@ def test_an_engine_busy_with_other_traffic_is_avoided_until_it_drains(fleet):
             t.start()
         assert eventually(lambda: poller.latest.get("e0", 0) >= 3, 10)
         # No plan: every request is a P2C choice between e0 and e1; e0's queue decides.
-        picks = [ask(g.url, f"question {i}") for i in range(6)]
-        assert picks == ["e1"] * 6, picks
+        # Only picks made while e0 still reported a queue before and after count (on a
+        # loaded machine its queue can drain before the last pick).
+        picks = []
+        for i in range(6):
+            before = poller.latest.get("e0", 0)
+            pick = ask(g.url, f"question {i}")
+            if before >= 3 and poller.latest.get("e0", 0) >= 3:
+                picks.append(pick)
+        assert len(picks) >= 3 and set(picks) == {"e1"}, picks
         for t in others:
             t.join(60)
         assert eventually(lambda: poller.latest.get("e0") == 0, 10)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from planner_svc.server import PlannerService
+from planner_svc.server import PlannerService, build_service
 from planner_svc.settings import PlannerSettings
 from planner_svc.simulator.rates import paper_like_keys, paper_like_rates
 from tests.service.windows import make_window
@@ -27,6 +29,17 @@ def planner_settings(redis_url: str, data_dir: Path, **overrides: Any) -> Planne
         interval_s=3600.0,
     )
     return base.with_overrides(**overrides)
+
+
+@contextmanager
+def serving(redis_url: str, data_dir: Path, **overrides: Any) -> Iterator[PlannerService]:
+    """A planner (no broker: windows are fed by the test) with its gRPC server started."""
+    svc = build_service(planner_settings(redis_url, data_dir, **overrides), consume=False)
+    svc.server.start()
+    try:
+        yield svc
+    finally:
+        svc.stop(0)
 
 
 def feed(svc: PlannerService, seed: int = 1, end_ms: int | None = None) -> None:

@@ -16,9 +16,9 @@ from planner_svc.adapters.discovery_sources import DnsSource, FileSource
 from planner_svc.cli.discover_cmd import DestinationSync
 from planner_svc.cli.ops_client import PlannerConnection
 from planner_svc.errors import InvalidRequest, NotFound
-from planner_svc.server import PlannerService, build_service
+from planner_svc.server import PlannerService
 from tests.service.dns_zone import Zone
-from tests.service.harness import OPERATOR, feed, planner_settings
+from tests.service.harness import OPERATOR, feed, serving
 
 pytestmark = pytest.mark.integration
 ENGINES = ("e0", "e1", "e2")
@@ -26,14 +26,11 @@ ENGINES = ("e0", "e1", "e2")
 
 @pytest.fixture()
 def planner(redis_server, tmp_path) -> Iterator[PlannerService]:  # type: ignore[no-untyped-def]
-    settings = planner_settings(redis_server.url, tmp_path, operator_token=OPERATOR,
-                                destinations=ENGINES)
-    svc = build_service(settings, consume=False)
-    svc.server.start()
-    feed(svc)
-    svc.planner.tick()
-    yield svc
-    svc.stop(0)
+    with serving(redis_server.url, tmp_path, operator_token=OPERATOR,
+                 destinations=ENGINES) as svc:
+        feed(svc)
+        svc.planner.tick()
+        yield svc
 
 
 @pytest.fixture()

@@ -10,18 +10,16 @@ import grpc
 import pytest
 
 from cacheroute.v1 import planner_pb2, planner_pb2_grpc, signals_pb2
-from planner_svc.server import PlannerService, build_service
-from tests.service.harness import DESTS, feed, planner_settings
+from planner_svc.server import PlannerService
+from tests.service.harness import DESTS, feed, serving
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture()
 def service(redis_server, tmp_path) -> Iterator[PlannerService]:  # type: ignore[no-untyped-def]
-    svc = build_service(planner_settings(redis_server.url, tmp_path), consume=False)
-    svc.server.start()
-    yield svc
-    svc.stop(0)
+    with serving(redis_server.url, tmp_path) as svc:
+        yield svc
 
 
 def report(svc: PlannerService, blocks: int) -> None:

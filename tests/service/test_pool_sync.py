@@ -15,8 +15,8 @@ import pytest
 from planner_svc.adapters.discovery_sources import InferencePoolSource
 from planner_svc.cli.discover_cmd import DestinationSync
 from planner_svc.cli.ops_client import PlannerConnection
-from planner_svc.server import PlannerService, build_service
-from tests.service.harness import OPERATOR, feed, planner_settings
+from planner_svc.server import PlannerService
+from tests.service.harness import OPERATOR, feed, serving
 from tests.unit.test_pool import POOL, pod
 
 pytestmark = pytest.mark.integration
@@ -40,12 +40,9 @@ class Cluster:
 @pytest.fixture()
 def planner(redis_server, tmp_path) -> Iterator[PlannerService]:  # type: ignore[no-untyped-def]
     # The planner starts with the pool's six pods by name (addresses from the first sync).
-    settings = planner_settings(redis_server.url, tmp_path, operator_token=OPERATOR,
-                                destinations=PODS)
-    svc = build_service(settings, consume=False)
-    svc.server.start()
-    yield svc
-    svc.stop(0)
+    with serving(redis_server.url, tmp_path, operator_token=OPERATOR,
+                 destinations=PODS) as svc:
+        yield svc
 
 
 def plan_destinations(svc: PlannerService) -> dict[str, tuple[str, bool]]:

@@ -12,8 +12,8 @@ import pytest
 
 from cacheroute.v1 import planner_pb2, planner_pb2_grpc, signals_pb2
 from planner_svc.control.traffic import capacities, expected_loads
-from planner_svc.server import PlannerService, build_service
-from tests.service.harness import DESTS, feed, planner_settings
+from planner_svc.server import PlannerService
+from tests.service.harness import DESTS, feed, serving
 
 pytestmark = pytest.mark.integration
 
@@ -21,11 +21,8 @@ pytestmark = pytest.mark.integration
 @pytest.fixture()
 def service(redis_server, tmp_path) -> Iterator[PlannerService]:  # type: ignore[no-untyped-def]
     # q_cap 100 req/s per destination; the harness sends 300 req/s over six: 50 each.
-    svc = build_service(planner_settings(redis_server.url, tmp_path, q_cap=100.0),
-                        consume=False)
-    svc.server.start()
-    yield svc
-    svc.stop(0)
+    with serving(redis_server.url, tmp_path, q_cap=100.0) as svc:
+        yield svc
 
 
 def reports(svc: PlannerService, start_ms: int, seconds: range, **d0: int) -> None:
