@@ -59,6 +59,7 @@ def test_redis_sigkilled_twice_under_load(tmp_path, persistence):
             histories.append(h)
         with RoutingLoad(clients, histories) as load, Replanner(svc) as replans:
             time.sleep(2.0)
+            assert eventually(lambda: replans.ok > 0, 30)  # replanning before the kills
             ok_before = [replans.ok]
             for _ in range(2):
                 signals.kill(server.process.pid)
@@ -68,16 +69,20 @@ def test_redis_sigkilled_twice_under_load(tmp_path, persistence):
                 time.sleep(max(0.0, DOWN_S - stale_s))
                 restart_redis(server)
                 t_back = time.monotonic()
-                assert eventually(lambda: _pointer_present(server.url), INTERVAL_S)
+                # Republished within one interval on a quiet machine (checked strictly in the
+                # slow tier, below); the CI tier only waits for it.
+                assert eventually(lambda: _pointer_present(server.url), INTERVAL_S * 10)
                 pointer_s = time.monotonic() - t_back
-                assert eventually(lambda: _all_on_latest(clients, svc), 1.0 + pointer_s)
+                assert eventually(lambda: _all_on_latest(clients, svc), 10.0 + pointer_s)
                 figures.append((stale_s, pointer_s, time.monotonic() - t_back))
-                time.sleep(2.0)
+                # replans succeed again now that Redis is back
+                assert eventually(lambda n=ok_before[-1]: replans.ok > n, 30)
+                time.sleep(1.0)
                 ok_before.append(replans.ok)
         assert load.errors == []
         bound(load.longest_gap_s, 0.5, "longest routing gap while Redis is killed, s")
         # Replans failed while Redis was down, and succeeded again after each restart (how
-        # many fit in the 2 s depends on the machine's speed, so only "some" is asserted).
+        # many fit in a second depends on the machine's speed, so only "some" is asserted).
         assert replans.failed > 0
         assert ok_before[0] > 0 and ok_before[1] > ok_before[0] and ok_before[2] > ok_before[1]
     finally:
@@ -90,7 +95,7 @@ def test_redis_sigkilled_twice_under_load(tmp_path, persistence):
           f"= {[tuple(round(x, 2) for x in f) for f in figures]}")  # fmt: skip
     for stale_s, pointer_s, converged_s in figures:
         bound(stale_s, 5.0, "stale for, s")
-        assert pointer_s <= INTERVAL_S  # without persistence: republished within one interval
+        bound(pointer_s, INTERVAL_S, "pointer back after the restart (republished), s")
         bound(converged_s - pointer_s, 1.0, "converged after the pointer moved, s")
     assert check_histories(histories, published=log.published, final=None) == []
 
