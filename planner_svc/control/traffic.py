@@ -24,7 +24,6 @@ Pure: numpy and `router_client.plan` only.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -115,10 +114,14 @@ def capacities(plan: RoutingPlan, fleet: Fleet | None = None) -> np.ndarray:
     return plan.config.q_cap * weights
 
 
-def _fallback_shares(dests: Sequence[DestinationSpec]) -> np.ndarray:
-    weights = np.array([0.0 if d.draining else d.capacity_weight for d in dests], np.float64)
-    total = weights.sum()
-    return weights / total if total > 0 else np.full(len(weights), 1.0 / len(weights))
+def _fallback_shares(dests: Sequence[DestinationSpec],
+                     weights: Sequence[float] | None = None) -> np.ndarray:
+    """Cold-tail shares by weight (`weights`, else the destinations' own), draining ones 0."""
+    given = [d.capacity_weight for d in dests] if weights is None else weights
+    shares = np.array([0.0 if d.draining else w for d, w in zip(dests, given, strict=True)],
+                      np.float64)
+    total = shares.sum()
+    return shares / total if total > 0 else np.full(len(shares), 1.0 / len(shares))
 
 
 def _placement(
@@ -169,9 +172,8 @@ def _loads(
     # Routers spread the cold tail by the weights of the plan they follow; `dests` says
     # which destinations are live and, for ones the plan does not name, their weight.
     in_plan = {d.id: d.capacity_weight for d in plan.destinations}
-    routed = [dataclasses.replace(d, capacity_weight=in_plan.get(d.id, d.capacity_weight))
-              for d in dests]
-    return loads.astype(np.float64) + cold_tail * _fallback_shares(routed)
+    weights = [in_plan.get(d.id, d.capacity_weight) for d in dests]
+    return loads.astype(np.float64) + cold_tail * _fallback_shares(dests, weights)
 
 
 def imbalance(plan: RoutingPlan, loads: np.ndarray, fleet: Fleet | None = None) -> float:

@@ -957,9 +957,10 @@ class Planner:
 
     def _saturated(self) -> tuple[tuple[str, Saturation, float, float], ...]:
         by_id = {d.id: d for d in self._destinations}
+        q_cap = self._q_cap_in_use()  # once, not per destination
         return tuple(
             (dest, rec, by_id[dest].capacity_weight,
-             effective_weight(by_id[dest], rec, self._q_cap_in_use(), self.saturation_settings))
+             effective_weight(by_id[dest], rec, q_cap, self.saturation_settings))
             for dest, rec in sorted(self.saturation.items()) if dest in by_id)
 
     def observe_router_health(self, reports: list[list[str]]) -> frozenset[str]:
