@@ -163,7 +163,8 @@ def test_bad_events_are_dead_lettered_and_good_ones_counted(broker, tmp_path):
         assert win.duplicates_dropped == dup_events
         assert win.dead_letters == sum(b.expected_bad.values())
 
-        letters = dead_letters(broker.bootstrap, topics.deadletter)
+        letters = dead_letters(broker.bootstrap, topics.deadletter,
+                               sum(b.expected_bad.values()))
         assert Counter(d.reason for d in letters) == b.expected_bad
         assert all(d.source_topic == topics.events and d.raw and d.rejected_at_ms for d in letters)
 

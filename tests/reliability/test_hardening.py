@@ -118,7 +118,7 @@ def test_2_future_events_and_forged_sequences_are_dead_lettered_real_ones_all_co
                      + [(p, forged_request(em.producer_id, 2**64 - 1, now)) for p in (0, 1)])
             _real_events(em, 200)  # after the attack: none of these may be "late" or repeats
         assert _all_counted(snaps, 400), worker.log_tail(20)
-        reasons = Counter(d.reason for d in dead_letters(broker.bootstrap, topics.deadletter))
+        reasons = Counter(d.reason for d in dead_letters(broker.bootstrap, topics.deadletter, 4))
         assert reasons == {"timestamp_future": 2, "sequence_jump": 2}
     finally:
         snaps.close()
@@ -136,7 +136,7 @@ def test_3_an_oversized_message_is_dead_lettered_cut_to_size_and_nothing_is_lost
             _real_events(em, 200)
         assert _all_counted(snaps, 400), worker.log_tail(20)
         assert worker.alive() and worker.pid == pid  # no crash, no restart
-        (letter,) = dead_letters(broker.bootstrap, topics.deadletter)
+        (letter,) = dead_letters(broker.bootstrap, topics.deadletter, 1)
         assert letter.reason == "undecodable"
         assert len(letter.raw) == MAX_DEAD_LETTER_RAW
         assert f"raw truncated from {3 << 20} bytes" in letter.detail and "sha256=" in letter.detail
