@@ -38,11 +38,15 @@ def add_stack_arguments(p: argparse.ArgumentParser, p99_ms_max: float = 0.0) -> 
     p.add_argument("--destinations", type=int, default=8, help="engines / destinations (R)")
     p.add_argument("--partitions", type=int, default=4, help="partitions of the events topic")
     p.add_argument("--workers", type=int, default=1, help="stream worker processes")
-    p.add_argument("--window-s", type=float, default=10.0)
-    p.add_argument("--hop-s", type=float, default=2.0)
+    p.add_argument("--window-s", type=float, default=10.0,
+                   help="length of the stream's rate windows, seconds")
+    p.add_argument("--hop-s", type=float, default=2.0,
+                   help="seconds between window results (the windows slide by this)")
     p.add_argument("--interval-s", type=float, default=5.0, help="planner control interval")
-    p.add_argument("--q-cap", type=float, default=60.0)
-    p.add_argument("--warm-slots-per-destination", type=int, default=64)
+    p.add_argument("--q-cap", type=float, default=60.0,
+                   help="requests/s a destination serves before it queues (the knee)")
+    p.add_argument("--warm-slots-per-destination", type=int, default=64, metavar="W",
+                   help="prefixes a destination's cache keeps warm (W)")
     p.add_argument("--p99-ms-max", type=float, default=p99_ms_max,
                    help="the guard's validated p99 in ms, which `plan report` also checks "
                    "q_cap against (0: no latency target)")

@@ -36,6 +36,7 @@ from planner_svc.adapters.discovery_sources import (
     InferencePoolSource,
     ServiceSource,
 )
+from planner_svc.cli.console import command
 from planner_svc.cli.ops_client import OpsError, PlannerConnection, connect
 from planner_svc.errors import PlannerError
 from planner_svc.orchestration.pool import PoolEdit, reconcile
@@ -109,8 +110,7 @@ def _sync_options(p: argparse.ArgumentParser, env_prefix: str) -> None:
 
 def add_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     env = os.environ.get
-    d = sub.add_parser("discover", parents=[common], description=__doc__,
-                       formatter_class=argparse.RawDescriptionHelpFormatter,
+    d = command(sub, "discover", parents=[common], description=__doc__,
                        help="keep the planner's destinations equal to a file, DNS or "
                             "Kubernetes")
     src = d.add_mutually_exclusive_group(required=True)
@@ -129,8 +129,7 @@ def add_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     _sync_options(d, "CACHEROUTE_DISCOVER")
     d.set_defaults(func=cmd_discover)
 
-    p = sub.add_parser("pool-sync", parents=[common], description=__doc__,
-                       formatter_class=argparse.RawDescriptionHelpFormatter,
+    p = command(sub, "pool-sync", parents=[common], description=__doc__,
                        help="keep the planner's destinations equal to an InferencePool's pods")
     p.add_argument("--pool", default=env("CACHEROUTE_POOL_SYNC_POOL", ""),
                    help="the InferencePool's name (env CACHEROUTE_POOL_SYNC_POOL)")

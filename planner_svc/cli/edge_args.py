@@ -54,7 +54,7 @@ def add_flags(parser: argparse.ArgumentParser, flags: Flags, env_prefix: str) ->
     for flag, (kind, default, text) in flags.items():
         env = env_prefix + flag.upper().replace("-", "_")
         parser.add_argument(f"--{flag}", type=kind, default=_env(env, kind, default),
-                            help=f"{text} (default {default!r}; env {env})")
+                            help=f"{text} (env {env})")
 
 
 def _env(name: str, kind: type, default: Any) -> Any:

@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import logging
 
+from planner_svc.cli.console import command
 from planner_svc.cli.edge_args import (
     ROUTING_FLAGS,
     Flags,
@@ -44,9 +45,8 @@ FLAGS: Flags = {
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser("epp", help="the endpoint picker for Gateway API Inference Extension "
-                       "gateways (Envoy ext_proc)", description=__doc__,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = command(sub, "epp", help="the endpoint picker for Gateway API Inference Extension "
+                       "gateways (Envoy ext_proc)", description=__doc__)
     add_flags(p, FLAGS, "CACHEROUTE_EPP_")
     p.set_defaults(func=cmd_epp)
 

@@ -17,6 +17,7 @@ import argparse
 import asyncio
 import logging
 
+from planner_svc.cli.console import command
 from planner_svc.cli.edge_args import (
     ROUTING_FLAGS,
     Flags,
@@ -46,8 +47,8 @@ FLAGS: Flags = {
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser("gateway", help="the OpenAI-compatible edge gateway routed by the plan",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = command(sub, "gateway", help="the OpenAI-compatible edge gateway routed by the plan",
+                       description=__doc__)
     add_flags(p, FLAGS, "CACHEROUTE_GATEWAY_")
     p.set_defaults(func=cmd_gateway)
 

@@ -1,7 +1,7 @@
 """The `cacheroute` console script: one entry point, a sub-command per job.
 
 Commands are registered by their own modules; this file only assembles the parser.
-Heavy dependencies (Kafka, gRPC stubs, the simulator) load inside the commands.
+Heavy dependencies (Kafka, gRPC stubs) load inside the commands.
 """
 
 from __future__ import annotations
@@ -11,23 +11,33 @@ import logging
 import signal
 import sys
 import threading
+from typing import Any
 
 from planner_svc.cli import discover_cmd, epp_cmd, gateway_cmd, ops, replay_cmd
+from planner_svc.cli.console import HelpFormatter, command
+
+DESCRIPTION = """\
+CacheRoute plans which engine replica serves each routing key, so that prefix (KV) caches
+stay warm and load stays balanced. Start a local stack with `cacheroute up` (or
+`cacheroute demo` for a synthetic fleet beside it), route with `cacheroute gateway`, and
+operate a running planner with status, plan, replan, mode, config and destinations.
+`cacheroute COMMAND --help` describes each command; planner commands read
+CACHEROUTE_PLANNER and CACHEROUTE_TOKEN from the environment."""
 
 
-def _add_stack_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def _add_stack_commands(sub: Any) -> None:
     from planner_svc.cli import demo
 
-    up = sub.add_parser("up", help="start the local stack on loopback until Ctrl-C")
+    up = command(sub, "up", help="start the local stack on loopback until Ctrl-C")
     demo.add_stack_arguments(up)
     up.set_defaults(func=demo.cmd_up)
-    d = sub.add_parser("demo", help="the stack plus a synthetic fleet, CacheRoute vs Flat-LB")
+    d = command(sub, "demo", help="the stack plus a synthetic fleet, CacheRoute vs Flat-LB")
     # The demo fleet's p99 is tens of ms: a 2-s target lets its report check q_cap.
     demo.add_stack_arguments(d, p99_ms_max=2000.0)
     d.add_argument("--duration", type=float, default=60.0, help="seconds to run the fleet")
     d.add_argument("--keys", type=int, default=3000, help="routing keys (paper: 128,824)")
     d.add_argument("--rate", type=float, default=300.0, help="requests/s offered")
-    d.add_argument("--seed", type=int, default=7)
+    d.add_argument("--seed", type=int, default=7, help="seed of the synthetic traffic")
     d.add_argument(
         "--drift-every-s",
         type=float,
@@ -51,27 +61,30 @@ def _add_stack_commands(sub: argparse._SubParsersAction) -> None:  # type: ignor
     d.set_defaults(func=demo.cmd_demo)
 
 
-def _add_plan_commands(sub: argparse._SubParsersAction) -> argparse._SubParsersAction:  # type: ignore[type-arg]
-    plan = sub.add_parser("plan", help="build, diff and inspect plans")
+def _add_plan_commands(sub: Any, connection: argparse.ArgumentParser) -> Any:
+    plan = command(sub, "plan", help="build, diff and inspect plans")
     plan_sub = plan.add_subparsers(dest="plan_command", required=True)
     from planner_svc.cli import plan_cmd
 
-    plan_cmd.add_offline_commands(plan_sub)
+    plan_cmd.add_offline_commands(plan_sub, connection)
     return plan_sub
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="cacheroute", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--log-level", default="WARNING")
+    parser = argparse.ArgumentParser(prog="cacheroute", description=DESCRIPTION,
+                                     formatter_class=HelpFormatter)
+    parser.add_argument("--log-level", default="WARNING",
+                        choices=["DEBUG", "INFO", "WARNING", "ERROR"], type=str.upper,
+                        help="log verbosity of the command")
     sub = parser.add_subparsers(dest="command", required=True)
+    connection = ops.connection_options()
     _add_stack_commands(sub)
-    plan_sub = _add_plan_commands(sub)
+    plan_sub = _add_plan_commands(sub, connection)
     replay_cmd.add_commands(sub)  # replay, diagnose
     gateway_cmd.add_commands(sub)
     epp_cmd.add_commands(sub)
-    ops.add_commands(sub, plan_sub)  # status, watch, replan, mode, ... and online plan commands
-    discover_cmd.add_commands(sub, ops.connection_options())
+    ops.add_commands(sub, plan_sub, connection)  # status, replan, ... and online plan commands
+    discover_cmd.add_commands(sub, connection)
     return parser
 
 

@@ -33,7 +33,7 @@ import re
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,7 @@ import numpy as np
 
 from cacheroute.v1 import plan_pb2, planner_pb2
 from planner_svc.cli import ops_view as view
+from planner_svc.cli.console import command, show
 from planner_svc.cli.ops_client import DEFAULT_PLANNER, OpsError, PlannerConnection, connect
 from router_client.plan import RoutingPlan, Version, decode_plan
 
@@ -87,12 +88,16 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def emit(args: argparse.Namespace, data: Any, text: Callable[[], str]) -> None:
-    """Print `data` as JSON with --json, else the human rendering."""
+def emit(args: argparse.Namespace, data: Any,
+         text: Callable[[], str | view.TextTable | Sequence[str | view.TextTable]]) -> None:
+    """Print `data` as JSON with --json, else the human rendering (tables as tables on a
+    terminal only)."""
     if args.json:
         print(json.dumps(data, sort_keys=False), flush=True)
-    else:
-        print(text(), flush=True)
+        return
+    output = text()
+    for part in [output] if isinstance(output, str | view.TextTable) else output:
+        show(part)
 
 
 def parse_version(text: str) -> plan_pb2.PlanVersion:
@@ -315,7 +320,7 @@ def cmd_destinations_edit(args: argparse.Namespace, conn: PlannerConnection) -> 
     past = {"add": "added", "drain": "draining", "remove": "removed",
             "weight": f"weighted {getattr(args, 'weight', 0):g} (from the next plan)"}[action]
     emit(args, {"destinations": data},
-         lambda: f"{args.id} {past}\n" + view.render_destinations(data))
+         lambda: [f"{args.id} {past}", view.render_destinations(data)])
 
 
 # --- the parser -------------------------------------------------------------------------
@@ -366,70 +371,68 @@ def run(fn: Command, args: argparse.Namespace) -> int:
             conn.close()
 
 
-def add_commands(sub: Any, plan_sub: Any) -> None:
-    """Register the online commands on the top-level and `plan` sub-parsers."""
-    common, mutation = connection_options(), _mutation_options()
+def add_commands(sub: Any, plan_sub: Any, common: argparse.ArgumentParser) -> None:
+    """Register the online commands on the top-level and `plan` sub-parsers; `common` is
+    the connection options every online command takes."""
+    mutation = _mutation_options()
     both = [common, mutation]
-    _online(sub.add_parser("status", parents=[common], help="what plan is live, and why"),
+    _online(command(sub, "status", parents=[common], help="what plan is live, and why"),
             cmd_status)
     _add_plan_commands(plan_sub, common, both)
-    replan = sub.add_parser("replan", parents=both, help="build a candidate now")
+    replan = command(sub, "replan", parents=both, help="build a candidate now")
     replan.add_argument("--dry-run", action="store_true", help="price it, install nothing")
     replan.add_argument("--fresh", action="store_true", help="from-scratch LPT, not repack")
     replan.add_argument("--force", action="store_true", help="install regardless of penalties")
     _online(replan, cmd_replan)
-    mode = sub.add_parser("mode", parents=both, help="force planned or fallback, or auto")
-    mode.add_argument("mode", choices=sorted(MODES))
+    mode = command(sub, "mode", parents=both, help="force planned or fallback, or auto")
+    mode.add_argument("mode", choices=sorted(MODES),
+                      help="planned or fallback pins the mode; auto hands it back to the guard")
     mode.add_argument("--reason", default="", help="recorded with the decision")
     _online(mode, cmd_mode)
     _add_config_commands(sub, common, both)
-    decisions = sub.add_parser("decisions", parents=[common], help="the decision log, newest first")
-    decisions.add_argument("--limit", type=int, default=20)
+    decisions = command(sub, "decisions", parents=[common], help="the decision log, newest first")
+    decisions.add_argument("--limit", type=int, default=20, help="decisions to list")
     _online(decisions, cmd_decisions)
-    routers = sub.add_parser("routers", parents=[common],
+    routers = command(sub, "routers", parents=[common],
                              help="the fleet: each router's version, lag, mode, rejections")
     _online(routers, cmd_routers)
-    watch = sub.add_parser("watch", parents=[common], help="live: installs and decisions")
+    watch = command(sub, "watch", parents=[common], help="live: installs and decisions")
     watch.add_argument("--count", type=int, default=0, help="stop after N events (0: never)")
     watch.add_argument("--duration", type=float, default=None, help="stop after N seconds")
     _online(watch, cmd_watch)
 
 
 def _add_plan_commands(plan_sub: Any, common: Any, both: list[Any]) -> None:
-    show = plan_sub.add_parser("show", parents=[common], help="a plan: load bars, keys")
-    show.add_argument("version", nargs="?", help="EPOCH.SEQ (default: the current plan)")
-    show.add_argument("--top", type=int, default=10, help="hottest keys to list")
-    _online(show, cmd_plan_show)
-    explain = plan_sub.add_parser("explain", parents=[common],
+    show_cmd = command(plan_sub, "show", parents=[common], help="a plan: load bars, keys")
+    show_cmd.add_argument("version", nargs="?", help="EPOCH.SEQ (default: the current plan)")
+    show_cmd.add_argument("--top", type=int, default=10, help="hottest keys to list")
+    _online(show_cmd, cmd_plan_show)
+    explain = command(plan_sub, "explain", parents=[common],
                                   help="why a key is (or is not) where the plan puts it")
     explain.add_argument("key", help="the routing key")
     explain.add_argument("--history", type=int, default=5, help="retained versions to list")
     _online(explain, cmd_plan_explain)
-    report = plan_sub.add_parser("report", parents=[common],
+    report = command(plan_sub, "report", parents=[common],
                                  help="did the plan deliver: predicted vs realized")
     report.add_argument("version", nargs="?", help="EPOCH.SEQ (default: the current plan)")
     _online(report, cmd_plan_report)
-    versions = plan_sub.add_parser("versions", parents=[common], help="retained plan versions")
-    versions.add_argument("--limit", type=int, default=20)
+    versions = command(plan_sub, "versions", parents=[common], help="retained plan versions")
+    versions.add_argument("--limit", type=int, default=20, help="versions to list")
     _online(versions, cmd_plan_versions)
-    rollback = plan_sub.add_parser("rollback", parents=both, help="reinstall VERSION and pin it")
+    rollback = command(plan_sub, "rollback", parents=both, help="reinstall VERSION and pin it")
     rollback.add_argument("version", nargs="?", help="EPOCH.SEQ")
     rollback.add_argument("--release", action="store_true", help="release the rollback pin")
     _online(rollback, cmd_plan_rollback)
-    _extend_offline_diff(plan_sub.choices.get("diff"), common)
+    _extend_offline_diff(plan_sub.choices.get("diff"))
 
 
-def _extend_offline_diff(diff: argparse.ArgumentParser | None, common: Any) -> None:
+def _extend_offline_diff(diff: argparse.ArgumentParser | None) -> None:
     """Teach the offline `plan diff A B` (files) to diff retained versions on the planner."""
     if diff is None:
         return
     offline = diff.get_default("func")
-    known = {a.dest for a in diff._actions}
     diff.add_argument("--online", action="store_true",
                       help="A and B are plan versions on the planner (implied for EPOCH.SEQ)")
-    for action in common._actions:
-        if action.dest not in known and action.dest != "help":
-            diff._add_action(action)
 
     def dispatch(args: argparse.Namespace) -> int:
         if args.online or (_looks_online(args.a) and _looks_online(args.b)):
@@ -445,24 +448,24 @@ def _looks_online(arg: Any) -> bool:
 
 
 def _add_config_commands(sub: Any, common: Any, both: list[Any]) -> None:
-    config = sub.add_parser("config", help="the planner's run-time settings")
+    config = command(sub, "config", help="the planner's run-time settings")
     config_sub = config.add_subparsers(dest="config_command", required=True)
-    _online(config_sub.add_parser("get", parents=[common], help="show the settings"),
+    _online(command(config_sub, "get", parents=[common], help="show the settings"),
             cmd_config_get)
-    setter = config_sub.add_parser("set", parents=both, help="change KEY=VALUE settings")
+    setter = command(config_sub, "set", parents=both, help="change KEY=VALUE settings")
     setter.add_argument("assignments", nargs="+", metavar="KEY=VALUE",
                         help="keys: " + ", ".join(SETTABLE))
     _online(setter, cmd_config_set)
-    dests = sub.add_parser("destinations",
+    dests = command(sub, "destinations",
                            help="list, add, drain, remove or reweight destinations")
     dests_sub = dests.add_subparsers(dest="destinations_command", required=True)
-    _online(dests_sub.add_parser("list", parents=[common], help="the configured destinations"),
+    _online(command(dests_sub, "list", parents=[common], help="the configured destinations"),
             cmd_destinations_list)
     for action, text in (("add", "add a destination"), ("drain", "stop placing keys on it"),
                          ("remove", "remove it from the plan"),
                          ("weight", "change its capacity weight")):
-        p = dests_sub.add_parser(action, parents=both, help=text)
-        p.add_argument("id")
+        p = command(dests_sub, action, parents=both, help=text)
+        p.add_argument("id", help="the destination's id")
         if action == "add":
             p.add_argument("--address", default="", help="engine address routers dial")
             p.add_argument("--weight", type=float, default=1.0, help="capacity weight")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -23,6 +24,30 @@ MODE_NAMES = {0: "auto", **{int(pb): mode.value for mode, pb in MODE_TO_PB.items
 BAR_WIDTH = 40
 _RANGE = {"active_keys_max", "p99_ms_max", "hit_rate_min", "hit_gap_max"}  # 0 = not checked
 _EIGHTHS = " ▏▎▍▌▋▊▉"
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    name: str
+    right: bool = False  # numbers align right
+
+
+@dataclass(frozen=True, slots=True)
+class TextTable:
+    """Rows of cells, rendered as a table on a terminal and as aligned text elsewhere."""
+
+    columns: tuple[Column, ...]
+    rows: tuple[tuple[str, ...], ...]
+
+
+def plain_table(table: TextTable) -> str:
+    """Aligned columns, two spaces apart, no trailing blanks."""
+    cells = [tuple(c.name for c in table.columns), *table.rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(table.columns))]
+    return "\n".join(
+        "  ".join(cell.rjust(w) if col.right else cell.ljust(w)
+                  for cell, w, col in zip(row, widths, table.columns, strict=True)).rstrip()
+        for row in cells)
 
 
 def version_text(pb: Any) -> str | None:
@@ -411,16 +436,16 @@ def render_plan(p: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def render_versions(versions: Sequence[Mapping[str, Any]], now_ms: int) -> str:
-    lines = [f"  {'version':<9} {'age':>6} {'keys':>7} {'imbalance':>9}  built by"]
+def render_versions(versions: Sequence[Mapping[str, Any]], now_ms: int) -> TextTable:
+    rows = []
     for v in versions:
-        mark = "*" if v["current"] else " "
         age = age_text((now_ms - v["created_at_ms"]) / 1000) if v["created_at_ms"] else "?"
-        lines.append(
-            f"{mark} {v['version']:<9} {age:>6} {v['admitted_keys']:>7} "
-            f"{v['imbalance_max_over_mean']:>9.3f}  {v['built_by']}"
-        )
-    return "\n".join(lines)
+        current = "*" if v["current"] else " "  # the installed one
+        rows.append((f"{current} {v['version']}", age, str(v["admitted_keys"]),
+                     f"{v['imbalance_max_over_mean']:.3f}", v["built_by"]))
+    return TextTable((Column("  version"), Column("age", True),
+                      Column("keys", True), Column("imbalance", True), Column("built by")),
+                     tuple(rows))
 
 
 def render_diff(d: Mapping[str, Any], a: str, b: str) -> str:
@@ -444,14 +469,11 @@ def render_config(c: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def render_destinations(dests: Sequence[Mapping[str, Any]]) -> str:
-    width = max((len(d["id"]) for d in dests), default=2)
-    return "\n".join(
-        f"{d['id']:<{width}}  weight {d['capacity_weight']:g}"
-        + (f"  {d['address']}" if d["address"] else "")
-        + ("  draining" if d["draining"] else "")
-        for d in dests
-    )
+def render_destinations(dests: Sequence[Mapping[str, Any]]) -> TextTable:
+    rows = tuple((d["id"], f"{d['capacity_weight']:g}", d["address"] or "-",
+                  "draining" if d["draining"] else "") for d in dests)
+    return TextTable((Column("destination"), Column("weight", True), Column("address"),
+                      Column("state")), rows)
 
 
 def render_replan(r: Mapping[str, Any]) -> str:
@@ -512,11 +534,8 @@ def router_dict(sync: Any, newest: Any | None) -> dict[str, Any]:
     }
 
 
-def render_routers(routers: Sequence[Mapping[str, Any]], now_ms: int) -> str:
-    width = max(len("router"), *(len(r["router_id"]) for r in routers))
-    head = (f"{'router':<{width}}  {'state':<8} {'applied':>9} {'behind':>6} {'mode':<8} "
-            f"{'reported':>9}  notes")
-    lines = [head]
+def render_routers(routers: Sequence[Mapping[str, Any]], now_ms: int) -> TextTable:
+    rows = []
     for r in routers:
         behind = "?" if r["versions_behind"] is None else str(r["versions_behind"])
         age = f"{max(0, now_ms - r['reported_at_ms']) / 1000:.0f} s ago" if r["reported_at_ms"] \
@@ -526,9 +545,11 @@ def render_routers(routers: Sequence[Mapping[str, Any]], now_ms: int) -> str:
             notes.append(f"rejected {r['last_rejected']}: {r['last_rejection']}")
         if r["unhealthy_destinations"]:
             notes.append("unhealthy: " + ", ".join(r["unhealthy_destinations"]))
-        lines.append(f"{r['router_id']:<{width}}  {r['state']:<8} {r['applied'] or '-':>9} "
-                     f"{behind:>6} {r['mode'] or '-':<8} {age:>9}  {'; '.join(notes)}")
-    return "\n".join(lines)
+        rows.append((r["router_id"], r["state"], r["applied"] or "-", behind, r["mode"] or "-",
+                     age, "; ".join(notes)))
+    return TextTable((Column("router"), Column("state"), Column("applied", True),
+                      Column("behind", True), Column("mode"), Column("reported", True),
+                      Column("notes")), tuple(rows))
 
 
 def explanation_dict(pb: Any) -> dict[str, Any]:

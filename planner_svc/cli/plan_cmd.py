@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from planner_svc.cli.console import command
 from planner_svc.planning import PlanDiff, PlanningConfig, PlanningError, build_plan, diff, repack
 from router_client.errors import PlanRejected
 from router_client.plan import DestinationSpec, RoutingPlan, decode_plan, encode_plan
@@ -35,9 +36,10 @@ class RatesFile:
         self.keys, self.rates, self.tokens = keys, rates, tokens
 
 
-def add_offline_commands(plan_subparsers: Any) -> None:
-    """Add `build` and `diff` to the `plan` command group's subparsers."""
-    build = plan_subparsers.add_parser("build", help="build (or repack) a plan from a rates file")
+def add_offline_commands(plan_subparsers: Any, connection: argparse.ArgumentParser) -> None:
+    """Add `build` and `diff` to the `plan` command group's subparsers. `diff` also takes
+    the planner's connection options: `ops` teaches it to diff retained versions."""
+    build = command(plan_subparsers, "build", help="build (or repack) a plan from a rates file")
     build.add_argument("--rates", required=True, type=Path, help="CSV or JSON of key,rate[,tokens]")
     where = build.add_mutually_exclusive_group(required=True)
     where.add_argument("--destinations", type=int, help="N equal destinations d000..")
@@ -46,11 +48,13 @@ def add_offline_commands(plan_subparsers: Any) -> None:
     build.add_argument("--draining", action="append", default=[], metavar="ID",
                        help="mark a destination as draining (repeat)")
     build.add_argument("--q-cap", type=float, required=True, help="per-destination knee, req/s")
-    build.add_argument("--warm-slots-per-destination", type=int, default=128, metavar="W")
+    build.add_argument("--warm-slots-per-destination", type=int, default=128, metavar="W",
+                       help="prefixes a destination's cache keeps warm (W)")
     build.add_argument("--warm-slots", type=int, metavar="C", help="override C = R·W")
     build.add_argument("--byte-aware", action="store_true", help="token budget, value density")
     build.add_argument("--token-budget", type=float, help="warm budget in tokens (byte-aware)")
-    build.add_argument("--imbalance-tolerance", type=float, default=0.03)
+    build.add_argument("--imbalance-tolerance", type=float, default=0.03,
+                       help="max/mean load above 1 that repacking accepts")
     build.add_argument("--balance-effort", type=float, default=1.0,
                        help="repack: 0 = least churn .. 1 = best balance")
     build.add_argument("--admission-hysteresis", type=float, default=0.0, metavar="H",
@@ -59,10 +63,10 @@ def add_offline_commands(plan_subparsers: Any) -> None:
     build.add_argument("--out", type=Path, metavar="PLAN", help="write the encoded plan here")
     build.add_argument("--json", action="store_true", help="print a JSON summary")
     build.set_defaults(func=run_build)
-    compare = plan_subparsers.add_parser("diff", help="compare two plan files")
-    compare.add_argument("a", type=Path, metavar="A")
-    compare.add_argument("b", type=Path, metavar="B")
-    compare.add_argument("--json", action="store_true", help="print a JSON summary")
+    compare = command(plan_subparsers, "diff", parents=[connection],
+                      help="compare two plans: files, or versions the planner retains")
+    compare.add_argument("a", type=Path, metavar="A", help="the older plan (file or EPOCH.SEQ)")
+    compare.add_argument("b", type=Path, metavar="B", help="the newer plan (file or EPOCH.SEQ)")
     compare.set_defaults(func=run_diff)
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from planner_svc.cli.console import command
 from planner_svc.simulator.arrivals import ArrivalSpec
 from planner_svc.simulator.diagnose import diagnose
 from planner_svc.simulator.experiment import (
@@ -34,7 +35,7 @@ from planner_svc.simulator.workload import SCENARIOS, WHALE_SHARE, WHALES
 
 def add_commands(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add `replay` and `diagnose` to a console script's subparsers."""
-    rp = subparsers.add_parser("replay", help="shadow-replay policies on a scenario or a trace")
+    rp = command(subparsers, "replay", help="shadow-replay policies on a scenario or a trace")
     _workload_args(rp)
     rp.add_argument(
         "--policies",
@@ -59,14 +60,17 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:  # type: ignor
         default="measured",
         help="CacheRoute plans from counted warm-up arrivals or the true rates",
     )
-    rp.add_argument("--replan", choices=("once", "repack", "repack-ewma"), default="repack")
+    rp.add_argument("--replan", choices=("once", "repack", "repack-ewma"), default="repack",
+                    help="CacheRoute plans once, repacks every interval, or repacks on "
+                    "smoothed rates")
     rp.add_argument("--q-cap", type=float, default=None, help="override the calibrated q_cap")
     rp.add_argument("--warm-slots", type=int, default=None, help="override W per destination")
-    rp.add_argument("--workers", type=int, default=2)
+    rp.add_argument("--workers", type=int, default=2, help="processes running load points")
     rp.add_argument("--ref-load", type=float, default=None, help="load of the main table")
-    rp.add_argument("--out", type=Path, default=Path("replay-results"))
+    rp.add_argument("--out", type=Path, default=Path("replay-results"),
+                    help="directory of the tables, CSV and plots")
     rp.add_argument("--name", default="", help="file stem of the outputs (default: scenario)")
-    rp.add_argument("--no-plots", action="store_true")
+    rp.add_argument("--no-plots", action="store_true", help="write tables only")
     rp.add_argument(
         "--export-trace",
         type=Path,
@@ -75,7 +79,7 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:  # type: ignor
     )
     rp.set_defaults(func=cmd_replay)
 
-    dg = subparsers.add_parser("diagnose", help="predict whether affinity wins on a trace")
+    dg = command(subparsers, "diagnose", help="predict whether affinity wins on a trace")
     _workload_args(dg)
     dg.add_argument("--load", type=float, default=0.0, help="req/s (0: the trace as recorded)")
     dg.add_argument("--json", action="store_true", help="print the figures as JSON")
@@ -83,11 +87,12 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:  # type: ignor
 
 
 def _workload_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--scenario", choices=sorted(SCENARIOS), default="paper-like")
+    p.add_argument("--scenario", choices=sorted(SCENARIOS), default="paper-like",
+                   help="built-in workload (ignored with --trace)")
     p.add_argument("--trace", type=Path, default=None, help="recorded trace (.csv / .jsonl)")
     p.add_argument("--requests", type=int, default=200_000, help="requests per load point")
     p.add_argument("--keys", type=int, default=SIM_KEYS, help="routing keys (synthetic)")
-    p.add_argument("--destinations", type=int, default=30)
+    p.add_argument("--destinations", type=int, default=30, help="engine replicas (R)")
     p.add_argument(
         "--engine",
         choices=("scenario", *sorted(ENGINES)),
@@ -102,7 +107,9 @@ def _workload_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--whale-share", type=float, default=None, help="whales scenario: share of each (0.09)"
     )
-    p.add_argument("--arrivals", choices=("poisson", "gamma", "bootstrap"), default="poisson")
+    p.add_argument("--arrivals", choices=("poisson", "gamma", "bootstrap"), default="poisson",
+                   help="arrival process: Poisson, bursty gamma (--cv), or gaps resampled "
+                   "from a trace (--gaps-from)")
     p.add_argument("--cv", type=float, default=1.9, help="gamma arrivals: coefficient of variation")
     p.add_argument(
         "--gaps-from",

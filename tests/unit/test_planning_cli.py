@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from planner_svc.cli.ops import connection_options
 from planner_svc.cli.plan_cmd import add_offline_commands, read_rates
 from planner_svc.simulator.rates import paper_like_keys, paper_like_rates
 from router_client.plan import decode_plan
@@ -16,7 +17,8 @@ from router_client.plan import decode_plan
 
 def run(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="cacheroute plan")
-    add_offline_commands(parser.add_subparsers(dest="command", required=True))
+    add_offline_commands(parser.add_subparsers(dest="command", required=True),
+                         connection_options())
     args = parser.parse_args(argv)
     return int(args.func(args))
 

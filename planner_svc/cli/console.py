@@ -1,0 +1,53 @@
+"""Where the CLI's output goes: tables and colour for people at a terminal, plain aligned
+text for pipes and files (so `| grep`, `| head` and scripts see no escape codes), and the
+one formatter every command's `--help` uses."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any, TextIO
+
+from rich_argparse import RawDescriptionRichHelpFormatter
+
+from planner_svc.cli.ops_view import TextTable, plain_table
+
+
+class HelpFormatter(RawDescriptionRichHelpFormatter):
+    """Descriptions as written (they are paragraphs), every meaningful default shown,
+    colour only on a terminal (rich decides, and honours NO_COLOR)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if (default in (None, "", False, argparse.SUPPRESS) or "default" in text
+                or (action.option_strings == [] and action.nargs in ("?", "*"))):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+def command(sub: Any, name: str, *, help: str, **kwargs: Any) -> argparse.ArgumentParser:
+    """A sub-command whose own `--help` opens with the line the command list shows."""
+    kwargs.setdefault("description", help)
+    kwargs.setdefault("formatter_class", HelpFormatter)
+    parser: argparse.ArgumentParser = sub.add_parser(name, help=help, **kwargs)
+    return parser
+
+
+def show(output: str | TextTable, stream: TextIO | None = None) -> None:
+    """Print a command's human output: a table as a rich table on a terminal, else as
+    aligned plain text."""
+    out = stream or sys.stdout
+    if isinstance(output, TextTable) and out.isatty():
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(box=None, header_style="bold", pad_edge=False)
+        for column in output.columns:
+            table.add_column(column.name, justify="right" if column.right else "left")
+        for row in output.rows:
+            table.add_row(*row)
+        Console(file=out).print(table)
+        return
+    text = plain_table(output) if isinstance(output, TextTable) else output
+    print(text, file=out, flush=True)
