@@ -29,7 +29,13 @@ from planner_svc.adapters.snapshot_consumer import SnapshotConsumer
 from planner_svc.api.interceptors import PlannerInterceptor
 from planner_svc.api.metrics import MetricsServer, planner_registry, start_metrics_server
 from planner_svc.api.servicer import PlannerServicer
-from planner_svc.control import ControlLoop, GuardSettings, LoopSettings, ValidatedRange
+from planner_svc.control import (
+    ControlLoop,
+    DecisionSettings,
+    GuardSettings,
+    LoopSettings,
+    ValidatedRange,
+)
 from planner_svc.orchestration.leadership import Change, Leadership
 from planner_svc.orchestration.planner import Planner, Tunables
 from planner_svc.settings import PlannerSettings
@@ -67,8 +73,6 @@ def tunables_from(settings: PlannerSettings) -> Tunables:
         q_cap=settings.q_cap,
         warm_slots_per_destination=settings.warm_slots_per_destination,
         interval_s=settings.interval_s,
-        hysteresis=settings.hysteresis,
-        min_dwell_s=settings.min_dwell_s,
         imbalance_tolerance=settings.imbalance_tolerance,
         max_plan_age_s=settings.max_plan_age_s,
         byte_aware=settings.byte_aware,
@@ -233,7 +237,9 @@ def build_service(
     except ValueError as exc:
         raise SystemExit(f"--guard-* settings: {exc}") from None
     planner = Planner(
-        loop=ControlLoop(LoopSettings(guard=guard), validated=validated),
+        loop=ControlLoop(LoopSettings(guard=guard, decision=DecisionSettings(
+            hysteresis=settings.hysteresis, min_dwell_s=settings.min_dwell_s)),
+            validated=validated),
         publisher=publisher,
         destinations=destinations,
         tunables=tunables_from(settings),

@@ -6,7 +6,7 @@ import math
 from typing import Any
 
 from cacheroute.v1 import plan_pb2, planner_pb2
-from planner_svc.control.decision import Decision
+from planner_svc.control.decision import Decision, DecisionSettings
 from planner_svc.control.delivery import DeliveryReport
 from planner_svc.control.guard import GuardSettings, Mode, ValidatedRange
 from planner_svc.control.loop import Figures
@@ -129,14 +129,15 @@ def guard_from_pb(pb: planner_pb2.GuardConfig) -> Guard:
     return Guard(validated, settings)
 
 
-def config_pb(t: Tunables, destinations: list[Any], guard: Guard) -> planner_pb2.PlannerConfig:
+def config_pb(t: Tunables, decision: DecisionSettings, destinations: list[Any],
+              guard: Guard) -> planner_pb2.PlannerConfig:
     return planner_pb2.PlannerConfig(
         guard=guard_pb(guard),
         q_cap=t.q_cap,
         warm_slots_per_destination=t.warm_slots_per_destination,
         interval_s=t.interval_s,
-        hysteresis=t.hysteresis,
-        min_dwell_s=t.min_dwell_s,
+        hysteresis=decision.hysteresis,
+        min_dwell_s=decision.min_dwell_s,
         imbalance_tolerance=t.imbalance_tolerance,
         max_plan_age_s=t.max_plan_age_s,
         byte_aware=t.byte_aware,

@@ -117,7 +117,7 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
             last_decision=self._decision(last) if last is not None else None,
             rates_age_s=s.rates_age_s if math.isfinite(s.rates_age_s) else -1.0,
             rates_recovering=s.rates_recovering,
-            config=convert.config_pb(s.tunables, s.destinations, s.guard),
+            config=convert.config_pb(s.tunables, s.decision_settings, s.destinations, s.guard),
             pinned=s.pinned,
             mode_reason=s.mode_reason,
             role=s.role,
@@ -299,7 +299,8 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
             weights=dict(request.set_weights),
         )
         return planner_pb2.UpdateConfigResponse(
-            config=convert.config_pb(tun, self._planner.destinations, self._planner.guard)
+            config=convert.config_pb(tun, self._planner.decision_settings,
+                                     self._planner.destinations, self._planner.guard)
         )
 
 

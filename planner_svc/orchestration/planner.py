@@ -27,7 +27,7 @@ import numpy as np
 
 from planner_svc.control import ControlLoop
 from planner_svc.control.capacity import MeasuredQCap, learned_q_cap, measured_q_cap
-from planner_svc.control.decision import Action, Decision, Penalties
+from planner_svc.control.decision import Action, Decision, DecisionSettings, Penalties
 from planner_svc.control.delivery import (
     DeliveryReport,
     Prediction,
@@ -108,6 +108,9 @@ class Publisher(Protocol):
     def clear_corrupt_pointer(self) -> bool: ...
 
 
+# The install rule's knobs that UpdateConfig sets (the loop's DecisionSettings).
+DECISION_FIELDS = ("hysteresis", "min_dwell_s")
+
 @dataclass(frozen=True)
 class Installed:
     plan: RoutingPlan
@@ -155,6 +158,7 @@ class PlannerStatus:
     rates_recovering: bool
     pinned: bool
     tunables: Tunables
+    decision_settings: DecisionSettings
     destinations: list[DestinationSpec]
     guard: Guard
     # "single" (no leader election), "leader" or "standby"; the leader's id when known.
@@ -171,13 +175,13 @@ class PlannerStatus:
 
 @dataclass(frozen=True)
 class Tunables:
-    """What `UpdateConfig` may change at run time."""
+    """What `UpdateConfig` may change at run time, besides the install rule's knobs and
+    the guard: those belong to the control loop (`LoopSettings.decision`, `.guard`), which
+    is their only copy."""
 
     q_cap: float
     warm_slots_per_destination: int
     interval_s: float
-    hysteresis: float
-    min_dwell_s: float
     imbalance_tolerance: float
     max_plan_age_s: float
     # Planning options (planner_svc.planning.config.PlanningConfig documents them).
@@ -218,7 +222,6 @@ class Planner:
         self.reported_down: frozenset[str] = frozenset()
         self.tunables = tunables
         self._loop = loop or ControlLoop()
-        self._apply_decision_settings()
         self._rate_column = rate_column
         self._epoch = epoch
         self.installed: Installed | None = None
@@ -379,14 +382,20 @@ class Planner:
             raise NotLeader(f"this planner is a standby ({who}): send changes to the leader")
 
     def _restore_durable(self, durable: Any) -> None:
+        decision: dict[str, float] = {}
         if durable.config is not None:
-            self.tunables = Tunables(**durable.config["tunables"])
+            tunables = dict(durable.config["tunables"])
+            # Configs persisted before the loop owned them keep the rule's knobs here.
+            decision = {k: tunables.pop(k) for k in DECISION_FIELDS if k in tunables}
+            decision.update(durable.config.get("decision", {}))
+            self.tunables = Tunables(**tunables)
             self._destinations = [DestinationSpec(**d) for d in durable.config["destinations"]]
-            self._apply_decision_settings()
         if durable.loop is not None:
             guard = self.guard  # configuration, not the loop's state
             self._loop = ControlLoop.restore(durable.loop, self._loop.settings)
             self._apply_guard(guard)
+        if decision:
+            self._set_decision_settings(decision)
         if durable.config is not None and "guard" in durable.config:
             self._apply_guard(Guard.from_dict(durable.config["guard"]))  # changed at run time
         for record in durable.decisions[-self.decisions.maxlen :]:  # type: ignore[operator]
@@ -853,12 +862,15 @@ class Planner:
             cached = self._once.get("update_config", request_id)
             if cached is not None:
                 return cached  # type: ignore[no-any-return]
-            new_tunables = dataclasses.replace(self.tunables, **tunables)
+            decision = {k: v for k, v in tunables.items() if k in DECISION_FIELDS}
+            planning = {k: v for k, v in tunables.items() if k not in DECISION_FIELDS}
+            new_tunables = dataclasses.replace(self.tunables, **planning)
             new_destinations = edit_destinations(self._destinations, add, drain, remove,
                                                  weights)
             self._planning_config(new_tunables, new_destinations)  # refuse a bad edit now
             self.tunables, self._destinations = new_tunables, new_destinations
-            self._apply_decision_settings()
+            if decision:
+                self._set_decision_settings(decision)
             if guard is not None:
                 self._apply_guard(guard)
                 log.info("guard configuration changed: %s", guard.to_dict())
@@ -866,6 +878,8 @@ class Planner:
                 self._history.record_config(
                     {
                         "tunables": dataclasses.asdict(self.tunables),
+                        "decision": {k: getattr(self.decision_settings, k)
+                                     for k in DECISION_FIELDS},
                         "guard": self.guard.to_dict(),
                         "destinations": [dataclasses.asdict(d) for d in self._destinations],
                     }
@@ -876,12 +890,15 @@ class Planner:
                 self.tick()
             return self._once.remember("update_config", request_id, self.tunables)  # type: ignore[no-any-return]
 
-    def _apply_decision_settings(self) -> None:
+    @property
+    def decision_settings(self) -> DecisionSettings:
+        """The install rule's knobs, as the loop applies them."""
+        return self._loop.settings.decision
+
+    def _set_decision_settings(self, changes: dict[str, float]) -> None:
         s = self._loop.settings
-        decision = dataclasses.replace(
-            s.decision, hysteresis=self.tunables.hysteresis, min_dwell_s=self.tunables.min_dwell_s
-        )
-        self._loop.settings = dataclasses.replace(s, decision=decision)
+        self._loop.settings = dataclasses.replace(
+            s, decision=dataclasses.replace(s.decision, **changes))
 
     # --- views --------------------------------------------------------------------------
 
@@ -1030,6 +1047,7 @@ class Planner:
                 rates_recovering=bool(self.telemetry and self.telemetry.recovering),
                 pinned=self.pinned,
                 tunables=self.tunables,
+                decision_settings=self.decision_settings,
                 destinations=list(self.destinations),
                 guard=self.guard,
                 role=self.role,

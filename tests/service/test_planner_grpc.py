@@ -449,7 +449,7 @@ def test_drift_installs_only_when_staleness_exceeds_rewarm(service):
     )
     loop_decisions = [d for d in decisions if d.action in ("install", "keep")][::-1][1:]
     assert loop_decisions, "the loop made no decision"
-    hysteresis = service.planner.tunables.hysteresis
+    hysteresis = service.planner.decision_settings.hysteresis
     for d in loop_decisions:
         p = d.penalties
         price = p.rewarm_cost * (1 + hysteresis)
@@ -569,9 +569,10 @@ def test_guard_options_and_weights_set_at_run_time_survive_a_restart(
         guard = planner_pb2.GuardConfig(p99_ms_max=3500, hit_rate_min=0.5, enter_after_s=30,
                                         resume_dwell_s=120, p99_resume_margin=0.2)
         reply = s.UpdateConfig(planner_pb2.UpdateConfigRequest(
-            guard=guard, byte_aware=True, balance_effort=0.25, set_weights={DESTS[1]: 3.0}),
-            timeout=10)
+            guard=guard, byte_aware=True, balance_effort=0.25, set_weights={DESTS[1]: 3.0},
+            hysteresis=0.4, min_dwell_s=30), timeout=10)
         assert reply.config.guard == guard and reply.config.byte_aware
+        assert (reply.config.hysteresis, reply.config.min_dwell_s) == (0.4, 30)
         for bad in (planner_pb2.GuardConfig(p99_resume_margin=1.5),
                     planner_pb2.GuardConfig(hit_rate_min=2.0),
                     planner_pb2.GuardConfig(resume_dwell_s=float("nan"))):
@@ -590,6 +591,38 @@ def test_guard_options_and_weights_set_at_run_time_survive_a_restart(
         assert {d.id: d.capacity_weight for d in second.planner.destinations}[DESTS[1]] == 3.0
         assert (g.settings.enter_after_s, g.settings.resume_dwell_s,
                 g.settings.p99_resume_margin) == (30, 120, 0.2)
+        d = second.planner.decision_settings
+        assert (d.hysteresis, d.min_dwell_s) == (0.4, 30)
+    finally:
+        second.stop(0)
+
+
+def test_a_config_persisted_before_the_loop_owned_the_install_rule_is_migrated(
+        broker, redis_server, tmp_path):
+    """Older planners kept hysteresis and min_dwell_s among the tunables; a planner that
+    restores such a config applies them to its control loop and persists the new shape."""
+    import dataclasses
+    import uuid
+
+    from planner_svc.adapters.kafka_history import KafkaHistory
+
+    settings = planner_settings(redis_server.url, tmp_path, bootstrap=broker.bootstrap,
+                                state_topic=f"planner-state-{uuid.uuid4().hex[:8]}")
+    first = build_service(settings, consume=False, durable=True)
+    old = {**dataclasses.asdict(first.planner.tunables), "hysteresis": 0.7, "min_dwell_s": 45.0}
+    destinations = [dataclasses.asdict(d) for d in first.planner.destinations]
+    first.stop(0)
+    history = KafkaHistory(broker.bootstrap, settings.state_topic)
+    history.record_config({"tunables": old, "guard": first.planner.guard.to_dict(),
+                           "destinations": destinations})
+    history.flush()
+    second = build_service(settings, consume=False, durable=True)
+    second.server.start()
+    try:
+        d = second.planner.decision_settings
+        assert (d.hysteresis, d.min_dwell_s) == (0.7, 45.0)
+        config = stub_for(second).GetStatus(planner_pb2.GetStatusRequest(), timeout=5).config
+        assert (config.hysteresis, config.min_dwell_s) == (0.7, 45.0)
     finally:
         second.stop(0)
 
