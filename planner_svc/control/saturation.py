@@ -109,10 +109,11 @@ def effective_weight(spec: DestinationSpec, record: Saturation | None, q_cap: fl
     """The capacity weight to plan `spec` with."""
     if record is None or not record.derated:
         return spec.capacity_weight
-    if record.knee_per_s is None or not q_cap > 0:
+    capacity = q_cap * spec.capacity_weight  # can underflow to 0 for a tiny q_cap
+    if record.knee_per_s is None or not capacity > 0:
         share = 0.5  # saturated with no measured load to size it by
     else:
-        share = record.knee_per_s / (q_cap * spec.capacity_weight)
+        share = record.knee_per_s / capacity
     share = min(1.0, max(settings.floor, share))
     return spec.capacity_weight * share
 
