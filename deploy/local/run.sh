@@ -34,10 +34,15 @@ fi
 what=${1:-test}; shift || true
 case "$what" in
   demo) exec .venv/bin/cacheroute demo "$@" ;;
-  check) .venv/bin/ruff check . && .venv/bin/mypy streams planner_svc router_client \
-           && .venv/bin/lint-imports --no-cache ;;
+  # One command per line: `set -e` ignores a failure inside an `a && b` list, so a lint
+  # error before `&&` would not fail the run.
+  check)
+    .venv/bin/ruff check .
+    .venv/bin/mypy streams planner_svc router_client
+    .venv/bin/lint-imports --no-cache ;;
   test)
-    .venv/bin/ruff check . && .venv/bin/mypy streams planner_svc router_client
+    .venv/bin/ruff check .
+    .venv/bin/mypy streams planner_svc router_client
     .venv/bin/lint-imports --no-cache
     # Three workers, one test file each at a time, longest files first (tests/conftest.py):
     # the tier mostly waits on servers, so it runs in parallel even on 2 cores. Set

@@ -110,10 +110,9 @@ def effective_weight(spec: DestinationSpec, record: Saturation | None, q_cap: fl
     if record is None or not record.derated:
         return spec.capacity_weight
     capacity = q_cap * spec.capacity_weight  # can underflow to 0 for a tiny q_cap
-    if record.knee_per_s is None or not capacity > 0:
-        share = 0.5  # saturated with no measured load to size it by
-    else:
-        share = record.knee_per_s / capacity
+    # Saturated with no measured load to size it by: half.
+    known = record.knee_per_s is not None and capacity > 0
+    share = record.knee_per_s / capacity if known else 0.5  # type: ignore[operator]
     share = min(1.0, max(settings.floor, share))
     return spec.capacity_weight * share
 
