@@ -173,7 +173,9 @@ class PlanFollower:
             last_rejection=self.last_rejection,
             reported_at_ms=now_ms,
             decisions_planned=counters.get("planned", 0),
-            decisions_fallback=sum(v for k, v in counters.items() if k != "planned"),
+            # a turn kept with its conversation's history was placed by an earlier decision
+            decisions_fallback=sum(v for k, v in counters.items()
+                                   if k not in ("planned", "history_kept")),
             mode=mode,
             unhealthy_destinations=list(unhealthy),
         )

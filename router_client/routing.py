@@ -23,6 +23,14 @@ affinity):
   same member (rendezvous hashing), unless that member is more than `(1 + set_slack)` ×
   the set's mean load ahead, then to the least-loaded one. Conversations keep their history
   without giving up the plan's balance.
+- `history_slack` (with affinities): a conversation's next turn goes back to the
+  destination its previous turn went to, where its history is cached, while that one's
+  load stays within `(1 + history_slack)` × the mean; only then does the rule above place
+  it. Every decision above depends on load at the moment of the turn, so without this a
+  conversation moved by a burst (or by a new plan) loses its history twice: once on the
+  move and again if the next turn moves back. A new conversation follows the plan, so the
+  plan still decides where a key's traffic goes; running conversations drain to it. The
+  memory is this router's own (bounded, least recently used forgotten first).
 
 *Usable* means healthy (not marked down: see `router_client.health`) and not draining.
 A draining destination gets no new request on any path; only when nothing else is
@@ -56,6 +64,7 @@ import bisect
 import dataclasses
 import hashlib
 import random
+from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
@@ -347,17 +356,30 @@ class _Active:
                 self.cumulative.append(total)
 
 
+# Conversations a router remembers the destination of (about 100 bytes each).
+HISTORY_CAPACITY = 100_000
+# The gateway's default: a turn leaves its history only for a destination at over twice
+# the mean load (a turn's history is most of its prompt; a queue costs less than that).
+DEFAULT_HISTORY_SLACK = 1.0
+
+
 class RouterCore:
     """In-flight counts, health and the decision; no I/O, no clock, no locks."""
 
     def __init__(self, destination_ids: Sequence[str], *, seed: int | None = None,
                  cold_tail: str = "p2c", tail_slack: float = 0.25,
-                 set_slack: float = 0.5) -> None:
+                 set_slack: float = 0.5, history_slack: float | None = None,
+                 history_capacity: int = HISTORY_CAPACITY) -> None:
         if cold_tail not in ("p2c", "hash"):
             raise ValueError("cold_tail is 'p2c' (the paper's) or 'hash' (bounded-load CH)")
         self.cold_tail = cold_tail
         self.tail_slack = tail_slack
         self.set_slack = set_slack
+        # affinity -> the slot its last request went to (see the module doc); None: off
+        self.history_slack = history_slack
+        self._history: OrderedDict[str, int] = OrderedDict()
+        self._history_capacity = max(1, history_capacity)
+        self.history_kept = 0
         self.destination_ids: list[str] = []
         self._slot: dict[str, int] = {}
         # Own requests in flight per slot (what this router sent and has not seen finish),
@@ -492,12 +514,38 @@ class RouterCore:
             "unadmitted": self.unadmitted,
             "fallback": self.fallback,
             "unhealthy_reroute": self.unhealthy_reroute,
+            "history_kept": self.history_kept,
         }
 
     # --- the decision (hot) -------------------------------------------------------
 
     def route_index(self, key: str, affinity: str | None = None) -> int:
         """The slot to send `key` to. Does not count it in flight: call `started`."""
+        if affinity is None or self.history_slack is None:
+            return self._decide(key, affinity)
+        history = self._history
+        a = self._active
+        last = history.get(affinity)
+        if last is not None and not a.fallback and last < len(a.usable) and a.usable[last]:
+            load, inv = self.load, a.inv_weight
+            mean = (sum(load[s] for s in a.pool) + 1) / a.total_weight
+            if (load[last] + 1) * inv[last] <= (1.0 + self.history_slack) * mean + inv[last]:
+                history.move_to_end(affinity)
+                self.history_kept += 1
+                return last
+        slot = self._decide(key, affinity)
+        history[affinity] = slot
+        history.move_to_end(affinity)
+        if len(history) > self._history_capacity:
+            history.popitem(last=False)
+        return slot
+
+    def remember(self, affinity: str, slot: int) -> None:
+        """Where `affinity`'s request went after all (a retry that moved it)."""
+        if self.history_slack is not None and affinity in self._history:
+            self._history[affinity] = slot
+
+    def _decide(self, key: str, affinity: str | None) -> int:
         a = self._active
         if a.fallback:
             self.fallback += 1

@@ -15,6 +15,8 @@ import signal
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from router_client.routing import DEFAULT_HISTORY_SLACK
+
 log = logging.getLogger("cacheroute.edge")
 
 # flag -> (type, default, help)
@@ -38,6 +40,10 @@ ROUTING_FLAGS: Flags = {
                   "bounded loads) or 'p2c' (the paper's power-of-two-choices)"),
     "set-slack": (float, 0.5, "a conversation stays on its member of a replicated key's set "
                   "until that member's load is more than (1 + this) x the set's mean"),
+    "history-slack": (float, DEFAULT_HISTORY_SLACK,
+                      "a conversation's next turn goes back to where its last turn went (its "
+                      "history is cached there) until that destination's load is more than "
+                      "(1 + this) x the mean; < 0 turns this off"),
     "tail-slack": (float, 0.25, "a cold-tail key stays on its hash owner until its load is more "
                    "than (1 + this) x the mean"),
     "max-inflight": (int, 256, "requests in flight per destination before it counts as full"),
@@ -99,6 +105,8 @@ def build_client(args: argparse.Namespace, rid: str, command: str) -> Any:
             raise ValueError(f"--cold-tail {args.cold_tail!r}: use hash or p2c")
         if not (args.set_slack >= 0 and args.tail_slack >= 0):
             raise ValueError("--set-slack and --tail-slack must be >= 0")
+        if args.history_slack != args.history_slack:
+            raise ValueError("--history-slack must be a number")
     except ValueError as exc:
         raise SystemExit(f"cacheroute {command}: {exc}") from None
     source: Any
@@ -123,6 +131,7 @@ def build_client(args: argparse.Namespace, rid: str, command: str) -> Any:
         cache_path=args.cache_path or None, max_plan_age_s=args.max_plan_age_s,
         health=health, probe=probe, cold_tail=args.cold_tail)
     client.core.set_slack, client.core.tail_slack = args.set_slack, args.tail_slack
+    client.core.history_slack = args.history_slack if args.history_slack >= 0 else None
     return client
 
 

@@ -33,7 +33,7 @@ from planner_svc.planning.placement import cold_tail_loads
 from planner_svc.simulator.hashring import HashRing
 from planner_svc.simulator.policies import Policy, PolicyContext, PolicyFactory
 from router_client.plan import RoutingPlan
-from router_client.routing import RouterCore, RoutingTable
+from router_client.routing import DEFAULT_HISTORY_SLACK, RouterCore, RoutingTable
 
 VARIANTS = ("full", "affinity", "replication")
 _NO_REPLICATION_Q_CAP = 1e18
@@ -100,7 +100,10 @@ class CacheRoutePolicy:
         self.settings = settings
         self.keys = list(ctx.keys)
         self.config = planning_config(ctx.n_destinations, settings)
-        self.core = RouterCore([d.id for d in self.config.destinations], seed=ctx.seed)
+        # With sessions it routes as the gateway does, conversations kept with their history.
+        self.core = RouterCore([d.id for d in self.config.destinations], seed=ctx.seed,
+                               history_slack=(DEFAULT_HISTORY_SLACK if settings.session_affinity
+                                              else None))
         conversations = ctx.extra.get("conversations") if settings.session_affinity else None
         # Per request: its conversation (the gateway's session key), when the workload has it.
         self._sessions = (conversations.tolist()

@@ -174,7 +174,10 @@ class Proxy:
             if core.inflight[slot] < cap:
                 return slot
         full = {s for s, n in enumerate(core.inflight) if n >= cap}
-        return core.route_avoiding(key, full.union(tried))
+        moved = core.route_avoiding(key, full.union(tried))
+        if moved is not None and affinity is not None:
+            core.remember(affinity, moved)  # its history will be there
+        return moved
 
     # --- outcomes -------------------------------------------------------------------------
 
