@@ -253,7 +253,12 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({**d.__dict__, "gain": d.gain}, default=float))
     else:
-        print(f"affinity is predicted to {d.verdict.upper()} against Flat-LB")
+        if d.verdict == "undecided":
+            print(f"affinity against Flat-LB: UNDECIDED (leaning {d.point_verdict}, "
+                  f"{d.confidence:.0%} sure)")
+        else:
+            print(f"affinity is predicted to {d.verdict.upper()} against Flat-LB "
+                  f"({d.confidence:.0%} of resamples agree)")
         for line in d.evidence(args.destinations):
             print(f"  - {line}")
     return 0

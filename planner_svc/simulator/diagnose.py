@@ -13,6 +13,12 @@ the last T_flat, the chance one of them went to the same replica is 1 − (1 −
 weighted by the request's reusable prefix tokens, giving predicted served hit rates. The
 verdict: win if affinity recovers ≥ 15 pp more prompt tokens, lose if < 5 pp (too little
 prefix work to pay for the imbalance affinity brings), tie between.
+
+How sure: a trace is a sample, and a short one can carry a verdict that a longer one of the
+same traffic flips. The gain is re-estimated on bootstrap resamples of the trace's *keys*
+(requests of one key are not independent: a key is the unit that repeats), and the verdict
+stands only when at least `CONFIDENCE` of the resamples agree with it; otherwise it is
+"undecided", with the interval and the advice to record more.
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ import numpy as np
 from planner_svc.simulator.workload import Workload
 
 WIN_GAIN, LOSE_GAIN = 0.15, 0.05
+CONFIDENCE = 0.9  # share of bootstrap resamples that must agree with a verdict
+BOOTSTRAP_DRAWS = 400
 
 
 @dataclass(frozen=True)
@@ -39,6 +47,9 @@ class Diagnosis:
     predicted_hit_flat: float
     predicted_hit_affinity: float
     hottest_key_share: float
+    gain_interval: tuple[float, float] = (0.0, 0.0)  # 5th and 95th percentile, bootstrap
+    confidence: float = 1.0  # share of resamples whose verdict is the point estimate's
+    point_verdict: str = ""  # the verdict of the whole trace, before the confidence check
 
     @property
     def gain(self) -> float:
@@ -56,6 +67,11 @@ class Diagnosis:
             f"affinity {self.predicted_hit_affinity:.1%} (gain {self.gain * 100:+.1f} pp)",
             f"hottest key: {self.hottest_key_share:.2%} of requests "
             f"(one replica's fair share is {1 / n_destinations:.2%})",
+            f"confidence: {self.confidence:.0%} of {BOOTSTRAP_DRAWS} resamples of the keys "
+            f"give '{self.point_verdict}'; gain 90 % interval "
+            f"{self.gain_interval[0] * 100:+.1f} to {self.gain_interval[1] * 100:+.1f} pp"
+            + ("" if self.verdict != "undecided" else
+               f" (below {CONFIDENCE:.0%}: record a longer trace)"),
         ]
 
 
@@ -89,6 +105,30 @@ def recent_counts(key: np.ndarray, t: np.ndarray, window_s: float) -> np.ndarray
     return counts
 
 
+def verdict_of(gain: float | np.ndarray) -> np.ndarray:
+    """"win" / "tie" / "lose" per gain."""
+    g = np.asarray(gain)
+    return np.where(g >= WIN_GAIN, "win", np.where(g < LOSE_GAIN, "lose", "tie"))
+
+
+def bootstrap_gains(recovered_affinity: np.ndarray, recovered_flat: np.ndarray,
+                    prompt: np.ndarray, draws: int = BOOTSTRAP_DRAWS,
+                    seed: int = 0) -> np.ndarray:
+    """The gain on `draws` resamples of the keys (Poisson weights, one per key and draw):
+    per key, the prefix tokens affinity and Flat-LB recover and its prompt tokens."""
+    rng = np.random.default_rng(seed)
+    diff = (recovered_affinity - recovered_flat).astype(np.float64)
+    out = np.empty(draws)
+    step = max(1, 4_000_000 // max(1, len(diff)))  # bound the weight matrix to ~16 MB
+    for lo in range(0, draws, step):
+        n = min(step, draws - lo)
+        weights = rng.poisson(1.0, (n, len(diff))).astype(np.float32)
+        total = weights @ prompt.astype(np.float32)
+        out[lo:lo + n] = np.divide(weights @ diff.astype(np.float32), total,
+                                   out=np.zeros(n), where=total > 0)
+    return out
+
+
 def diagnose(w: Workload, n_destinations: int, cache_capacity_tokens: int) -> Diagnosis:
     """Predict whether affinity wins on `w` with R destinations of the given cache size."""
     duration = max(float(w.t[-1] - w.t[0]), 1e-9)
@@ -105,9 +145,17 @@ def diagnose(w: Workload, n_destinations: int, cache_capacity_tokens: int) -> Di
     hit_aff = float(prefix[aff_reuse].sum() / prompt)
     hit_flat = float(np.dot(prefix, p_flat) / prompt)
     gain = hit_aff - hit_flat
-    verdict = "win" if gain >= WIN_GAIN else "lose" if gain < LOSE_GAIN else "tie"
+    point = str(verdict_of(gain))
+    gains = bootstrap_gains(
+        np.bincount(w.key, weights=np.where(aff_reuse, prefix, 0.0), minlength=n_keys),
+        np.bincount(w.key, weights=prefix * p_flat, minlength=n_keys),
+        np.bincount(w.key, weights=w.prompt.astype(np.float64), minlength=n_keys))
+    confidence = float((verdict_of(gains) == point).mean())
     return Diagnosis(
-        verdict=verdict,
+        verdict=point if confidence >= CONFIDENCE else "undecided",
+        point_verdict=point,
+        confidence=confidence,
+        gain_interval=(float(np.quantile(gains, 0.05)), float(np.quantile(gains, 0.95))),
         requests=len(w),
         keys=int((counts > 0).sum()),
         offered_qps=len(w) / duration,
