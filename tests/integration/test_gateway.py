@@ -83,6 +83,8 @@ def test_chat_and_completions_non_streamed_with_usage_and_events(
     assert second.usage.prompt_tokens_details.cached_tokens >= 200
     done = c.completions.create(model="m", prompt="Once upon a time " * 30, max_tokens=5)
     assert done.choices[0].text and done.usage.completion_tokens == 5
+    # events are emitted once a response is sent: the client can be done first
+    assert eventually(lambda: Counter(gw.sink.kinds())["cache_hit"] == 3, 5)
     kinds = Counter(gw.sink.kinds())
     assert kinds["request"] == 3 and kinds["cache_hit"] == 3
     hit = [e for e in gw.sink.events if e[0] == "cache_hit"][1]
@@ -114,6 +116,8 @@ def test_streamed_completions(gw: GatewayThread) -> None:
     c = sdk(gw)
     chunks = list(c.completions.create(model="m", prompt="abc " * 50, max_tokens=8, stream=True))
     assert "".join(ch.choices[0].text for ch in chunks if ch.choices)
+    # the gateway emits usage after the last chunk: the client can be done first
+    assert eventually(lambda: len(gw.sink.events) == 2, 5)
     assert [e[0] for e in gw.sink.events] == ["request", "cache_hit"]
 
 
@@ -197,6 +201,7 @@ def test_a_backend_dying_mid_stream_reaches_the_client_as_an_error(
     with pytest.raises((openai.APIError, httpx.HTTPError)):
         for _ in stream:
             pass
+    assert eventually(lambda: len(gw.sink.events) == 2, 5)
     assert [e[0] for e in gw.sink.events] == ["request", "error"]
     assert gw.sink.events[1][3]["kind"] == "reset"
 

@@ -168,7 +168,7 @@ def recount_requests(values: list[bytes]) -> Counter[str]:
 
 
 def dead_letters(bootstrap: str, topic: str, expected: int) -> list[events_pb2.DeadLetter]:
-    """The dead letters, once `expected` of them were written (the worker writes them
-    apart from the window that counts them)."""
+    """The dead letters, once at least `expected` of them were written (the worker writes
+    them apart from the window that counts them)."""
     return [events_pb2.DeadLetter.FromString(v)
             for v in read_all(bootstrap, topic, 1, at_least=expected)]
