@@ -111,6 +111,7 @@ class Publisher(Protocol):
 # The install rule's knobs that UpdateConfig sets (the loop's DecisionSettings).
 DECISION_FIELDS = ("hysteresis", "min_dwell_s")
 
+
 @dataclass(frozen=True)
 class Installed:
     plan: RoutingPlan
