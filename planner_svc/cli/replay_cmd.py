@@ -29,8 +29,14 @@ from planner_svc.simulator.experiment import (
 )
 from planner_svc.simulator.replica import ReplicaModel
 from planner_svc.simulator.report import write_report
-from planner_svc.simulator.trace import TraceError, load_trace, write_trace
-from planner_svc.simulator.workload import SCENARIOS, WHALE_SHARE, WHALES
+from planner_svc.simulator.trace import (
+    TraceError,
+    load_trace,
+    rows_from_event_batches,
+    workload_from_rows,
+    write_trace,
+)
+from planner_svc.simulator.workload import SCENARIOS, WHALE_SHARE, WHALES, Workload
 
 
 def add_commands(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -89,7 +95,9 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:  # type: ignor
 def _workload_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scenario", choices=sorted(SCENARIOS), default="paper-like",
                    help="built-in workload (ignored with --trace)")
-    p.add_argument("--trace", type=Path, default=None, help="recorded trace (.csv / .jsonl)")
+    p.add_argument("--trace", default=None, metavar="FILE|kafka://HOST:PORT/TOPIC",
+                   help="recorded trace: a .csv / .jsonl file (Mooncake JSONL too), or the "
+                   "events topic the gateways write")
     p.add_argument("--requests", type=int, default=200_000, help="requests per load point")
     p.add_argument("--keys", type=int, default=SIM_KEYS, help="routing keys (synthetic)")
     p.add_argument("--destinations", type=int, default=30, help="engine replicas (R)")
@@ -113,7 +121,6 @@ def _workload_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cv", type=float, default=1.9, help="gamma arrivals: coefficient of variation")
     p.add_argument(
         "--gaps-from",
-        type=Path,
         default=None,
         help="bootstrap arrivals: a trace whose inter-arrival times are resampled",
     )
@@ -123,11 +130,33 @@ def _floats(text: str) -> tuple[float, ...]:
     return tuple(float(x) for x in text.split(",") if x.strip())
 
 
+def trace_workload(source: str) -> Workload:
+    """A trace file (.csv, .jsonl, Mooncake JSONL) or `kafka://HOST:PORT/TOPIC`, the
+    events topic the gateways write."""
+    if not source.startswith("kafka://"):
+        return load_trace(Path(source))
+    from planner_svc.adapters.events_export import ExportError, parse_topic_url, read_topic
+
+    try:
+        rows = rows_from_event_batches(read_topic(*parse_topic_url(source)))
+    except ExportError as exc:
+        raise TraceError(str(exc)) from None
+    imputed = sum(1 for row in rows if row.get("prompt_imputed"))
+    if imputed:
+        print(f"{source}: {imputed} of {len(rows)} requests had no usage event; their prompt "
+              "size is their key's median", file=sys.stderr)
+    return workload_from_rows(rows, name=source)
+
+
+def _trace_stem(source: str) -> str:
+    return source.rsplit("/", 1)[-1] if source.startswith("kafka://") else Path(source).stem
+
+
 def _arrivals(args: argparse.Namespace) -> ArrivalSpec:
     if args.arrivals == "bootstrap":
         if args.gaps_from is None:
             raise TraceError("--arrivals bootstrap needs --gaps-from TRACE")
-        gaps = np.diff(load_trace(args.gaps_from).t)
+        gaps = np.diff(trace_workload(args.gaps_from).t)
         return ArrivalSpec("bootstrap", recorded_gaps_s=tuple(gaps.tolist()))
     return ArrivalSpec(args.arrivals, cv=args.cv if args.arrivals == "gamma" else 1.0)
 
@@ -150,7 +179,7 @@ def config_from_args(args: argparse.Namespace) -> ReplayConfig:
         n_destinations=args.destinations,
         model=model,
         arrivals=_arrivals(args),
-        trace=load_trace(args.trace) if args.trace else None,
+        trace=trace_workload(args.trace) if args.trace else None,
         n_whales=args.whales,
         whale_share=args.whale_share,
     )
@@ -180,7 +209,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if unknown:
         print(f"replay: unknown policies {unknown}; choose from {POLICY_NAMES}", file=sys.stderr)
         return 2
-    stem = args.name or (args.trace.stem if args.trace else cfg.scenario)
+    stem = args.name or (_trace_stem(args.trace) if args.trace else cfg.scenario)
     if args.export_trace is not None:
         write_trace(make_workload(cfg, cfg.loads[0], cfg.seeds[0]), args.export_trace)
         print(f"wrote {args.export_trace}")

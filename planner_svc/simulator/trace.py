@@ -12,7 +12,9 @@ and optionally `prefix_tokens` (the reusable prefix; alias `reusable_prefix_toke
 `output_tokens`. Without `prefix_tokens` the reusable prefix is taken to be the key's previous
 prompt (capped at this prompt), the multi-turn assumption; without `output_tokens` a default
 is used. Events exported from the `cacheroute.events` topic (serialized `EventBatch` values)
-convert to the same rows with `rows_from_event_batches`: every `RequestEvent` is a row.
+convert to the same rows with `rows_from_event_batches` (requests joined with their usage
+events; a prompt size of 0 there means unknown). `cacheroute replay|diagnose --trace
+kafka://HOST:PORT/TOPIC` reads such a topic.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+from collections import deque
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -183,21 +186,83 @@ def write_trace(w: Workload, path: Path) -> None:
 
 
 def rows_from_event_batches(payloads: Iterable[bytes]) -> list[dict[str, object]]:
-    """Trace rows from serialized `EventBatch` values exported from the events topic."""
-    rows: list[dict[str, object]] = []
+    """Trace rows from serialized `EventBatch` values exported from the events topic.
+
+    A router emits a request's `RequestEvent` when it dispatches it, before the engine has
+    counted the prompt (its `prompt_tokens` is then 0: *unknown*, not an empty prompt), and
+    its `CacheHitEvent` when the response ends, with the served prompt, cached and output
+    tokens and the end-to-end time. The two are joined per (router, key, destination) in
+    time order: a usage event completes the oldest open request of its triple. A request
+    that never got one (failed, or still running at the export) takes the median prompt of
+    its key's known requests, else of all (`prompt_imputed` says so); a usage event without
+    its request (its request fell before the export's start) is a row of its own, at its
+    end time minus its end-to-end time. Events repeated by producer retries count once."""
+    requests: list[dict[str, object]] = []
+    usage: list[tuple[float, tuple[str, str, str], events_pb2.CacheHitEvent]] = []
+    seen: set[tuple[str, int]] = set()
     for payload in payloads:
         batch = events_pb2.EventBatch()
         batch.ParseFromString(payload)
         for ev in batch.events:
-            if ev.WhichOneof("body") != "request":
+            ident = (ev.producer_id, ev.sequence)
+            if ident in seen:
                 continue
-            r = ev.request
-            rows.append(
-                {
-                    "timestamp_ms": ev.timestamp_ms,
-                    "key": r.routing_key,
+            seen.add(ident)
+            body = ev.WhichOneof("body")
+            if body == "request":
+                r = ev.request
+                requests.append({
+                    "timestamp_ms": ev.timestamp_ms, "key": r.routing_key,
                     "prompt_tokens": r.prompt_tokens,
-                    "prefix_tokens": r.reusable_prefix_tokens,
-                }
-            )
+                    "prefix_tokens": r.reusable_prefix_tokens or "",
+                    "output_tokens": "",
+                    "_triple": (ev.producer_id, r.routing_key, r.destination)})
+            elif body == "cache_hit":
+                h = ev.cache_hit
+                usage.append((float(ev.timestamp_ms), (ev.producer_id, h.routing_key,
+                                                        h.destination), h))
+    requests.sort(key=lambda row: float(str(row["timestamp_ms"])))
+    usage.sort(key=lambda u: u[0])
+    open_requests: dict[tuple[str, str, str], deque[dict[str, object]]] = {}
+    rows: list[dict[str, object]] = []
+    i = 0
+    for end_ms, triple, h in usage:
+        while i < len(requests) and float(str(requests[i]["timestamp_ms"])) <= end_ms:
+            row = requests[i]
+            open_requests.setdefault(row.pop("_triple"), deque()).append(row)  # type: ignore[arg-type]
+            rows.append(row)
+            i += 1
+        queue = open_requests.get(triple)
+        if queue:
+            row = queue.popleft()
+        else:
+            row = {"timestamp_ms": end_ms - float(h.e2e_ms), "key": h.routing_key,
+                   "prompt_tokens": 0, "prefix_tokens": "", "output_tokens": ""}
+            rows.append(row)
+        if h.prompt_tokens:
+            row["prompt_tokens"] = h.prompt_tokens
+        if h.output_tokens:
+            row["output_tokens"] = h.output_tokens
+    for row in requests[i:]:
+        row.pop("_triple")
+        rows.append(row)
+    _impute_unknown_prompts(rows)
     return rows
+
+
+def _impute_unknown_prompts(rows: list[dict[str, object]]) -> None:
+    known: dict[str, list[int]] = {}
+    for row in rows:
+        if int(str(row["prompt_tokens"])) > 0:
+            known.setdefault(str(row["key"]), []).append(int(str(row["prompt_tokens"])))
+    if not known:
+        if rows:
+            raise TraceError("no event carries a prompt size (no usage events in the export)")
+        return
+    overall = int(np.median([p for ps in known.values() for p in ps]))
+    for row in rows:
+        unknown = int(str(row["prompt_tokens"])) <= 0
+        row["prompt_imputed"] = unknown
+        if unknown:
+            ps = known.get(str(row["key"]))
+            row["prompt_tokens"] = int(np.median(ps)) if ps else overall
