@@ -27,6 +27,7 @@ from planner_svc.simulator.experiment import (
     run_experiment,
     scenario_model,
 )
+from planner_svc.simulator.fidelity import Fidelity, check_fidelity
 from planner_svc.simulator.replica import ReplicaModel
 from planner_svc.simulator.report import write_report
 from planner_svc.simulator.trace import (
@@ -98,6 +99,9 @@ def _workload_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trace", default=None, metavar="FILE|kafka://HOST:PORT/TOPIC",
                    help="recorded trace: a .csv / .jsonl file (Mooncake JSONL too), or the "
                    "events topic the gateways write")
+    p.add_argument("--no-fidelity-gate", action="store_true",
+                   help="answer for a recorded trace even when the engine model does not "
+                   "reproduce its measured hit rate and p99")
     p.add_argument("--requests", type=int, default=200_000, help="requests per load point")
     p.add_argument("--keys", type=int, default=SIM_KEYS, help="routing keys (synthetic)")
     p.add_argument("--destinations", type=int, default=30, help="engine replicas (R)")
@@ -150,6 +154,32 @@ def trace_workload(source: str) -> Workload:
 
 def _trace_stem(source: str) -> str:
     return source.rsplit("/", 1)[-1] if source.startswith("kafka://") else Path(source).stem
+
+
+def _fidelity(args: argparse.Namespace, cfg: ReplayConfig) -> Fidelity | None:
+    """The fidelity gate on a recorded trace (None for a synthetic scenario)."""
+    if cfg.trace is None:
+        return None
+    return check_fidelity(cfg.trace, cfg.model)
+
+
+def _report_refusal(fidelity: Fidelity, command: str) -> None:
+    print(f"{command}: refusing to answer for this trace: the engine model does not "
+          "reproduce what was measured (--no-fidelity-gate answers anyway)", file=sys.stderr)
+    for line in fidelity.lines():
+        print(line, file=sys.stderr)
+
+
+def _fidelity_allows(args: argparse.Namespace, cfg: ReplayConfig, command: str) -> bool:
+    fidelity = _fidelity(args, cfg)
+    if fidelity is None:
+        return True
+    if fidelity.checked and not fidelity.passed and not args.no_fidelity_gate:
+        _report_refusal(fidelity, command)
+        return False
+    for line in fidelity.lines():
+        print(line, file=sys.stderr)
+    return True
 
 
 def _arrivals(args: argparse.Namespace) -> ArrivalSpec:
@@ -214,6 +244,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
         write_trace(make_workload(cfg, cfg.loads[0], cfg.seeds[0]), args.export_trace)
         print(f"wrote {args.export_trace}")
         return 0
+    if not _fidelity_allows(args, cfg, "replay"):
+        return 3
     if args.router_sweep:
         return _router_sweep(args, cfg, stem)
     results = run_experiment(cfg)
@@ -277,11 +309,19 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     if cfg.trace is None and args.load <= 0:
         print("diagnose: a synthetic scenario needs --load", file=sys.stderr)
         return 2
+    fidelity = _fidelity(args, cfg)
+    if fidelity is not None and fidelity.checked and not fidelity.passed \
+            and not args.no_fidelity_gate:
+        _report_refusal(fidelity, "diagnose")
+        return 3
     w = make_workload(cfg, args.load, 1)
     d = diagnose(w, args.destinations, cfg.model.kv_capacity_tokens)
     if args.json:
-        print(json.dumps({**d.__dict__, "gain": d.gain}, default=float))
+        extra = {"fidelity": fidelity.__dict__ if fidelity is not None else None}
+        print(json.dumps({**d.__dict__, "gain": d.gain, **extra}, default=float))
     else:
+        for line in fidelity.lines() if fidelity is not None else []:
+            print(line)
         if d.verdict == "undecided":
             print(f"affinity against Flat-LB: UNDECIDED (leaning {d.point_verdict}, "
                   f"{d.confidence:.0%} sure)")

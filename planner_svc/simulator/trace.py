@@ -9,7 +9,9 @@ blocks some earlier request already had.
 
 A trace row is one request: `timestamp` (seconds; or `timestamp_ms`), `key`, `prompt_tokens`,
 and optionally `prefix_tokens` (the reusable prefix; alias `reusable_prefix_tokens`) and
-`output_tokens`. Without `prefix_tokens` the reusable prefix is taken to be the key's previous
+`output_tokens`; and what happened to it, if recorded: `destination`, `cached_tokens` (served
+from cache) and `e2e_ms` (what the fidelity gate checks the engine model against). Without
+`prefix_tokens` the reusable prefix is taken to be the key's previous
 prompt (capped at this prompt), the multi-turn assumption; without `output_tokens` a default
 is used. Events exported from the `cacheroute.events` topic (serialized `EventBatch` values)
 convert to the same rows with `rows_from_event_batches` (requests joined with their usage
@@ -22,6 +24,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+import math
 from collections import deque
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -57,6 +60,9 @@ def workload_from_rows(rows: Sequence[dict[str, object]], name: str = "trace") -
     if "hash_ids" in rows[0]:
         return _mooncake(rows, name)
     t, names, prompt, prefix, output = [], [], [], [], []
+    dests: list[str] = []
+    cached: list[int] = []
+    e2e: list[float] = []
     for n, row in enumerate(rows):
         try:
             t.append(_timestamp(row))
@@ -64,10 +70,29 @@ def workload_from_rows(rows: Sequence[dict[str, object]], name: str = "trace") -
             prompt.append(int(float(str(row["prompt_tokens"]))))
             prefix.append(_optional_int(row, ("prefix_tokens", "reusable_prefix_tokens")))
             output.append(_optional_int(row, ("output_tokens",)))
+            dests.append(str(row.get("destination") or ""))
+            cached.append(_optional_int(row, ("cached_tokens",)))
+            e2e_ms = row.get("e2e_ms")
+            e2e.append(float(str(e2e_ms)) / 1000.0 if e2e_ms not in (None, "") else math.nan)
         except (KeyError, ValueError) as exc:
             raise TraceError(f"row {n + 1}: {exc!r}") from exc
     order = np.argsort(np.asarray(t, np.float64), kind="stable")
-    return _assemble(name, order, t, names, prompt, prefix, output)
+    w = _assemble(name, order, t, names, prompt, prefix, output)
+    return _with_outcomes(w, order, dests, cached, e2e)
+
+
+def _with_outcomes(w: Workload, order: np.ndarray, dests: list[str], cached: list[int],
+                   e2e: list[float]) -> Workload:
+    """`w` with what the trace says happened, when it says anything."""
+    if not any(dests) and max(cached, default=-1) < 0 and all(math.isnan(x) for x in e2e):
+        return w
+    ids: dict[str, int] = {}
+    slot = np.fromiter((ids.setdefault(dests[i], len(ids)) if dests[i] else -1
+                        for i in order.tolist()), np.int32, len(order))
+    return dataclasses.replace(
+        w, recorded_dest=slot, recorded_destinations=list(ids),
+        measured_cached=np.asarray(cached, np.int64)[order],
+        measured_e2e_s=np.asarray(e2e, np.float64)[order])
 
 
 def _timestamp(row: dict[str, object]) -> float:
@@ -215,7 +240,7 @@ def rows_from_event_batches(payloads: Iterable[bytes]) -> list[dict[str, object]
                     "timestamp_ms": ev.timestamp_ms, "key": r.routing_key,
                     "prompt_tokens": r.prompt_tokens,
                     "prefix_tokens": r.reusable_prefix_tokens or "",
-                    "output_tokens": "",
+                    "output_tokens": "", "destination": r.destination,
                     "_triple": (ev.producer_id, r.routing_key, r.destination)})
             elif body == "cache_hit":
                 h = ev.cache_hit
@@ -237,12 +262,16 @@ def rows_from_event_batches(payloads: Iterable[bytes]) -> list[dict[str, object]
             row = queue.popleft()
         else:
             row = {"timestamp_ms": end_ms - float(h.e2e_ms), "key": h.routing_key,
-                   "prompt_tokens": 0, "prefix_tokens": "", "output_tokens": ""}
+                   "prompt_tokens": 0, "prefix_tokens": "", "output_tokens": "",
+                   "destination": h.destination}
             rows.append(row)
         if h.prompt_tokens:
             row["prompt_tokens"] = h.prompt_tokens
+            row["cached_tokens"] = h.cached_tokens
         if h.output_tokens:
             row["output_tokens"] = h.output_tokens
+        if h.e2e_ms > 0:
+            row["e2e_ms"] = h.e2e_ms
     for row in requests[i:]:
         row.pop("_triple")
         rows.append(row)

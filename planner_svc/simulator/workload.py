@@ -65,6 +65,14 @@ class Workload:
     # prompt, `hash_block_tokens` tokens a block; None when the trace gives only lengths.
     blocks: Sequence[tuple[int, ...]] | None = None
     hash_block_tokens: int = 512
+    # What a recorded trace says happened (planner_svc.simulator.fidelity checks the model
+    # against it): per request, the destination it went to (an index into
+    # `recorded_destinations`, -1 unknown), the prompt tokens served from cache (-1 unknown)
+    # and the end-to-end seconds (NaN unknown). None when the trace has no outcomes.
+    recorded_dest: np.ndarray | None = None
+    recorded_destinations: Sequence[str] = ()
+    measured_cached: np.ndarray | None = None
+    measured_e2e_s: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.t)
