@@ -67,6 +67,8 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:  # type: ignor
         default="measured",
         help="CacheRoute plans from counted warm-up arrivals or the true rates",
     )
+    rp.add_argument("--publish-delay-s", type=float, default=1.0,
+                    help="cacheroute-loop: seconds from an install decision to the routers")
     rp.add_argument("--replan", choices=("once", "repack", "repack-ewma"), default="repack",
                     help="CacheRoute plans once, repacks every interval, or repacks on "
                     "smoothed rates")
@@ -222,6 +224,7 @@ def config_from_args(args: argparse.Namespace) -> ReplayConfig:
             n_routers=args.routers,
             cacheroute_rates=args.rates,
             replan=args.replan,
+            publish_delay_s=args.publish_delay_s,
             q_cap=args.q_cap,
             warm_slots_per_destination=args.warm_slots,
             workers=args.workers,

@@ -27,6 +27,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from planner_svc.control.decision import Action
+from planner_svc.control.loop import ControlLoop
+from planner_svc.control.traffic import Traffic
 from planner_svc.planning import PlanningConfig, admit, build_plan, repack
 from planner_svc.planning.build import assemble
 from planner_svc.planning.placement import cold_tail_loads
@@ -53,10 +56,17 @@ class CacheRouteSettings:
     # the set-slack load bound), as `cacheroute gateway` does with its session key; off =
     # the paper's least-loaded member for every request.
     session_affinity: bool = False
+    # Replans go through the production control loop (planner_svc.control.ControlLoop: the
+    # ski-rental install rule with its hysteresis and dwell, the rewarm dip) instead of
+    # installing every repack, and a decided install reaches the routers only after
+    # `publish_delay_s` (planner -> Redis -> routers).
+    control_loop: bool = False
+    publish_delay_s: float = 0.0
 
     def label(self) -> str:
         names = {"full": "CacheRoute", "affinity": "+ affinity", "replication": "+ replication"}
-        return names[self.variant] + (" + sessions" if self.session_affinity else "")
+        return (names[self.variant] + (" + sessions" if self.session_affinity else "")
+                + (" (control loop)" if self.control_loop else ""))
 
 
 def planning_config(n_destinations: int, s: CacheRouteSettings) -> PlanningConfig:
@@ -118,6 +128,13 @@ class CacheRoutePolicy:
         self.ewma: np.ndarray | None = None
         self.plan: RoutingPlan | None = None
         self.installs = 0
+        # The production control loop (one per router: every router of a run decides alike
+        # on the same counts) and a decided plan on its way to the routers.
+        self.loop = ControlLoop() if settings.control_loop else None
+        self._published: tuple[float, RoutingPlan] | None = None
+        self.decisions: dict[str, int] = {}
+        # reusable prefix tokens per key in the current window (the stream's token column)
+        self._prefix_sum = np.zeros(len(self.keys)) if self.loop is not None else None
         if settings.rates == "known" and isinstance(self._known, np.ndarray):
             self._install(0.0, self._known[0])
         elif isinstance(self._warmup, np.ndarray) and isinstance(warmup_s, float) and warmup_s > 0:
@@ -125,6 +142,12 @@ class CacheRoutePolicy:
             self._install(0.0, counts / warmup_s)
 
     def route(self, i: int, key: int, prompt: int, prefix: int, output: int, now: float) -> int:
+        published = self._published
+        if published is not None and now >= published[0]:
+            self._published = None
+            self._use(published[1])
+        if self._prefix_sum is not None:
+            self._prefix_sum[key] += prefix
         core = self.core
         sessions = self._sessions
         slot = core.route_index(self.keys[key],
@@ -139,6 +162,10 @@ class CacheRoutePolicy:
         if window_s <= 0:
             return
         counts = np.bincount(window_keys, minlength=len(self.keys)).astype(np.float64)
+        tokens = np.zeros(len(counts))
+        if self._prefix_sum is not None:  # the window's mean reusable prefix per key
+            np.divide(self._prefix_sum, counts, out=tokens, where=counts > 0)
+            self._prefix_sum[:] = 0.0
         s = self.settings
         if s.rates == "known":
             if s.replan != "once" and isinstance(self._known, np.ndarray):
@@ -150,7 +177,25 @@ class CacheRoutePolicy:
             if now >= s.plan_at_s:
                 self._install(now, self.counts / self.counted_s)
         elif s.replan != "once" and now > self.warmup_s:
-            self._install(now, self._rates())
+            if self.loop is None:
+                self._install(now, self._rates())
+            else:
+                self._decide(now, counts / window_s, tokens)
+
+    def _decide(self, now: float, window_rates: np.ndarray, tokens: np.ndarray) -> None:
+        """One production control step on the window's counts: price the repack against
+        the installed plan, install only if the loop decides to."""
+        assert self.loop is not None and self.plan is not None
+        installed = self._published[1] if self._published is not None else self.plan
+        rates = self._rates()
+        candidate = self._plan(rates)
+        traffic = Traffic(self.keys, window_rates, prefix_tokens=tokens, window_end_s=now)
+        decision = self.loop.step(now, installed=installed, traffic=traffic,
+                                  candidate=candidate)
+        self.decisions[decision.action.value] = self.decisions.get(decision.action.value, 0) + 1
+        if decision.action is Action.INSTALL:
+            self.loop.record_install(now)
+            self._published = (now + self.settings.publish_delay_s, candidate)
 
     def _count(self, counts: np.ndarray, window_s: float) -> None:
         a = self.settings.ewma_alpha
@@ -172,6 +217,9 @@ class CacheRoutePolicy:
             plan = self._plan(rates)
             self._shared.clear()  # routers of one run share a plan per control tick
             self._shared[key] = plan
+        self._use(plan)
+
+    def _use(self, plan: RoutingPlan) -> None:
         self.plan = plan
         self.core.install(RoutingTable.from_plan(plan))
         self.installs += 1

@@ -99,6 +99,9 @@ class ReplayConfig:
     # The whales scenario's whale count and per-whale share (None: `workload.whales` defaults).
     n_whales: int | None = None
     whale_share: float | None = None
+    # `cacheroute-loop`: seconds from the planner's install decision to the routers' use
+    # (publish to Redis, notify, apply).
+    publish_delay_s: float = 1.0
 
 
 def calibrate(w: Workload, model: ReplicaModel, warmup_fraction: float) -> tuple[float, int]:
@@ -128,7 +131,7 @@ def policy_factory(name: str, cfg: ReplayConfig, w: Workload) -> PolicyFactory:
     if name in simple:
         return simple[name]()
     variants = {"cacheroute": "full", "affinity": "affinity", "replication": "replication",
-                "cacheroute-sessions": "full"}
+                "cacheroute-sessions": "full", "cacheroute-loop": "full"}
     if name not in variants and name != "cacheroute-known":
         raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICY_NAMES)}")
     q_cap, slots = calibrate(w, cfg.model, cfg.warmup_fraction)
@@ -139,6 +142,8 @@ def policy_factory(name: str, cfg: ReplayConfig, w: Workload) -> PolicyFactory:
         rates="known" if name == "cacheroute-known" else cfg.cacheroute_rates,
         replan=cfg.replan,
         session_affinity=name == "cacheroute-sessions",
+        control_loop=name == "cacheroute-loop",
+        publish_delay_s=cfg.publish_delay_s,
     )
     return cacheroute(settings)
 
@@ -155,6 +160,7 @@ POLICY_NAMES = (
     "cacheroute",
     "cacheroute-known",
     "cacheroute-sessions",
+    "cacheroute-loop",
     "affinity",
     "replication",
 )

@@ -19,6 +19,7 @@ from planner_svc.simulator.experiment import (
     SIM_MODEL,
     ReplayConfig,
     make_workload,
+    policy_factory,
     run_experiment,
     run_point,
 )
@@ -353,3 +354,33 @@ def test_diagnose_says_undecided_rather_than_flip_on_a_short_trace() -> None:
         assert d.gain_interval[0] <= d.gain <= d.gain_interval[1]
         assert 0.0 <= d.confidence <= 1.0
     assert verdicts == {150: "undecided", 1_500: "win", 40_000: "win"}
+
+
+def test_cacheroute_loop_replans_through_the_production_control_loop_and_a_publish_delay(
+) -> None:
+    """`cacheroute-loop`: every control step prices the repack in the production
+    ControlLoop, which installs only when staleness pays for the rewarm; the decided plan
+    reaches the router after the publish delay."""
+    cfg = ReplayConfig(scenario="drifting", n_requests=20_000, n_keys=2_000,
+                       n_destinations=8, workers=1)
+    w = make_workload(cfg, 60.0, 1)
+    cluster = ClusterSpec(8, cfg.model, control_interval_s=20.0)
+    seen: dict[str, list] = {}
+
+    def run(name: str, delay: float) -> None:
+        factory = policy_factory(name, replace(cfg, publish_delay_s=delay), w)
+        policies: list = []
+        simulate(w, lambda ctx: policies.append(factory(ctx)) or policies[-1], cluster, seed=1)
+        seen[f"{name}@{delay:g}"] = policies
+
+    run("cacheroute", 1.0)
+    run("cacheroute-loop", 1.0)
+    run("cacheroute-loop", 1e9)
+    every, loop, never = (seen[k][0] for k in ("cacheroute@1", "cacheroute-loop@1",
+                                               "cacheroute-loop@1e+09"))
+    steps = sum(loop.decisions.values())
+    assert every.installs > steps // 2  # the paper's policy installs every repack
+    assert loop.decisions.get("keep", 0) > 0 and loop.installs < every.installs
+    assert loop.installs == 1 + loop.decisions.get("install", 0)  # first plan + decided ones
+    assert never.decisions == loop.decisions and never.installs == 1  # never published
+    assert loop.name.endswith("(control loop)")
