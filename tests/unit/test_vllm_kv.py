@@ -78,3 +78,49 @@ def test_the_watchers_kv_endpoints():
     assert kv_endpoints("tcp://h:1/tcp://h:2") == ("tcp://h:1", "tcp://h:2")
     with pytest.raises(SystemExit, match="expected tcp"):
         kv_endpoints("10.0.0.5:5557")
+
+
+# SGLang's KV events, as its own classes define them in sgl-project/sglang
+# python/sglang/srt/disaggregation/kv_events.py at commit 006d053f182f9b488d2bd841afa06d5f9120a258
+# (sglang itself cannot be installed here): vLLM 0.9's array layout without `medium`, sent
+# over the same ZMQ frames and replay protocol.
+class _SglBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    ts: float
+    events: list
+
+
+class _SglEvent(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag=True):
+    pass
+
+
+class BlockStored(_SglEvent):
+    block_hashes: list[int]
+    parent_block_hash: int | None
+    token_ids: list[int]
+    block_size: int
+    lora_id: int | None
+
+
+class BlockRemoved(_SglEvent):
+    block_hashes: list[int]
+
+
+class AllBlocksCleared(_SglEvent):
+    pass
+
+
+def test_sglang_batches_decode():
+    payload = msgspec.msgpack.encode(_SglBatch(ts=3.5, events=[
+        BlockStored([11, 12], None, list(range(32)), 16, None),
+        BlockStored([13], 12, list(range(16)), 16, 7),
+        BlockRemoved([11]),
+    ]))
+    batch = decode_batch(payload)
+    assert batch.ts == 3.5 and not batch.cleared
+    assert [s.hashes for s in batch.stored] == [(block_key(11), block_key(12)),
+                                                (block_key(13),)]
+    assert batch.stored[1].parent == block_key(12) and batch.stored[1].lora == "7"
+    assert batch.stored[0].medium is None and batch.removed[0].hashes == (block_key(11),)
+    cleared_batch = decode_batch(msgspec.msgpack.encode(_SglBatch(ts=4.0, events=[
+        BlockStored([1], None, [], 16, None), AllBlocksCleared()])))
+    assert cleared_batch.cleared and not cleared_batch.stored
