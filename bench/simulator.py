@@ -15,35 +15,10 @@ import resource
 import sys
 import time
 
-import numpy as np
-
 from planner_svc.simulator.experiment import ReplayConfig, make_workload, policy_factory
 from planner_svc.simulator.metrics import run_metrics
-from planner_svc.simulator.policies import Policy, PolicyContext
+from planner_svc.simulator.policies import round_robin
 from planner_svc.simulator.simulator import ClusterSpec, simulate
-
-
-class RoundRobin:
-    """Baseline: no routing logic at all."""
-
-    name = "round-robin (baseline)"
-
-    def __init__(self, ctx: PolicyContext) -> None:
-        self.n, self.i = ctx.n_destinations, 0
-
-    def route(self, i: int, key: int, prompt: int, prefix: int, output: int, now: float) -> int:
-        self.i = (self.i + 1) % self.n
-        return self.i
-
-    def finished(self, i: int, dest: int, now: float) -> None:
-        return None
-
-    def control(self, now: float, window_keys: np.ndarray, window_s: float) -> None:
-        return None
-
-
-def round_robin(ctx: PolicyContext) -> Policy:
-    return RoundRobin(ctx)
 
 
 def main() -> int:

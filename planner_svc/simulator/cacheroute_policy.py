@@ -62,6 +62,9 @@ class CacheRouteSettings:
     # `publish_delay_s` (planner -> Redis -> routers).
     control_loop: bool = False
     publish_delay_s: float = 0.0
+    # Keys the plan does not admit: the paper's P2C, or the gateway's default, bounded-load
+    # consistent hashing ("hash"; router_client.routing).
+    cold_tail: str = "p2c"
 
     def label(self) -> str:
         names = {"full": "CacheRoute", "affinity": "+ affinity", "replication": "+ replication"}
@@ -112,6 +115,7 @@ class CacheRoutePolicy:
         self.config = planning_config(ctx.n_destinations, settings)
         # With sessions it routes as the gateway does, conversations kept with their history.
         self.core = RouterCore([d.id for d in self.config.destinations], seed=ctx.seed,
+                               cold_tail=settings.cold_tail,
                                history_slack=(DEFAULT_HISTORY_SLACK if settings.session_affinity
                                               else None))
         conversations = ctx.extra.get("conversations") if settings.session_affinity else None
@@ -231,6 +235,17 @@ class CacheRoutePolicy:
                 return repack(self.plan, self.keys, rates, cfg)
             return build_plan(self.keys, rates, cfg)
         return hashed_plan(self.keys, rates, cfg)
+
+
+def gateway_like(q_cap: float, warm_slots_per_destination: int, *,
+                 publish_delay_s: float = 0.5) -> PolicyFactory:
+    """CacheRoute as `cacheroute gateway` and the planner run it by default: conversations
+    kept on their member and with their history, the cold tail consistent-hashed, replans
+    through the production control loop, plans reaching the router after a publish delay."""
+    return cacheroute(CacheRouteSettings(
+        q_cap=q_cap, warm_slots_per_destination=warm_slots_per_destination,
+        session_affinity=True, cold_tail="hash", control_loop=True,
+        publish_delay_s=publish_delay_s))
 
 
 def cacheroute(settings: CacheRouteSettings) -> PolicyFactory:

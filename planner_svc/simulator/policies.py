@@ -159,6 +159,27 @@ class CHWBL(_NoControl):
         self.total -= 1
 
 
+class RoundRobin(_NoControl):
+    """No routing logic at all: each request to the next destination in turn (the SGLang
+    gateway's and vllm-router's `round_robin`)."""
+
+    name = "round-robin"
+
+    def __init__(self, ctx: PolicyContext) -> None:
+        self.n, self.i = ctx.n_destinations, ctx.router % max(1, ctx.n_destinations)
+
+    def route(self, i: int, key: int, prompt: int, prefix: int, output: int, now: float) -> int:
+        self.i = (self.i + 1) % self.n
+        return self.i
+
+    def finished(self, i: int, dest: int, now: float) -> None:
+        return None
+
+
+def round_robin(ctx: PolicyContext) -> Policy:
+    return RoundRobin(ctx)
+
+
 def flat_lb(ctx: PolicyContext) -> Policy:
     return FlatP2C(ctx)
 

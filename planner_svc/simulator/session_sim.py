@@ -1,0 +1,108 @@
+"""Closed-loop sessions in virtual time: the arena's traffic through the simulator (pure).
+
+The arena (bench/arena.py) plays `planner_svc.simulator.sessions` conversations through real
+routers onto emulated engines: a turn is sent when the previous answer has arrived plus a
+think time, and carries the whole history as chat text. This plays the same conversations
+through the simulator's policies onto the same engine model, in virtual time, with the same
+text: each prompt is rendered and cut into blocks exactly as the emulated engine does
+(`planner_svc.simulator.text`), so a turn hits precisely what the engine it lands on has
+computed. Comparing the two (`bench/sim_vs_arena.py`) checks the simulator against
+measurement: same workload, same engine model, the only difference is real routers, real
+processes and real time.
+
+A policy sees request `i` (its session's first turn index plus the turn number), the
+tenant as its key and the conversation as its session (the gateway's affinity key).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from planner_svc.simulator import text as txt
+from planner_svc.simulator.policies import Policy, PolicyContext, PolicyFactory
+from planner_svc.simulator.replica import Replica, ReplicaModel
+from planner_svc.simulator.sessions import Population, Session, system_text, user_text
+
+
+@dataclass(frozen=True)
+class SessionRecords:
+    """Per request sent (in send order): what the arena's driver records."""
+
+    session: np.ndarray
+    turn: np.ndarray
+    tenant: np.ndarray
+    sent_s: np.ndarray
+    dest: np.ndarray
+    prompt_tokens: np.ndarray
+    cached_tokens: np.ndarray
+    ttft_s: np.ndarray
+    e2e_s: np.ndarray
+
+    def hit_rate(self, since_s: float = 0.0) -> float:
+        m = self.sent_s >= since_s
+        return float(self.cached_tokens[m].sum() / max(1, self.prompt_tokens[m].sum()))
+
+    def ttft_p99(self, since_s: float = 0.0) -> float:
+        m = self.sent_s >= since_s
+        return float(np.percentile(self.ttft_s[m], 99)) if m.any() else float("nan")
+
+
+def simulate_sessions(pop: Population, plan: Sequence[Session], factory: PolicyFactory, *,
+                      model: ReplicaModel, n_destinations: int, until_s: float,
+                      control_interval_s: float = 0.0, seed: int = 1) -> SessionRecords:
+    """Play the conversations of `plan` that start before `until_s`; turns not sent by
+    then are not sent (the arena's driver stops the same way)."""
+    sessions = [s for s in plan if s.start_s < until_s]
+    first = np.cumsum([0] + [len(s.turns) for s in sessions]).tolist()
+    keys = [pop.tenant_key(t) for t in range(pop.scenario.tenants)]
+    conversations = np.zeros(first[-1], np.int64)
+    for k, s in enumerate(sessions):
+        conversations[first[k]:first[k + 1]] = s.sid
+    policy: Policy = factory(PolicyContext(n_destinations, keys, model, seed=seed,
+                                           extra={"conversations": conversations}))
+    engines = [Replica(model) for _ in range(n_destinations)]
+    history: list[list[dict[str, str]]] = [
+        [{"role": "system", "content": system_text(pop, s.tenant)}] for s in sessions]
+    arrivals = [(s.start_s, k, 0) for k, s in enumerate(sessions)]
+    heapq.heapify(arrivals)
+    running: list[tuple[float, int, int]] = []  # (finish, request, destination)
+    window: list[int] = []
+    next_control = control_interval_s if control_interval_s > 0 else float("inf")
+    rows: list[tuple[int, int, int, float, int, int, int, float, float]] = []
+    while arrivals:
+        now, k, j = heapq.heappop(arrivals)
+        if now >= until_s:
+            continue
+        while running and running[0][0] <= now:
+            f, i, d = heapq.heappop(running)
+            policy.finished(i, d, f)
+        while now >= next_control:
+            policy.control(next_control, np.asarray(window, np.int64), control_interval_s)
+            window = []
+            next_control += control_interval_s
+        s = sessions[k]
+        turn = s.turns[j]
+        messages = history[k]
+        messages.append({"role": "user", "content": user_text(pop, s, j)})
+        prompt = txt.render_chat(messages).encode()
+        ids = txt.block_chain(prompt, model.block_tokens)
+        answer = txt.answer_text(prompt, turn.output_tokens)
+        answer_ids = txt.answer_chain(prompt, answer.encode(), ids, model.block_tokens)
+        prompt_tokens = txt.token_count(prompt)
+        i = first[k] + j
+        d = policy.route(i, s.tenant, prompt_tokens, 0, turn.output_tokens, now)
+        served = engines[d].admit(txt.as_chain(ids), prompt_tokens, turn.output_tokens, now,
+                                  txt.as_chain(answer_ids))
+        window.append(s.tenant)
+        heapq.heappush(running, (served.finish_time, i, d))
+        rows.append((s.sid, j, s.tenant, now, d, prompt_tokens, served.cached_tokens,
+                     served.first_token_time - now, served.finish_time - now))
+        messages.append({"role": "assistant", "content": answer})
+        if j + 1 < len(s.turns):
+            heapq.heappush(arrivals, (served.finish_time + s.turns[j + 1].think_s, k, j + 1))
+    cols = list(zip(*rows, strict=True)) if rows else [()] * 9
+    return SessionRecords(*(np.asarray(c) for c in cols))
