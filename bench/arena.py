@@ -145,6 +145,10 @@ def run_one(spec: RouterSpec, replicas: int, scenario: Scenario, seed: int, setu
             def headers(s: Any) -> dict[str, str]:
                 return {"x-session-id": f"{seed}-{s.sid}"}
         cpu0 = routers.cpu_seconds()
+        # CacheRoute's control plane (broker, Redis, stream worker, planner) runs on the
+        # cores the engines and the driver use: its CPU is counted apart.
+        control = stack.processes() if stack is not None and spec.kind == "cacheroute" else []
+        control0 = sum(p.cpu_seconds() for p in control)
         driver = Driver(routers.urls, pop, headers=headers)
         done = [0.0]
 
@@ -182,6 +186,7 @@ def run_one(spec: RouterSpec, replicas: int, scenario: Scenario, seed: int, setu
         row.setdefault("scenario", scenario.name)
         row.update(router=spec.name, replicas=replicas, seed=seed,
                    rate_scale=rate_scale, cpu_s=routers.cpu_seconds() - cpu0,
+                   control_cpu_s=sum(p.cpu_seconds() for p in control) - control0,
                    router_rss_mb=routers.peak_rss_mb())
         return row
     finally:
@@ -410,7 +415,8 @@ def report(rows: list[dict], cap: dict[str, float], setup: Setup, out: Path,
            cap_rows: list[dict] | None = None) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     keys = ["scenario", "seed", "router", "replicas", "rate_scale", "requests", "errors", "hit",
-            "ttft_p50_s", "ttft_p99_s", "e2e_p99_s", "imbalance", "cpu_s", "router_rss_mb"]
+            "ttft_p50_s", "ttft_p99_s", "e2e_p99_s", "imbalance", "cpu_s", "control_cpu_s",
+            "router_rss_mb"]
     suffix = ("-llama" if setup.engine_kind == "llama" else "") + ("-quick" if quick else "")
     with open(out / f"arena{suffix}.csv", "w", newline="") as f:
         w = csv.DictWriter(f, keys)
@@ -439,18 +445,18 @@ def report(rows: list[dict], cap: dict[str, float], setup: Setup, out: Path,
     if missing:
         lines += [f"Not installed, not measured: {', '.join(missing)}.", ""]
     header = ("| scenario | router | replicas | hit | TTFT p50 s | TTFT p99 s | e2e p99 s | "
-              "imbalance | errors | router CPU s |")
-    lines += [header, "|" + "---|" * 10]
+              "imbalance | errors | router CPU s | control plane CPU s |")
+    lines += [header, "|" + "---|" * 11]
     groups = sorted({(r["scenario"], r["router"], r["replicas"]) for r in rows},
                     key=lambda g: (g[0], g[2], -_mean(rows, "hit", scenario=g[0], router=g[1],
                                                        replicas=g[2])))
     for sc, router, rep in groups:
         m = {k: _mean(rows, k, scenario=sc, router=router, replicas=rep)
              for k in ("hit", "ttft_p50_s", "ttft_p99_s", "e2e_p99_s", "imbalance", "errors",
-                       "cpu_s")}
+                       "cpu_s", "control_cpu_s")}
         lines.append(f"| {sc} | {router} | {rep} | {m['hit']:.1%} | {m['ttft_p50_s']:.3f} | "
                      f"{m['ttft_p99_s']:.3f} | {m['e2e_p99_s']:.3f} | {m['imbalance']:.2f} | "
-                     f"{m['errors']:.0f} | {m['cpu_s']:.1f} |")
+                     f"{m['errors']:.0f} | {m['cpu_s']:.1f} | {m['control_cpu_s']:.1f} |")
     failed = [r for r in rows if "failed_at_s" in r]
     if failed:
         lines += ["", f"An engine down mid-run ({failed[0]['scenario']}: the first engine stops "

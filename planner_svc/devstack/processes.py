@@ -116,6 +116,14 @@ class ManagedProcess:
             pass
         return 0.0
 
+    def cpu_seconds(self) -> float:
+        """User + system CPU the process has used so far (Linux /proc); 0.0 if unreadable."""
+        try:
+            fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, IndexError, ValueError, AssertionError):
+            return 0.0
+
     def signal(self, sig: int) -> None:
         if self.alive():
             assert self.proc is not None

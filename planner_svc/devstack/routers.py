@@ -80,14 +80,7 @@ class RunningRouters:
             p.stop()
 
     def cpu_seconds(self) -> float:
-        total = 0.0
-        for p in self.processes:
-            try:
-                fields = Path(f"/proc/{p.pid}/stat").read_text().rsplit(")", 1)[1].split()
-                total += (int(fields[11]) + int(fields[12])) / 100.0
-            except (OSError, IndexError, ValueError):
-                pass
-        return total
+        return sum(p.cpu_seconds() for p in self.processes)
 
     def peak_rss_mb(self) -> float:
         return max((p.peak_rss_mb() for p in self.processes), default=0.0)

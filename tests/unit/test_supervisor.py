@@ -5,9 +5,12 @@ stand-in processes; the chaos test runs it against the real stack."""
 from __future__ import annotations
 
 import itertools
+import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from planner_svc.devstack.processes import ManagedProcess
 from planner_svc.devstack.stack import LocalStack, StackOptions, Supervisor
 
 
@@ -65,3 +68,18 @@ def test_backoff_doubles_per_restart_up_to_the_cap_and_resets_after_a_minute_up(
     assert sup.restarts["planner"] == 0
     planner.up = False
     assert sup.check(now=t + 64.1) == ["planner"]
+
+
+def test_a_managed_process_reports_the_cpu_it_used(tmp_path):
+    burn = ("import time\nt = time.process_time()\n"
+            "while time.process_time() - t < 0.3: pass\ntime.sleep(30)")
+    p = ManagedProcess("burn", [sys.executable, "-c", burn], tmp_path / "burn.log")
+    p.start()
+    try:
+        deadline = time.monotonic() + 20
+        while p.cpu_seconds() < 0.3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert 0.3 <= p.cpu_seconds() < 5.0
+    finally:
+        p.stop()
+    assert p.cpu_seconds() == 0.0  # gone: nothing to read
