@@ -14,7 +14,8 @@ trap 'kill "${hogs[@]}" 2>/dev/null' EXIT
 echo "commit $head, $runs runs, $busy busy processes, logs in $work"
 failed=0
 for i in $(seq "$runs"); do
-  git clone -q "$repo" "$work/run-$i"
+  # every run on the same commit, even if the repository moves on meanwhile
+  git clone -q "$repo" "$work/run-$i" && git -C "$work/run-$i" checkout -q "$head"
   start=$(date +%s)
   (cd "$work/run-$i" && CI=true bash .ci/run) > "$work/run-$i.log" 2>&1
   rc=$?
