@@ -8,8 +8,8 @@ tail, the production control loop) and through round robin (the cache-blind refe
 arena runs as `sglang round_robin`), and prints the served hit rate and TTFT p99 of both
 sides with their difference. Simulated seeds 1-3 give the simulator's own spread.
 
-    .venv/bin/python bench/sim_vs_arena.py \\
-        --arena-csv docs/results/arena/arena.csv docs/results/arena/history-on/arena.csv
+    .venv/bin/python bench/sim_vs_arena.py --arena-csv docs/results/arena/arena.csv \\
+        docs/results/arena/history-on/arena.csv docs/results/arena/history-on-2/arena.csv
 
 A later CSV's row replaces an earlier one's for the same scenario and router (the arena
 re-run with conversations kept with their history). Last line: one JSON object.
