@@ -19,7 +19,8 @@ change how one engine behaves, `POST /engines/<id>/fault {"mode": ...}`, and see
 last received, `GET /engines/<id>/last_request`. Fault modes:
     ok | status (answer `status`, e.g. 500 or 503) | hang (never answer completions) |
     die_mid_stream (cut the connection after `after_chunks` events) | slow (`delay_s`
-    before answering) | unhealthy (/health 503) | down (stop listening; `up` restarts)
+    before answering) | linger (keep a stream open `delay_s` after its [DONE]) |
+    unhealthy (/health 503) | down (stop listening; `up` restarts)
 """
 
 from __future__ import annotations
@@ -225,6 +226,8 @@ class EmulatedEngine:
         if include_usage:
             await out.write(_sse(meta.usage_chunk(usage)))
         await out.write(b"data: [DONE]\n\n")
+        if self.fault.mode == "linger":
+            await asyncio.sleep(self.fault.delay_s)
         out.end()
 
     def _headers(self) -> list[tuple[str, str]]:

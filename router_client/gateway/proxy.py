@@ -264,7 +264,7 @@ class Proxy:
     async def _relay_stream(self, call: _Call, dest: str, upstream: Upstream,
                             out: Responder) -> None:
         splitter = sse.SseSplitter()
-        done, usage, first = False, None, None
+        done, finished, usage, first = False, False, None, None
         idle = self.settings.idle_timeout_s
         out.start(upstream.status, self._response_headers(upstream, call, dest))
         try:
@@ -293,6 +293,11 @@ class Proxy:
                     kept.append(event)
                 if kept:
                     await out.write(b"".join(kept))
+                if done and not finished:
+                    # [DONE] ends the answer: count it now. The SDKs hang up as soon as they
+                    # read it, often before the engine has closed its side of the stream.
+                    finished = True
+                    self._finished(call, dest, upstream.status, usage, first)
         except (ClientGone, asyncio.CancelledError):
             # The client went away: drop the upstream connection, so the engine sees the
             # disconnect and stops generating. Not the destination's fault.
@@ -300,13 +305,15 @@ class Proxy:
             raise
         except (TimeoutError, UpstreamError) as exc:
             upstream.close()
+            if finished:  # the answer was whole; only the engine's close was slow or cut
+                out.end()
+                return
             await self._break(out, call, dest, exc)
             return
         upstream.release()
         if not done:
             await self._break(out, call, dest, None)
             return
-        self._finished(call, dest, upstream.status, usage, first)
         out.end()
 
     async def _break(self, out: Responder, call: _Call, dest: str,
