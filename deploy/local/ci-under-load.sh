@@ -17,13 +17,17 @@ for i in $(seq "$runs"); do
   # every run on the same commit, even if the repository moves on meanwhile
   git clone -q "$repo" "$work/run-$i" && git -C "$work/run-$i" checkout -q "$head"
   start=$(date +%s)
-  (cd "$work/run-$i" && CI=true bash .ci/run) > "$work/run-$i.log" 2>&1
+  # -v names the test a dying xdist worker was running; faulthandler_timeout dumps every
+  # thread's stack if one test hangs; the outer timeout ends a wedged run.
+  (cd "$work/run-$i" && CI=true PYTEST_ADDOPTS="-v -o faulthandler_timeout=600" \
+     timeout -k 30 2400 bash .ci/run) > "$work/run-$i.log" 2>&1
   rc=$?
   took=$(( $(date +%s) - start ))
   summary=$(grep -aE '^=+ .*(passed|failed|error).* =+$' "$work/run-$i.log" | tail -1)
   echo "run $i: rc=$rc, ${took}s, $summary"
   [ $rc -eq 0 ] || failed=$((failed + 1))
   rm -rf "$work/run-$i"
+  [ $rc -eq 0 ] || grep -aE 'FAILED|ERROR|crashed|node down|Timeout' "$work/run-$i.log" | head -20
 done
 echo "summary: $((runs - failed))/$runs green at $head under $busy busy processes"
 [ $failed -eq 0 ]
