@@ -28,7 +28,12 @@ def parse_topic_url(url: str) -> tuple[str, str]:
 
 
 def read_topic(bootstrap: str, topic: str, *, deadline_s: float = 120.0,
-               quiet_s: float = 1.0, max_bytes: int = 2 << 30) -> list[bytes]:
+               quiet_s: float = 1.0, max_bytes: int = 2 << 30,
+               at_least: int = 0) -> list[bytes]:
+    """Every value of `topic`, to its end and to at least `at_least` messages in all (for
+    writes still landing, such as dead letters), or `ExportError` at the deadline. Reading
+    to a known end, not until the topic goes quiet, keeps this right on a loaded machine,
+    where the first fetch can take longer than any idle cut-off."""
     consumer = Consumer({"bootstrap.servers": bootstrap,
                          "group.id": f"cacheroute-export-{uuid.uuid4().hex[:8]}",
                          "enable.auto.commit": False, "auto.offset.reset": "earliest"})
@@ -50,10 +55,12 @@ def read_topic(bootstrap: str, topic: str, *, deadline_s: float = 120.0,
         values: list[bytes] = []
         size = 0
         last = time.monotonic()
-        while any(read[p] < ends[p] for p in partitions) or time.monotonic() - last < quiet_s:
+        while (any(read[p] < ends[p] for p in partitions) or len(values) < at_least
+               or time.monotonic() - last < quiet_s):
             if time.monotonic() > give_up:
                 raise ExportError(f"{topic}: not read to its end within {deadline_s:.0f} s "
-                                  f"({len(values)} messages so far)")
+                                  f"({len(values)} messages so far, offsets {read}, "
+                                  f"watermarks {ends}, wanted >= {at_least})")
             m = consumer.poll(0.2)
             if m is None or m.error():
                 continue

@@ -26,9 +26,10 @@ from collections.abc import Callable
 
 import pytest
 from confluent_kafka import Consumer, TopicPartition
-from test_stream_support import make_topics, read_all, recount_requests, start_worker
+from test_stream_support import make_topics, recount_requests, start_worker
 
 from cacheroute.v1 import snapshot_pb2
+from planner_svc.adapters.events_export import read_topic
 from planner_svc.devstack.processes import ManagedProcess
 from streams.assembly import CompleteWindow, WindowAssembler
 from streams.emitter import EventEmitter
@@ -154,7 +155,7 @@ def test_four_workers_join_and_leave_without_loss_or_double_count(broker, tmp_pa
         changes = change_membership(workers, spawn, view)
         producer.join(60)
         assert done.is_set()
-        truth = recount_requests(read_all(broker.bootstrap, topics.events, PARTITIONS))
+        truth = recount_requests(read_topic(broker.bootstrap, topics.events, deadline_s=60.0))
         assert sum(truth.values()) == EVENTS * 4 // 5
         settled = wait_settled(view, truth, since=changes[-1])
         assert settled is not None, (describe_unsettled(view, truth, changes[-1]) + "\n"

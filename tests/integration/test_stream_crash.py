@@ -19,11 +19,11 @@ import pytest
 from test_stream_support import (
     SnapshotLog,
     make_topics,
-    read_all,
     recount_requests,
     start_worker,
 )
 
+from planner_svc.adapters.events_export import read_topic
 from streams.assembly import CompleteWindow
 from streams.emitter import EventEmitter
 
@@ -83,7 +83,7 @@ def test_counts_survive_sigkill_and_sigterm(broker, tmp_path):
         last_start_ms = int(time.time() * 1000)
         producer.join(60)
         assert done.is_set()
-        truth = recount_requests(read_all(broker.bootstrap, topics.events, 4))
+        truth = recount_requests(read_topic(broker.bootstrap, topics.events, deadline_s=60.0))
         assert sum(truth.values()) == EVENTS * 4 // 5
 
         def settled(w: CompleteWindow) -> bool:

@@ -15,6 +15,7 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from cacheroute.v1 import events_pb2, snapshot_pb2
+from planner_svc.adapters.events_export import read_topic
 from planner_svc.devstack.processes import ManagedProcess, free_port
 from streams.assembly import CompleteWindow, merge_parts
 
@@ -116,45 +117,6 @@ class SnapshotLog:
         self._c.close()
 
 
-def read_all(bootstrap: str, topic: str, partitions: int, *, at_least: int = 0,
-             deadline_s: float = 60.0) -> list[bytes]:
-    """Every message value of `topic` (all partitions) from the beginning: at least up to
-    the high watermarks and `at_least` messages in all (for writes that land
-    asynchronously, such as dead letters), or fail at the deadline. Reading to a known
-    end, not until the topic goes quiet, keeps this correct on a loaded machine, where the
-    first fetch can take longer than any idle cut-off.
-
-    Tansu reports a partition's high watermark as its last record batch's *base* offset
-    + 1, so reaching it means that batch was fetched; the rest of the batch is already in
-    the consumer's queue, drained after (`drain_s` with nothing new)."""
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"r-{uuid.uuid4().hex[:8]}",
-                  "auto.offset.reset": "earliest", "enable.auto.commit": False})
-    give_up = time.monotonic() + deadline_s
-    drain_s = 1.0
-    try:
-        ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=deadline_s)[1]
-                for p in range(partitions)}
-        c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
-        read = dict.fromkeys(ends, 0)
-        values: list[bytes] = []
-        last = time.monotonic()
-        while (any(read[p] < ends[p] for p in ends) or len(values) < at_least
-               or time.monotonic() - last < drain_s):
-            if time.monotonic() > give_up:
-                raise AssertionError(f"{topic}: read {len(values)} messages (offsets {read}, "
-                                     f"watermarks {ends}, wanted >= {at_least}) "
-                                     f"within {deadline_s} s")
-            m = c.poll(0.2)
-            if m is None or m.error():
-                continue
-            read[m.partition()] = m.offset() + 1
-            values.append(m.value())
-            last = time.monotonic()
-        return values
-    finally:
-        c.close()
-
-
 def recount_requests(values: list[bytes]) -> Counter[str]:
     """Requests per key in the raw topic, each (producer, sequence) once."""
     seen: set[tuple[str, int]] = set()
@@ -171,4 +133,4 @@ def dead_letters(bootstrap: str, topic: str, expected: int) -> list[events_pb2.D
     """The dead letters, once at least `expected` of them were written (the worker writes
     them apart from the window that counts them)."""
     return [events_pb2.DeadLetter.FromString(v)
-            for v in read_all(bootstrap, topic, 1, at_least=expected)]
+            for v in read_topic(bootstrap, topic, at_least=expected, deadline_s=60.0)]
