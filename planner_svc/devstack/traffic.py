@@ -20,7 +20,7 @@ from typing import Any
 import httpx2
 import openai
 
-from planner_svc.simulator.sessions import Population, Session, system_text, user_text
+from planner_svc.simulator.sessions import Population, Session, Transcript
 
 
 @dataclass(slots=True)
@@ -87,19 +87,17 @@ class Driver:
 
     async def _session(self, s: Session, until_s: float) -> None:
         await asyncio.sleep(max(0.0, s.start_s - self._now()))
-        messages: list[dict[str, Any]] = [
-            {"role": "system", "content": system_text(self.pop, s.tenant)}]
+        transcript = Transcript(self.pop, s)
         headers = self.headers(s) if self.headers else {}
         for j, turn in enumerate(s.turns):
             if turn.think_s:
                 await asyncio.sleep(turn.think_s)
             if self._now() >= until_s:
                 return
-            messages.append({"role": "user", "content": user_text(self.pop, s, j)})
-            answer = await self._ask(s, j, messages, turn.output_tokens, headers)
+            answer = await self._ask(s, j, transcript.ask(j), turn.output_tokens, headers)
             if answer is None:
                 return  # a failed turn ends the conversation (the user gives up)
-            messages.append({"role": "assistant", "content": answer})
+            transcript.answered(answer)
 
     async def _ask(self, s: Session, j: int, messages: list[dict[str, Any]], output: int,
                    headers: dict[str, str]) -> str | None:

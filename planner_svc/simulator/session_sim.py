@@ -25,7 +25,7 @@ import numpy as np
 from planner_svc.simulator import text as txt
 from planner_svc.simulator.policies import Policy, PolicyContext, PolicyFactory
 from planner_svc.simulator.replica import Replica, ReplicaModel
-from planner_svc.simulator.sessions import Population, Session, system_text, user_text
+from planner_svc.simulator.sessions import Population, Session, Transcript
 
 
 @dataclass(frozen=True)
@@ -65,8 +65,7 @@ def simulate_sessions(pop: Population, plan: Sequence[Session], factory: PolicyF
     policy: Policy = factory(PolicyContext(n_destinations, keys, model, seed=seed,
                                            extra={"conversations": conversations}))
     engines = [Replica(model) for _ in range(n_destinations)]
-    history: list[list[dict[str, str]]] = [
-        [{"role": "system", "content": system_text(pop, s.tenant)}] for s in sessions]
+    transcripts = [Transcript(pop, s) for s in sessions]
     arrivals = [(s.start_s, k, 0) for k, s in enumerate(sessions)]
     heapq.heapify(arrivals)
     running: list[tuple[float, int, int]] = []  # (finish, request, destination)
@@ -86,9 +85,7 @@ def simulate_sessions(pop: Population, plan: Sequence[Session], factory: PolicyF
             next_control += control_interval_s
         s = sessions[k]
         turn = s.turns[j]
-        messages = history[k]
-        messages.append({"role": "user", "content": user_text(pop, s, j)})
-        prompt = txt.render_chat(messages).encode()
+        prompt = txt.render_chat(transcripts[k].ask(j)).encode()
         ids = txt.block_chain(prompt, model.block_tokens)
         answer = txt.answer_text(prompt, turn.output_tokens)
         answer_ids = txt.answer_chain(prompt, answer.encode(), ids, model.block_tokens)
@@ -101,7 +98,7 @@ def simulate_sessions(pop: Population, plan: Sequence[Session], factory: PolicyF
         heapq.heappush(running, (served.finish_time, i, d))
         rows.append((s.sid, j, s.tenant, now, d, prompt_tokens, served.cached_tokens,
                      served.first_token_time - now, served.finish_time - now))
-        messages.append({"role": "assistant", "content": answer})
+        transcripts[k].answered(answer)
         if j + 1 < len(s.turns):
             heapq.heappush(arrivals, (served.finish_time + s.turns[j + 1].think_s, k, j + 1))
     cols = list(zip(*rows, strict=True)) if rows else [()] * 9

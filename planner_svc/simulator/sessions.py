@@ -158,3 +158,28 @@ def user_text(pop: Population, session: Session, j: int) -> str:
     if turn.document >= 0:
         doc = words(pop.document_tokens[turn.document], f"doc-{pop.seed}-{turn.document}")
     return doc + words(turn.user_tokens, f"user-{pop.seed}-{session.sid}-{j}")
+
+
+@dataclass(slots=True)
+class Transcript:
+    """One conversation's messages as its client sends them: the tenant's system prompt,
+    then each question and the answer it got. The arena's driver and the simulator both
+    build their prompts here, so the engines see the same text in both."""
+
+    pop: Population
+    session: Session
+    messages: list[dict[str, str]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.messages:
+            self.messages.append(
+                {"role": "system", "content": system_text(self.pop, self.session.tenant)})
+
+    def ask(self, j: int) -> list[dict[str, str]]:
+        """The messages of turn `j`: the history plus its question."""
+        self.messages.append({"role": "user", "content": user_text(self.pop, self.session, j)})
+        return self.messages
+
+    def answered(self, text: str) -> None:
+        self.messages.append({"role": "assistant", "content": text})
+
