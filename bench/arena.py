@@ -263,7 +263,8 @@ def capacity(spec: RouterSpec, scenario: Scenario, seed: int, setup: Setup, flee
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="one scenario, short runs (slow tier)")
-    ap.add_argument("--seeds", type=int, default=1)
+    ap.add_argument("--seeds", type=int, default=1,
+                    help="seeds 1..N of the comparison runs (0: none, the capacity sweep only)")
     ap.add_argument("--scenarios", default="paper-like,shared-system-prompt,whale,low-reuse")
     ap.add_argument("--engines", type=int, default=4)
     ap.add_argument("--engine-kind", choices=("emulator", "llama"), default="emulator",
@@ -285,6 +286,9 @@ def main() -> int:
     ap.add_argument("--routers", default="", help="comma-separated names (default: all)")
     ap.add_argument("--capacity-scales", default="1,1.5,2,3,4",
                     help="load multiples of the capacity sweep ('' skips it)")
+    ap.add_argument("--capacity-seeds", default="1",
+                    help="seeds of the capacity sweep, e.g. 1,2,3 (each router swept once per "
+                    "seed; the capacity reported is the median)")
     ap.add_argument("--capacity-replicas", default="1",
                     help="router replica counts of the capacity sweep, e.g. 1,4 (each against "
                     "the best peer at that count)")
@@ -359,8 +363,10 @@ def main() -> int:
                 rows.append(run_one(spec, 1, failing[0], 1, setup, fleet, stacks, work, 1.0,
                                     f"{failing[0].name} {spec.name}: engine down",
                                     fail_at_s=fail_at))
-        cap: dict[str, float] = {}
+        per_seed: dict[str, list[float]] = {}
+        sweeps: dict[str, list[list[dict[str, Any]]]] = {}
         scales = [float(x) for x in args.capacity_scales.split(",") if x]
+        cap_seeds = [int(x) for x in args.capacity_seeds.split(",") if x]
         replicas_for_capacity = [int(x) for x in args.capacity_replicas.split(",") if x]
         if not quick and scales:
             for name in ("paper-like", "whale"):
@@ -368,17 +374,25 @@ def main() -> int:
                 if not found:
                     continue
                 for n in replicas_for_capacity:
-                    ranked = _best_peer(rows, name, n)
-                    for spec in [routers[0], *[r for r in routers if r.name == ranked]]:
-                        value, sweep = capacity(spec, found[0], 1, setup, fleet, stacks, work,
-                                                scales, n)
-                        cap[f"{name}/{cap_label(spec.name, n)}"] = value
-                        cap_rows += sweep
+                    # without comparison runs to rank them, the first peer named
+                    ranked = _best_peer(rows, name, n) or next(
+                        (r.name for r in routers if r.name != "cacheroute"), "")
+                    for seed in cap_seeds:
+                        for spec in [routers[0], *[r for r in routers if r.name == ranked]]:
+                            value, sweep = capacity(spec, found[0], seed, setup, fleet, stacks,
+                                                    work, scales, n)
+                            per_seed.setdefault(f"{name}/{cap_label(spec.name, n)}",
+                                                []).append(value)
+                            sweeps.setdefault(f"{name}/{cap_label(spec.name, n)}",
+                                              []).append(sweep)
+                            cap_rows += sweep
+        cap = {k: v[_middle_seed(v, sweeps[k])] for k, v in per_seed.items()}
     finally:
         stacks.stop()
         fleet.stop()
     elapsed = time.monotonic() - t_start
-    summary = report(rows, cap, setup, Path(args.out), missing, elapsed, quick, cap_rows)
+    summary = report(rows, cap, setup, Path(args.out), missing, elapsed, quick, cap_rows,
+                     per_seed)
     print(json.dumps(summary))
     if "CACHEROUTE_ARENA_KEEP" not in os.environ:  # a diagnostic: keep every log
         shutil.rmtree(work, ignore_errors=True)
@@ -412,7 +426,8 @@ def _best_peer(rows: list[dict], scenario: str, replicas: int) -> str:
 
 def report(rows: list[dict], cap: dict[str, float], setup: Setup, out: Path,
            missing: list[str], elapsed_s: float, quick: bool,
-           cap_rows: list[dict] | None = None) -> dict[str, Any]:
+           cap_rows: list[dict] | None = None,
+           per_seed: dict[str, list[float]] | None = None) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     keys = ["scenario", "seed", "router", "replicas", "rate_scale", "requests", "errors", "hit",
             "ttft_p50_s", "ttft_p99_s", "e2e_p99_s", "imbalance", "cpu_s", "control_cpu_s",
@@ -479,29 +494,37 @@ def report(rows: list[dict], cap: dict[str, float], setup: Setup, out: Path,
                          f"{'-' if got is None else f'{got:.1%}'} over "
                          f"{r['plan_windows']} windows")
     if cap:
-        lines += ["", f"SLO capacity (sessions/s with TTFT p99 ≤ {setup.slo_ttft_s} s; the "
-                  "sweep's points are in arena-capacity.csv, with the requests each served):", ""]
+        lines += ["", f"SLO capacity (sessions/s with TTFT p99 ≤ {setup.slo_ttft_s} s, the "
+                  "middle seed's where the sweep ran on several, each seed's in brackets "
+                  "(a sweep that missed at its first point ranks below it); the sweep's points "
+                  "are in arena-capacity.csv, with the requests each served):", ""]
         for k, v in cap.items():
             sc, router = k.split("/", 1)
-            sweep = [r for r in cap_rows or [] if r["scenario"] == sc and r["label"] == router]
-            passed_all = all(r["ttft_p99_s"] <= setup.slo_ttft_s and not r["errors"]
-                             for r in sweep)
-            if not v and sweep:  # the first point already missed: an upper bound
-                first = sweep[0]
-                lines.append(f"- {k}: < {first['sessions_per_s']:.2f} (the sweep's first "
-                             f"point, x{first['rate_scale']:g}, already missed the SLO)")
+            seeds = sorted({r["seed"] for r in cap_rows or []
+                            if r["scenario"] == sc and r["label"] == router})
+            values = (per_seed or {}).get(k, [v])
+            sweeps = [[r for r in cap_rows or [] if r["scenario"] == sc
+                       and r["label"] == router and r["seed"] == seed] for seed in seeds]
+            parts = [_capacity_text(value, sweep, setup.slo_ttft_s)
+                     for value, sweep in zip(values, sweeps, strict=False)]
+            if len(parts) <= 1:
+                lines.append(f"- {k}: {parts[0] if parts else f'{v:.2f}'}")
                 continue
-            lines.append(f"- {k}: {'≥ ' if passed_all else ''}{v:.2f}"
-                         + (" (no point of the sweep missed the SLO: a lower bound)"
-                            if passed_all else ""))
+            middle = parts[_middle_seed(values, sweeps)]
+            lines.append(f"- {k}: {middle} [" + "; ".join(
+                f"s{seed}: {t}" for seed, t in zip(seeds, parts, strict=False)) + "]")
         for r in cap_rows or []:
-            lines.append(f"  - {r['scenario']} {r['label']} x{r['rate_scale']:g}: "
+            lines.append(f"  - {r['scenario']} s{r['seed']} {r['label']} x{r['rate_scale']:g}: "
                          f"{r['requests']} requests measured, TTFT p99 {r['ttft_p99_s']:.3f} s, "
                          f"hit {r['hit']:.1%}")
     (out / f"arena{suffix}.md").write_text("\n".join(lines) + "\n")
     _plot(rows, out, suffix)
     paper = "paper-like"
     best1, best4 = _best_peer(rows, paper, 1), _best_peer(rows, paper, 4)
+    if not best1:  # a capacity-only run: the peer it swept
+        best1 = next((k.split("/", 1)[1] for k in cap
+                      if k.startswith(paper + "/") and k != f"{paper}/cacheroute"
+                      and "replicas" not in k), "")
     ours_cap = cap.get(f"{paper}/cacheroute", math.nan)
     peer_cap = cap.get(f"{paper}/{best1}", math.nan)
     summary = {
@@ -522,10 +545,36 @@ def report(rows: list[dict], cap: dict[str, float], setup: Setup, out: Path,
         "errors_after_failure": {r["router"]: r["errors_after_failure"] for r in failed},
         "elapsed_min": round(elapsed_s / 60, 2),
     }
+    # a figure not measured (no comparison runs) is null: NaN is not JSON
+    summary = {k: None if isinstance(v, float) and math.isnan(v) else v
+               for k, v in summary.items()}
     if setup.engine_kind == "llama":  # the real-engine fleet's figures, named apart
         summary = {f"llama_{k}": v for k, v in summary.items()}
     summary["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
     return summary
+
+
+def _middle_seed(values: list[float], sweeps: list[list[dict[str, Any]]]) -> int:
+    """Which seed's capacity is the median (the lower middle of an even count). A sweep
+    whose first point already missed has capacity 0 and ranks just below that point's
+    load: an upper bound, ordered among the others, never averaged with them."""
+    def rank(i: int) -> float:
+        if values[i] or not sweeps[i]:
+            return values[i]
+        return float(sweeps[i][0]["sessions_per_s"]) * 0.999
+    order = sorted(range(len(values)), key=rank)
+    return order[(len(order) - 1) // 2]
+
+
+def _capacity_text(value: float, sweep: list[dict], slo_s: float) -> str:
+    """One sweep's capacity, saying when it is only a bound."""
+    if not value and sweep:  # the first point already missed: an upper bound
+        first = sweep[0]
+        return (f"< {first['sessions_per_s']:.2f} (the sweep's first point, "
+                f"x{first['rate_scale']:g}, already missed the SLO)")
+    if sweep and all(r["ttft_p99_s"] <= slo_s and not r["errors"] for r in sweep):
+        return f"≥ {value:.2f} (no point of the sweep missed the SLO: a lower bound)"
+    return f"{value:.2f}"
 
 
 def _pyplot() -> Any:
@@ -551,7 +600,7 @@ def _scenario_panels(rows: list[dict]) -> tuple[Any, Any, list[tuple[Any, str]]]
 
 
 def _plot(rows: list[dict], out: Path, suffix: str) -> None:
-    panels = _scenario_panels(rows)
+    panels = _scenario_panels(rows) if rows else None
     if panels is None:
         return
     plt, fig, pairs = panels
@@ -575,12 +624,18 @@ def plot_capacity(cap_rows: list[dict], out: Path, suffix: str, slo_s: float) ->
         return
     plt, fig, pairs = panels
     for ax, sc in pairs:
+        seeds = sorted({r["seed"] for r in cap_rows if r["scenario"] == sc})
         for label in sorted({r["label"] for r in cap_rows if r["scenario"] == sc}):
-            pts = sorted((float(r["rate_scale"]), float(r["ttft_p99_s"])) for r in cap_rows
-                         if r["scenario"] == sc and r["label"] == label)
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label,
-                    color="tab:green" if label == "cacheroute" else None,
-                    linestyle=":" if "replicas" in label else "-")
+            for seed in seeds:
+                pts = sorted((float(r["rate_scale"]), float(r["ttft_p99_s"])) for r in cap_rows
+                             if r["scenario"] == sc and r["label"] == label
+                             and r["seed"] == seed)
+                if not pts:
+                    continue
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o",
+                        label=label + (f" s{seed}" if len(seeds) > 1 else ""),
+                        color="tab:green" if label == "cacheroute" else None,
+                        linestyle=":" if "replicas" in label else "-", alpha=0.8)
         ax.axhline(slo_s, color="tab:red", linestyle="--", label=f"SLO {slo_s:g} s")
         ax.set_xlabel("offered load (x the scenario's rate)")
         ax.set_ylabel("TTFT p99 (s)")
