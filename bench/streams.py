@@ -38,7 +38,7 @@ import tempfile
 import time
 import urllib.request
 import uuid
-from collections import Counter
+from collections import Counter, defaultdict
 
 import numpy as np
 from confluent_kafka import Consumer, Producer, TopicPartition
@@ -117,8 +117,8 @@ def pipeline_in_process(batches: list[tuple[int, bytes]], now_ms: int) -> float:
             by_p.setdefault(p, []).append((off, v))
         for p, msgs in by_p.items():
             procs[p].process(msgs, now_ms)
-    for p in procs.values():
-        n += sum(p.counters.events_by_type.values())
+    for proc in procs.values():
+        n += sum(proc.counters.events_by_type.values())
     return n / (time.perf_counter() - t)
 
 
@@ -147,7 +147,7 @@ def metrics(port: int) -> dict[str, float]:
         text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read()
     except OSError:
         return {}
-    out: dict[str, float] = Counter()
+    out: dict[str, float] = defaultdict(float)
     for line in text.decode().splitlines():
         m = re.match(r"cacheroute_streams_(\w+?)(\{.*\})? ([0-9.e+-]+)$", line)
         if m:
