@@ -101,6 +101,26 @@ class CacheRouteStack:
             self.current = None
 
 
+def p99_interval(samples: list[tuple[int, float]], resamples: int = 1000,
+                 level: float = 0.9) -> tuple[float, float]:
+    """A `level` bootstrap interval of the 99th percentile of (conversation, value) samples,
+    resampling whole conversations (a conversation's turns share a destination and a cache,
+    so they are not independent). A capacity point's p99 rests on its few slowest requests:
+    this says roughly how far another run's could land (a bootstrap of a tail quantile runs
+    narrow when a handful of conversations make the tail: a guide, not a guarantee)."""
+    if len(samples) < 2:
+        return math.nan, math.nan
+    groups: dict[int, list[float]] = {}
+    for sid, v in samples:
+        groups.setdefault(sid, []).append(v)
+    values = [np.asarray(g) for g in groups.values()]
+    rng = np.random.default_rng(0)
+    draws = rng.integers(0, len(values), size=(resamples, len(values)))
+    p99s = [float(np.percentile(np.concatenate([values[i] for i in d]), 99)) for d in draws]
+    tail = (1.0 - level) / 2
+    return float(np.quantile(p99s, tail)), float(np.quantile(p99s, 1.0 - tail))
+
+
 def summarise(records: list[Record], warmup_s: float, loads: list[float]) -> dict[str, Any]:
     """`loads`: what each engine served in the measured part (requests for the emulator,
     prompt tokens for llama-server, which counts no requests)."""
@@ -111,12 +131,15 @@ def summarise(records: list[Record], warmup_s: float, loads: list[float]) -> dic
     ttft = np.array([r.ttft_s for r in ok]) if ok else np.array([math.nan])
     e2e = np.array([r.e2e_s for r in ok]) if ok else np.array([math.nan])
     per_engine = np.array(loads, dtype=float)
+    lo, hi = p99_interval([(r.sid, r.ttft_s) for r in ok])
     return {
         "requests": len(measured),
         "errors": len(measured) - len(ok),
         "hit": cached / prompt if prompt else 0.0,
         "ttft_p50_s": float(np.percentile(ttft, 50)),
         "ttft_p99_s": float(np.percentile(ttft, 99)),
+        "ttft_p99_lo_s": lo,
+        "ttft_p99_hi_s": hi,
         "e2e_p99_s": float(np.percentile(e2e, 99)),
         "imbalance": float(per_engine.max() / per_engine.mean()) if per_engine.sum() else 0.0,
     }
@@ -430,8 +453,8 @@ def report(rows: list[dict], cap: dict[str, float], setup: Setup, out: Path,
            per_seed: dict[str, list[float]] | None = None) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     keys = ["scenario", "seed", "router", "replicas", "rate_scale", "requests", "errors", "hit",
-            "ttft_p50_s", "ttft_p99_s", "e2e_p99_s", "imbalance", "cpu_s", "control_cpu_s",
-            "router_rss_mb"]
+            "ttft_p50_s", "ttft_p99_s", "ttft_p99_lo_s", "ttft_p99_hi_s", "e2e_p99_s",
+            "imbalance", "cpu_s", "control_cpu_s", "router_rss_mb"]
     suffix = ("-llama" if setup.engine_kind == "llama" else "") + ("-quick" if quick else "")
     with open(out / f"arena{suffix}.csv", "w", newline="") as f:
         w = csv.DictWriter(f, keys)
@@ -515,7 +538,8 @@ def report(rows: list[dict], cap: dict[str, float], setup: Setup, out: Path,
                 f"s{seed}: {t}" for seed, t in zip(seeds, parts, strict=False)) + "]")
         for r in cap_rows or []:
             lines.append(f"  - {r['scenario']} s{r['seed']} {r['label']} x{r['rate_scale']:g}: "
-                         f"{r['requests']} requests measured, TTFT p99 {r['ttft_p99_s']:.3f} s, "
+                         f"{r['requests']} requests measured, TTFT p99 {r['ttft_p99_s']:.3f} s "
+                         f"(90 % interval {r['ttft_p99_lo_s']:.2f}-{r['ttft_p99_hi_s']:.2f}), "
                          f"hit {r['hit']:.1%}")
     (out / f"arena{suffix}.md").write_text("\n".join(lines) + "\n")
     _plot(rows, out, suffix)
