@@ -120,6 +120,14 @@ class Installed:
 
 
 @dataclass(frozen=True)
+class _UncertainCommit:
+    plan: RoutingPlan
+    digest: bytes
+    blob: bytes
+    forced: bool
+
+
+@dataclass(frozen=True)
 class ReplanResult:
     candidate: RoutingPlan
     diff: PlanDiff | None
@@ -239,6 +247,9 @@ class Planner:
         # decision id -> (version it installed, operator request id), for the API's records.
         # The version the current step installed, for the decision that step logs next.
         self._installed_by_step: Version | None = None
+        # A commit whose outcome is unknown (its reply lost with the connection): settled
+        # against Redis's pointer before the next install (`_settle_uncertain_commit`).
+        self._uncertain: _UncertainCommit | None = None
         # What each retained plan predicted at install, and what the stream measured since.
         self.deliveries: OrderedDict[Version, tuple[Prediction, Realized, float]] = OrderedDict()
         self._last_tick_s = -math.inf
@@ -247,6 +258,7 @@ class Planner:
         self._plans: OrderedDict[Version, RoutingPlan] = OrderedDict()
         self._history = history
         self.version_conflicts = 0  # installs that found their version taken in Redis
+        self.uncertain_commits_landed = 0  # commits whose reply was lost, found landed
         self.pointer_repairs = 0  # times the current pointer held junk and was repaired
         # The stream's first windows may cover only part of a window of traffic (it just
         # started): the first plan waits until one full window length has passed since.
@@ -411,6 +423,7 @@ class Planner:
         """Redis came back empty or behind, or someone wrote junk into the pointer: publish
         the installed plan again (and point at it)."""
         with self._lock:
+            self._settle_uncertain_commit(self._clock())
             if self.installed is None:
                 return False
             try:
@@ -657,7 +670,7 @@ class Planner:
         return Version(last.epoch, last.seq + 1)
 
     def _publish(
-        self, plan: RoutingPlan, previous: RoutingPlan | None
+        self, plan: RoutingPlan, previous: RoutingPlan | None, forced: bool = False
     ) -> tuple[RoutingPlan, Any, bytes]:
         """Install `plan` under the next free version.
 
@@ -672,8 +685,13 @@ class Planner:
             try:
                 # staged first: the atomic install then moves no megabytes
                 prepared = self._publisher.stage(self._publisher.prepare(plan, previous))
-                return plan, self._publisher.commit(prepared), prepared.plan_blob
+                self._uncertain = _UncertainCommit(plan, prepared.digest, prepared.plan_blob,
+                                                   forced)
+                published = self._publisher.commit(prepared)
+                self._uncertain = None
+                return plan, published, prepared.plan_blob
             except (VersionConflict, VersionRegression) as exc:
+                self._uncertain = None  # refused: it did not land
                 self.version_conflicts += 1
                 current = self._publisher.current()
                 version = self._next_version(max(version, current.version if current else version))
@@ -681,7 +699,30 @@ class Planner:
                 plan = dataclasses.replace(plan, version=version)
         raise Unavailable(f"could not find a free plan version after {MAX_VERSION_SKIPS} tries")
 
+    def _settle_uncertain_commit(self, now: float) -> None:
+        """A commit whose reply never came (Redis killed, the connection cut mid-call) may
+        have landed, and routers may be running it: if Redis's pointer names that very plan
+        (version and digest), it is installed, recorded as if the reply had come. Else it
+        did not land and is forgotten. Redis errors propagate (the caller retries)."""
+        pending = self._uncertain
+        if pending is None:
+            return
+        try:
+            current = self._publisher.current()
+        except CorruptPointer:
+            current = None
+        self._uncertain = None
+        if (current is None or current.version != pending.plan.version
+                or current.digest != pending.digest):
+            return
+        self.uncertain_commits_landed += 1
+        log.warning("plan %s was published after all (its commit's reply was lost)",
+                    pending.plan.version)
+        self._record_installed(pending.plan, pending.digest, pending.blob, now,
+                               forced=pending.forced)
+
     def _install(self, plan: RoutingPlan, now: float, *, forced: bool) -> Installed:
+        self._settle_uncertain_commit(now)
         previous = self.installed.plan if self.installed else None
         versioned = dataclasses.replace(
             plan,
@@ -690,19 +731,24 @@ class Planner:
             rates_window_end_ms=self.rates_window_end_ms or plan.rates_window_end_ms,
         )
         failpoint("publish.before_redis")
-        versioned, published, blob = self._publish(versioned, previous)
+        versioned, published, blob = self._publish(versioned, previous, forced)
         failpoint("publish.after_redis")
+        return self._record_installed(versioned, published.digest, blob, now, forced=forced)
+
+    def _record_installed(self, versioned: RoutingPlan, digest: bytes, blob: bytes,
+                          now: float, *, forced: bool) -> Installed:
+        """Everything that follows a plan landing in Redis."""
         if self._history is not None:
             self._history.record_install(versioned.version, blob)
             failpoint("publish.after_history")
-        self.installed = Installed(versioned, published.digest, now)
+        self.installed = Installed(versioned, digest, now)
         self._installed_by_step = versioned.version
         self._remember(versioned)
         if not versioned.config.is_fallback:
             self._reference = self._measured_part(self.traffic)
             self._loop.record_install(now, forced=forced)
             self._predict(versioned, now)
-        self.events.publish("installed", self.version_info(versioned, published.digest))
+        self.events.publish("installed", self.version_info(versioned, digest))
         log.info(
             "installed plan %s (%s, %d keys)",
             versioned.version,
