@@ -110,13 +110,18 @@ def p99_interval(samples: list[tuple[int, float]], resamples: int = 1000,
     narrow when a handful of conversations make the tail: a guide, not a guarantee)."""
     if len(samples) < 2:
         return math.nan, math.nan
-    groups: dict[int, list[float]] = {}
-    for sid, v in samples:
-        groups.setdefault(sid, []).append(v)
-    values = [np.asarray(g) for g in groups.values()]
+    order = sorted(range(len(samples)), key=lambda i: samples[i][0])
+    values = np.array([samples[i][1] for i in order])
+    sids = np.array([samples[i][0] for i in order])
+    starts = np.flatnonzero(np.r_[True, sids[1:] != sids[:-1]])
+    lengths = np.diff(np.r_[starts, len(values)])
     rng = np.random.default_rng(0)
-    draws = rng.integers(0, len(values), size=(resamples, len(values)))
-    p99s = [float(np.percentile(np.concatenate([values[i] for i in d]), 99)) for d in draws]
+    p99s = []
+    for drawn in rng.integers(0, len(starts), size=(resamples, len(starts))):
+        n = lengths[drawn]
+        # every sample of every drawn conversation: its start plus 0..length-1
+        offsets = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)
+        p99s.append(float(np.percentile(values[np.repeat(starts[drawn], n) + offsets], 99)))
     tail = (1.0 - level) / 2
     return float(np.quantile(p99s, tail)), float(np.quantile(p99s, 1.0 - tail))
 
@@ -389,7 +394,7 @@ def main() -> int:
         per_seed: dict[str, list[float]] = {}
         sweeps: dict[str, list[list[dict[str, Any]]]] = {}
         scales = [float(x) for x in args.capacity_scales.split(",") if x]
-        cap_seeds = [int(x) for x in args.capacity_seeds.split(",") if x]
+        cap_seeds = sorted({int(x) for x in args.capacity_seeds.split(",") if x})
         replicas_for_capacity = [int(x) for x in args.capacity_replicas.split(",") if x]
         if not quick and scales:
             for name in ("paper-like", "whale"):

@@ -52,6 +52,7 @@ from soak import FAULTS as SOAK_FAULTS
 from soak import Soak
 
 from cacheroute.v1 import events_pb2, plan_pb2, planner_pb2, planner_pb2_grpc
+from planner_svc.adapters.events_export import read_topic
 from planner_svc.devstack.stack import Supervisor, wait_for_planner
 from router_client import signing
 from router_client.errors import PlanRejected
@@ -66,7 +67,7 @@ from tests.faults.hostile import (
     forged_snapshot,
     oversized_garbage,
 )
-from tests.integration.test_stream_support import SnapshotLog, dead_letters, read_all
+from tests.integration.test_stream_support import SnapshotLog, dead_letters
 
 KILL_TARGET = {"broker_kill": "broker", "redis_kill": "redis", "worker_kill": "worker-0",
                "planner_kill": "planner"}
@@ -312,8 +313,7 @@ class Chaos(Soak):
                     dead.add((e.producer_id, e.sequence))
         truth: Counter[str] = Counter()
         seen: set[tuple[str, int]] = set()
-        for value in read_all(s.bootstrap, self.options.events_topic,
-                              self.options.event_partitions):
+        for value in read_topic(s.bootstrap, self.options.events_topic, deadline_s=60.0):
             try:
                 batch = events_pb2.EventBatch.FromString(value)
             except Exception:

@@ -47,9 +47,13 @@ def read_topic(bootstrap: str, topic: str, *, deadline_s: float = 120.0,
         if found is None or found.error is not None or not found.partitions:
             raise ExportError(f"topic {topic!r} does not exist at {bootstrap}")
         partitions = sorted(found.partitions)
-        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p),
-                                                  timeout=min(10.0, deadline_s))[1]
-                for p in partitions}
+        try:
+            ends = {p: consumer.get_watermark_offsets(
+                        TopicPartition(topic, p),
+                        timeout=max(1.0, give_up - time.monotonic()))[1]
+                    for p in partitions}
+        except KafkaException as exc:
+            raise ExportError(f"{topic}: cannot read its end offsets: {exc}") from None
         consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
         read = dict.fromkeys(partitions, 0)
         values: list[bytes] = []

@@ -90,7 +90,8 @@ class KafkaHistory:
     def record_install(self, version: Version, signed_blob: bytes) -> None:
         self._put(f"plan:{version}", signed_blob)
         self._put("current", str(version).encode())
-        self._plans.append(version)
+        if version not in self._plans:  # recorded again after a failure: once in the list
+            self._plans.append(version)
         while len(self._plans) > KEEP_PLANS:
             retired = self._plans.pop(0)
             self._put(f"plan:{retired}", None)

@@ -250,6 +250,10 @@ class Planner:
         # A commit whose outcome is unknown (its reply lost with the connection): settled
         # against Redis's pointer before the next install (`_settle_uncertain_commit`).
         self._uncertain: _UncertainCommit | None = None
+        # The newest version ever sent to a commit. Never numbered again, landed or not:
+        # routers may have fetched it before Redis lost it, and a router ignores a pointer
+        # to the version it already holds, so the number must not come back with other bytes.
+        self._last_committed: Version | None = None
         # What each retained plan predicted at install, and what the stream measured since.
         self.deliveries: OrderedDict[Version, tuple[Prediction, Realized, float]] = OrderedDict()
         self._last_tick_s = -math.inf
@@ -665,6 +669,8 @@ class Planner:
     def _next_version(self, after: Version | None = None) -> Version:
         last = self.installed.plan.version if self.installed else Version(self._epoch, 0)
         last = max(last, after) if after is not None else last
+        if self._last_committed is not None:
+            last = max(last, self._last_committed)
         if last.epoch < self._epoch:
             return Version(self._epoch, 1)
         return Version(last.epoch, last.seq + 1)
@@ -685,10 +691,12 @@ class Planner:
             try:
                 # staged first: the atomic install then moves no megabytes
                 prepared = self._publisher.stage(self._publisher.prepare(plan, previous))
+                # Uncertain until the install is recorded (`_install` clears it): a reply
+                # lost, or a failure between the commit and the record, is settled later.
                 self._uncertain = _UncertainCommit(plan, prepared.digest, prepared.plan_blob,
                                                    forced)
+                self._last_committed = max(plan.version, self._last_committed or plan.version)
                 published = self._publisher.commit(prepared)
-                self._uncertain = None
                 return plan, published, prepared.plan_blob
             except (VersionConflict, VersionRegression) as exc:
                 self._uncertain = None  # refused: it did not land
@@ -711,15 +719,17 @@ class Planner:
             current = self._publisher.current()
         except CorruptPointer:
             current = None
-        self._uncertain = None
         if (current is None or current.version != pending.plan.version
                 or current.digest != pending.digest):
+            self._uncertain = None  # it did not land (its version is not reused)
             return
-        self.uncertain_commits_landed += 1
-        log.warning("plan %s was published after all (its commit's reply was lost)",
-                    pending.plan.version)
-        self._record_installed(pending.plan, pending.digest, pending.blob, now,
-                               forced=pending.forced)
+        if self.installed is None or self.installed.plan.version != pending.plan.version:
+            log.warning("plan %s was published after all (its commit's reply was lost)",
+                        pending.plan.version)
+            self._record_installed(pending.plan, pending.digest, pending.blob, now,
+                                   forced=pending.forced)
+            self.uncertain_commits_landed += 1
+        self._uncertain = None  # recorded: settled
 
     def _install(self, plan: RoutingPlan, now: float, *, forced: bool) -> Installed:
         self._settle_uncertain_commit(now)
@@ -733,7 +743,9 @@ class Planner:
         failpoint("publish.before_redis")
         versioned, published, blob = self._publish(versioned, previous, forced)
         failpoint("publish.after_redis")
-        return self._record_installed(versioned, published.digest, blob, now, forced=forced)
+        installed = self._record_installed(versioned, published.digest, blob, now, forced=forced)
+        self._uncertain = None  # landed and recorded
+        return installed
 
     def _record_installed(self, versioned: RoutingPlan, digest: bytes, blob: bytes,
                           now: float, *, forced: bool) -> Installed:

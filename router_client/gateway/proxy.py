@@ -264,11 +264,11 @@ class Proxy:
     async def _relay_stream(self, call: _Call, dest: str, upstream: Upstream,
                             out: Responder) -> None:
         splitter = sse.SseSplitter()
-        done, finished, usage, first = False, False, None, None
+        done, usage, first = False, None, None
         idle = self.settings.idle_timeout_s
         out.start(upstream.status, self._response_headers(upstream, call, dest))
         try:
-            while True:
+            while not done:
                 async with asyncio.timeout(idle):
                     chunk = await upstream.read_chunk()
                 if not chunk:
@@ -282,7 +282,6 @@ class Proxy:
                 kept = []
                 for event in events:
                     info = sse.inspect(event)
-                    done = done or info.done
                     if info.usage is not None:
                         usage = info.usage
                         if call.injected_usage:
@@ -291,13 +290,16 @@ class Proxy:
                                 kept.append(stripped)
                             continue
                     kept.append(event)
+                    if info.done:
+                        done = True
+                        break  # nothing after [DONE] is part of the answer
+                if done:
+                    # [DONE] ends the answer: count it before the last write, since the
+                    # SDKs hang up as soon as they read it, often before the engine has
+                    # closed its side of the stream.
+                    self._finished(call, dest, upstream.status, usage, first)
                 if kept:
                     await out.write(b"".join(kept))
-                if done and not finished:
-                    # [DONE] ends the answer: count it now. The SDKs hang up as soon as they
-                    # read it, often before the engine has closed its side of the stream.
-                    finished = True
-                    self._finished(call, dest, upstream.status, usage, first)
         except (ClientGone, asyncio.CancelledError):
             # The client went away: drop the upstream connection, so the engine sees the
             # disconnect and stops generating. Not the destination's fault.
@@ -305,16 +307,29 @@ class Proxy:
             raise
         except (TimeoutError, UpstreamError) as exc:
             upstream.close()
-            if finished:  # the answer was whole; only the engine's close was slow or cut
-                out.end()
-                return
             await self._break(out, call, dest, exc)
             return
-        upstream.release()
         if not done:
+            upstream.release()
             await self._break(out, call, dest, None)
             return
-        out.end()
+        out.end()  # the client's answer is whole: it need not wait for the engine's close
+        await self._drain(upstream)
+
+    async def _drain(self, upstream: Upstream) -> None:
+        """Read what an engine sends after [DONE] (normally just the end of the body), so
+        its connection can be reused; one that stays open past the idle timeout is closed."""
+        try:
+            async with asyncio.timeout(self.settings.idle_timeout_s):
+                while await upstream.read_chunk():
+                    pass
+        except (TimeoutError, UpstreamError):
+            upstream.close()
+            return
+        except asyncio.CancelledError:
+            upstream.close()
+            raise
+        upstream.release()
 
     async def _break(self, out: Responder, call: _Call, dest: str,
                      exc: BaseException | None) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import redis
 
 from planner_svc.adapters.redis_publisher import PlanPublisher
+from planner_svc.orchestration import failpoints
 from tests.reliability.harness import InstallLog, feed, planner_service
 from tests.waiting import eventually
 
@@ -85,10 +86,43 @@ def test_a_commit_that_did_not_land_is_forgotten(redis_server, tmp_path):
         feed(svc, seed=3)
         svc.planner.replan(fresh=False, force=True, dry_run=False)
         newest = svc.planner.installed.plan.version
-        assert newest.seq == first.seq + 1  # the refused attempt's version is reused
+        # never numbered again: had it landed and been lost by a restarting Redis, routers
+        # could hold it, and they ignore a pointer to the version they already hold
+        assert newest.seq == first.seq + 2
         assert svc.planner.uncertain_commits_landed == 0
         assert eventually(lambda: newest in log.published, 5)
         assert set(log.published) == {first, newest}
     finally:
+        log.close()
+        svc.stop(0)
+
+
+def test_a_failure_between_the_commit_and_its_record_is_settled(redis_server, tmp_path):
+    # The plan landed, then the planner failed before recording it (its durable history
+    # unreachable, say): the next install records it first, then follows it.
+    svc = planner_service(redis_server.url, tmp_path / "planner", interval_s=3600.0)
+    log = InstallLog(svc)
+    try:
+        feed(svc)
+        svc.planner.replan(fresh=True, force=True, dry_run=False)
+        failpoints.configure("publish.after_redis=raise")
+        feed(svc, seed=2)
+        try:
+            svc.planner.replan(fresh=False, force=True, dry_run=False)
+        except failpoints.FailpointError:
+            pass
+        else:
+            raise AssertionError("the failpoint should have raised")
+        finally:
+            failpoints.configure("")
+        landed = svc.publisher.current()
+        assert landed is not None and landed.version not in log.published
+        feed(svc, seed=3)
+        svc.planner.replan(fresh=False, force=True, dry_run=False)
+        assert eventually(lambda: landed.version in log.published, 5)
+        assert svc.planner.installed.plan.version.seq == landed.version.seq + 1
+        assert svc.planner.version_conflicts == 0
+    finally:
+        failpoints.configure("")
         log.close()
         svc.stop(0)
