@@ -554,8 +554,15 @@ def report(rows: list[dict], cap: dict[str, float], setup: Setup, out: Path,
         best1 = next((k.split("/", 1)[1] for k in cap
                       if k.startswith(paper + "/") and k != f"{paper}/cacheroute"
                       and "replicas" not in k), "")
-    ours_cap = cap.get(f"{paper}/cacheroute", math.nan)
-    peer_cap = cap.get(f"{paper}/{best1}", math.nan)
+    ours_cap, ours_sign = _middle_bound(f"{paper}/cacheroute", cap, cap_rows, per_seed,
+                                        setup.slo_ttft_s)
+    peer_cap, peer_sign = _middle_bound(f"{paper}/{best1}", cap, cap_rows, per_seed,
+                                        setup.slo_ttft_s)
+    # A bound on either side bounds the ratio one way; bounds pulling both ways leave it
+    # undetermined (two sweeps that never missed say nothing about which router is ahead).
+    signs = {x for x in (ours_sign, -peer_sign) if x}
+    ratio_kind = ("exact" if not signs else "undetermined" if len(signs) > 1
+                  else "at_least" if signs == {1} else "at_most")
     summary = {
         "cacheroute_hit_1r": round(_mean(rows, "hit", router="cacheroute", scenario=paper,
                                          replicas=1), 4),
@@ -568,7 +575,8 @@ def report(rows: list[dict], cap: dict[str, float], setup: Setup, out: Path,
         "best_peer_hit_4r": round(_mean(rows, "hit", router=best4, scenario=paper,
                                         replicas=4), 4) if best4 else None,
         "capacity_ratio_vs_best_peer": round(ours_cap / peer_cap, 3)
-        if peer_cap and not math.isnan(peer_cap) else None,
+        if peer_cap and not math.isnan(peer_cap) and ratio_kind != "undetermined" else None,
+        "capacity_ratio_kind": ratio_kind,
         **_ratio_4r(cap, paper, best4),
         "peer_versions": peer_versions(),
         "errors_after_failure": {r["router"]: r["errors_after_failure"] for r in failed},
@@ -593,6 +601,33 @@ def _middle_seed(values: list[float], sweeps: list[list[dict[str, Any]]]) -> int
         return float(sweeps[i][0]["sessions_per_s"]) * 0.999
     order = sorted(range(len(values)), key=rank)
     return order[(len(order) - 1) // 2]
+
+
+def _bound_sign(value: float, sweep: list[dict], slo_s: float) -> tuple[float, int]:
+    """(capacity, +1 if it is a lower bound (no point missed), -1 if an upper bound (the
+    first point missed: the bound is that point's load), 0 if measured between points)."""
+    if not value and sweep:
+        return float(sweep[0]["sessions_per_s"]), -1
+    if sweep and all(r["ttft_p99_s"] <= slo_s and not r["errors"] for r in sweep):
+        return value, 1
+    return value, 0
+
+
+def _middle_bound(key: str, cap: dict[str, float], cap_rows: list[dict] | None,
+                  per_seed: dict[str, list[float]] | None,
+                  slo_s: float) -> tuple[float, int]:
+    """The middle seed's capacity of `key` ("scenario/label") and its `_bound_sign`."""
+    if key not in cap:
+        return math.nan, 0
+    sc, label = key.split("/", 1)
+    rows = [r for r in cap_rows or [] if r["scenario"] == sc and r["label"] == label]
+    seeds = sorted({r["seed"] for r in rows})
+    values = (per_seed or {}).get(key, [cap[key]])
+    sweeps = [[r for r in rows if r["seed"] == seed] for seed in seeds]
+    if len(values) != len(sweeps) or not sweeps:
+        return cap[key], 0
+    i = _middle_seed(values, sweeps)
+    return _bound_sign(values[i], sweeps[i], slo_s)
 
 
 def _capacity_text(value: float, sweep: list[dict], slo_s: float) -> str:

@@ -54,3 +54,39 @@ def test_the_middle_seed_ranks_bounds_and_never_averages(values: list[float],
         assert values[picked] == 0.0
     else:
         assert values[picked] == values[middle]
+
+
+def point(p99: float, load: float = 3.0) -> dict:
+    return {"ttft_p99_s": p99, "errors": 0, "sessions_per_s": load}
+
+
+def test_a_capacity_says_whether_it_is_a_bound() -> None:
+    assert arena._bound_sign(3.75, [point(1.0), point(1.2, 3.75)], 2.0) == (3.75, 1)
+    assert arena._bound_sign(0.0, [point(2.5, 2.25)], 2.0) == (2.25, -1)
+    assert arena._bound_sign(2.9, [point(1.0), point(2.5, 3.75)], 2.0) == (2.9, 0)
+
+
+def test_two_sweeps_that_never_missed_leave_the_ratio_undetermined(tmp_path) -> None:
+    def row(router: str, seed: int, scale: float, p99: float) -> dict:
+        return {"scenario": "paper-like", "seed": seed, "router": router, "replicas": 1,
+                "rate_scale": scale, "requests": 400, "errors": 0, "hit": 0.9,
+                "ttft_p50_s": 0.2, "ttft_p99_s": p99, "ttft_p99_lo_s": p99,
+                "ttft_p99_hi_s": p99, "e2e_p99_s": 3.0, "imbalance": 1.1, "cpu_s": 1.0,
+                "control_cpu_s": 1.0, "router_rss_mb": 80.0, "label": router,
+                "sessions_per_s": 0.625 * scale}
+    setup = type("Setup", (), {"slo_ttft_s": 2.0, "engine_kind": "emulator", "engines": 4,
+                               "time_scale": 4.0, "kv_tokens": 60_000, "warmup_s": 72.0,
+                               "measure_s": 40.0})()
+    peer = "sglang cache_aware"
+    rows = [row(r, 2, x, 1.5) for r in ("cacheroute", peer) for x in (4.0, 5.0)]
+    cap = {"paper-like/cacheroute": 3.125, f"paper-like/{peer}": 3.125}
+    per_seed = {k: [v] for k, v in cap.items()}
+    out = arena.report([], cap, setup, tmp_path, [], 1.0, False, rows, per_seed)
+    assert out["capacity_ratio_kind"] == "undetermined"
+    assert out["capacity_ratio_vs_best_peer"] is None
+    rows[1] = row("cacheroute", 2, 5.0, 2.5)  # ours missed at x5: ours exact, theirs a floor
+    cap["paper-like/cacheroute"] = 2.9
+    per_seed["paper-like/cacheroute"] = [2.9]
+    out = arena.report([], cap, setup, tmp_path, [], 1.0, False, rows, per_seed)
+    assert out["capacity_ratio_kind"] == "at_most"
+    assert out["capacity_ratio_vs_best_peer"] == round(2.9 / 3.125, 3)
