@@ -392,7 +392,6 @@ def main() -> int:
                                     f"{failing[0].name} {spec.name}: engine down",
                                     fail_at_s=fail_at))
         per_seed: dict[str, list[float]] = {}
-        sweeps: dict[str, list[list[dict[str, Any]]]] = {}
         scales = [float(x) for x in args.capacity_scales.split(",") if x]
         cap_seeds = sorted({int(x) for x in args.capacity_seeds.split(",") if x})
         replicas_for_capacity = [int(x) for x in args.capacity_replicas.split(",") if x]
@@ -411,10 +410,9 @@ def main() -> int:
                                                     work, scales, n)
                             per_seed.setdefault(f"{name}/{cap_label(spec.name, n)}",
                                                 []).append(value)
-                            sweeps.setdefault(f"{name}/{cap_label(spec.name, n)}",
-                                              []).append(sweep)
                             cap_rows += sweep
-        cap = {k: v[_middle_seed(v, sweeps[k])] for k, v in per_seed.items()}
+        cap = {k: v[_middle_seed(v, _seed_sweeps(k, cap_rows)[1])]
+               for k, v in per_seed.items()}
     finally:
         stacks.stop()
         fleet.stop()
@@ -527,12 +525,8 @@ def report(rows: list[dict], cap: dict[str, float], setup: Setup, out: Path,
                   "(a sweep that missed at its first point ranks below it); the sweep's points "
                   "are in arena-capacity.csv, with the requests each served):", ""]
         for k, v in cap.items():
-            sc, router = k.split("/", 1)
-            seeds = sorted({r["seed"] for r in cap_rows or []
-                            if r["scenario"] == sc and r["label"] == router})
+            seeds, sweeps = _seed_sweeps(k, cap_rows)
             values = (per_seed or {}).get(k, [v])
-            sweeps = [[r for r in cap_rows or [] if r["scenario"] == sc
-                       and r["label"] == router and r["seed"] == seed] for seed in seeds]
             parts = [_capacity_text(value, sweep, setup.slo_ttft_s)
                      for value, sweep in zip(values, sweeps, strict=False)]
             if len(parts) <= 1:
@@ -619,24 +613,29 @@ def _middle_bound(key: str, cap: dict[str, float], cap_rows: list[dict] | None,
     """The middle seed's capacity of `key` ("scenario/label") and its `_bound_sign`."""
     if key not in cap:
         return math.nan, 0
-    sc, label = key.split("/", 1)
-    rows = [r for r in cap_rows or [] if r["scenario"] == sc and r["label"] == label]
-    seeds = sorted({r["seed"] for r in rows})
     values = (per_seed or {}).get(key, [cap[key]])
-    sweeps = [[r for r in rows if r["seed"] == seed] for seed in seeds]
+    sweeps = _seed_sweeps(key, cap_rows)[1]
     if len(values) != len(sweeps) or not sweeps:
         return cap[key], 0
     i = _middle_seed(values, sweeps)
     return _bound_sign(values[i], sweeps[i], slo_s)
 
 
+def _seed_sweeps(key: str, cap_rows: list[dict] | None) -> tuple[list[int], list[list[dict]]]:
+    """The seeds `key` ("scenario/label") was swept on, in order, and each seed's points."""
+    sc, label = key.split("/", 1)
+    rows = [r for r in cap_rows or [] if r["scenario"] == sc and r["label"] == label]
+    seeds = sorted({r["seed"] for r in rows})
+    return seeds, [[r for r in rows if r["seed"] == seed] for seed in seeds]
+
+
 def _capacity_text(value: float, sweep: list[dict], slo_s: float) -> str:
     """One sweep's capacity, saying when it is only a bound."""
-    if not value and sweep:  # the first point already missed: an upper bound
-        first = sweep[0]
-        return (f"< {first['sessions_per_s']:.2f} (the sweep's first point, "
-                f"x{first['rate_scale']:g}, already missed the SLO)")
-    if sweep and all(r["ttft_p99_s"] <= slo_s and not r["errors"] for r in sweep):
+    bound, sign = _bound_sign(value, sweep, slo_s)
+    if sign < 0:
+        return (f"< {bound:.2f} (the sweep's first point, x{sweep[0]['rate_scale']:g}, "
+                "already missed the SLO)")
+    if sign > 0:
         return f"≥ {value:.2f} (no point of the sweep missed the SLO: a lower bound)"
     return f"{value:.2f}"
 
