@@ -1,20 +1,27 @@
 """Assemble and run the planner service: settings in, threads and a gRPC server out.
 
-snapshots topic ──SnapshotConsumer──▶ Planner.on_window
-interval timer ─────────────────────▶ Planner.tick ──▶ PlanPublisher (Redis)
-gRPC (PlannerServicer + health + reflection) ──▶ Planner
+snapshots topic ──SnapshotConsumer──▶ PoolSet.on_window ──▶ each pool's Planner.on_window
+interval timer ─────────────────────▶ each pool's Planner.tick ──▶ its PlanPublisher (Redis)
+gRPC (PlannerServicer + health + reflection) ──▶ the Planner of the request's pool
+pools file (--pools-file), re-read when it changes ──▶ PoolSet.apply
+
+One pool (named "default", every model) from --destinations, or the pools of a pools file
+(router_client.pools): each its own destinations, settings, namespace and history topic,
+all under one leader lease and one signing key.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import math
 import os
 import signal
 import threading
 import time
 from collections.abc import Callable
 from concurrent import futures
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import grpc
@@ -38,9 +45,11 @@ from planner_svc.control import (
 )
 from planner_svc.orchestration.leadership import Change, Leadership
 from planner_svc.orchestration.planner import Planner, Tunables
+from planner_svc.orchestration.pools import PoolSet, PoolUnit
 from planner_svc.settings import PlannerSettings
 from router_client import signing
 from router_client.plan import parse_destinations
+from router_client.pools import ANY_MODEL, DEFAULT_POOL, PoolsError, PoolSpec, parse_pools
 from streams.assembly import SnapshotLimits
 
 log = logging.getLogger("cacheroute.planner")
@@ -87,8 +96,8 @@ def tunables_from(settings: PlannerSettings) -> Tunables:
 @dataclass
 class PlannerService:
     settings: PlannerSettings
-    planner: Planner
-    publisher: PlanPublisher
+    pools: PoolSet
+    publisher: PlanPublisher  # the process's namespace: the leader lease, health pings
     server: grpc.Server
     health: health.HealthServicer
     consumer: SnapshotConsumer | None
@@ -98,6 +107,12 @@ class PlannerService:
     metrics: MetricsServer | None = None
     leadership: Leadership | None = None
     signals: EngineSignalsConsumer | None = None
+    pools_file: PoolsFile | None = None
+
+    @property
+    def planner(self) -> Planner:
+        """The default pool's planner (the only one in a single-pool deployment)."""
+        return self.pools.get("").planner
 
     def start(self) -> None:
         self.server.start()
@@ -115,44 +130,59 @@ class PlannerService:
         if self.settings.metrics_port:
             self.metrics = start_metrics_server(
                 self.settings.metrics_port,
-                planner_registry(self.planner),
+                planner_registry(self.pools),
                 host=self.settings.grpc_host,
             )
-        log.info("planner serving gRPC on %s:%d", self.settings.grpc_host, self.port)
+        log.info("planner serving gRPC on %s:%d (pools: %s)", self.settings.grpc_host,
+                 self.port, ", ".join(self.pools.names()) or "none")
 
-    def _run_timer(self) -> None:
-        period = min(1.0, self.planner.tunables.interval_s / 4)
+    def _period_s(self) -> float:
+        intervals = [u.planner.tunables.interval_s for u in self.pools.units()]
+        period = min(1.0, min(intervals, default=4.0) / 4)
         if self.leadership is not None:
             period = min(period, self.leadership.period_s)
-        while not self._stop.wait(period):
+        return period
+
+    def _run_timer(self) -> None:
+        while not self._stop.wait(self._period_s()):
+            if self.pools_file is not None:
+                self.pools_file.reload_if_changed(self.pools)
             if self.leadership is not None and not self._elect():
                 continue  # a standby: it follows, it does not act
-            try:
-                self.planner.republish_if_missing()
-                self.planner.observe_router_health(
-                    [list(r.unhealthy_destinations)
-                     for r in self.publisher.router_statuses(max_age_s=ROUTER_REPORT_MAX_AGE_S)])
-                self.planner.tick()
-                self._set_health(True)
-            except Exception:
-                log.exception("control step failed; will retry next period")
-                self._set_health(self._redis_ok())
+            self.pools.each("control step", self._control_step)
+            self._set_health(self._redis_ok() if any(u.last_error for u in self.pools.units())
+                             else True)
+
+    @staticmethod
+    def _control_step(unit: PoolUnit) -> None:
+        planner, publisher = unit.planner, unit.publisher
+        planner.republish_if_missing()
+        planner.observe_router_health(
+            [list(r.unhealthy_destinations)
+             for r in publisher.router_statuses(max_age_s=ROUTER_REPORT_MAX_AGE_S)])
+        planner.tick()
+        unit.last_error = ""
 
     def _elect(self) -> bool:
         """One leader-election step; True when this planner leads and should act."""
         lead = self.leadership
         assert lead is not None
         change = lead.step(self.publisher, time.monotonic())
-        # Installs carry the lease they were made under (the store's fence).
-        self.publisher.fence = lead.value or STANDBY_FENCE
-        try:
-            if change is Change.GAINED:
-                self.planner.take_over(lead.holder_id)
-            elif not lead.leader:
-                self.planner.stand_by(lead.leader_id(self.publisher))
-                self.planner.follow()
-        except Exception:
-            log.exception("leadership step failed; will retry next period")
+        # Installs carry the lease they were made under (the store's fence), in every pool.
+        fence = lead.value or STANDBY_FENCE
+        self.publisher.fence = fence
+        for unit in self.pools.units():
+            unit.publisher.fence = fence
+        if change is Change.GAINED:
+            self.pools.each("take over", lambda u: u.planner.take_over(lead.holder_id))
+        elif not lead.leader:
+            leader_id = lead.leader_id(self.publisher)
+
+            def follow(unit: PoolUnit) -> None:
+                unit.planner.stand_by(leader_id)
+                unit.planner.follow()
+
+            self.pools.each("follow", follow)
         self._set_health(True)
         return lead.leader
 
@@ -191,12 +221,138 @@ class PlannerService:
             self.signals.stop()
         if self._timer is not None:
             self._timer.join(5)
+        self.pools.close()
         self.publisher.close()
-        if self.planner.history is not None:
-            self.planner.history.close()
 
     def wait(self) -> None:
         self._stop.wait()
+
+
+class PoolsFile:
+    """The pools file, re-read when it changes (and re-applied every `retry_s`, so a pool
+    that failed to start is tried again and drained destinations are removed on time).
+    A file that does not parse changes nothing: the running pools keep planning."""
+
+    def __init__(self, path: str, retry_s: float = 10.0) -> None:
+        self.path = Path(path)
+        self.retry_s = retry_s
+        self.error = ""
+        self._seen: tuple[int, int] | None = None
+        self._specs: list[PoolSpec] = []
+        self._applied_at = -math.inf
+
+    def read(self) -> list[PoolSpec]:
+        """Parse the file now (raises PoolsError / OSError with the reason)."""
+        stat = self.path.stat()
+        specs = parse_pools(self.path.read_bytes(), source=str(self.path))
+        self._seen, self._specs, self.error = (stat.st_mtime_ns, stat.st_size), specs, ""
+        return specs
+
+    def reload_if_changed(self, pools: PoolSet) -> None:
+        try:
+            stat = self.path.stat()
+            if (stat.st_mtime_ns, stat.st_size) != self._seen:
+                self.read()
+                self._applied_at = -math.inf
+                log.info("pools file %s changed: %d pools", self.path, len(self._specs))
+        except (OSError, PoolsError) as exc:
+            if str(exc) != self.error:
+                log.error("pools file not applied (the running pools carry on): %s", exc)
+            self.error = str(exc)
+            with contextlib.suppress(OSError):  # the same broken file is not re-read
+                self._seen = (self.path.stat().st_mtime_ns, self.path.stat().st_size)
+        now = time.monotonic()
+        if now - self._applied_at >= self.retry_s:
+            changes = pools.apply(self._specs)
+            self._applied_at = now
+            if changes.added or changes.removed or changes.edited:
+                log.info("pools: added %s, removed %s, edited %s", list(changes.added),
+                         list(changes.removed), list(changes.edited))
+
+
+def pool_specs(settings: PlannerSettings) -> tuple[list[PoolSpec], PoolsFile | None]:
+    """The pools to plan: the pools file's, or one default pool from the flags."""
+    if settings.pools_file:
+        source = PoolsFile(settings.pools_file)
+        try:
+            return source.read(), source
+        except (OSError, PoolsError) as exc:
+            raise SystemExit(f"--pools-file: {exc}") from None
+    if not settings.destinations:
+        raise SystemExit("the planner needs destinations: --destinations "
+                         "d0[=http://host:port][*weight],d1,... (or --pools-file)")
+    try:
+        parse_destinations(settings.destinations)
+    except ValueError as exc:
+        raise SystemExit(f"--destinations: {exc}") from None
+    return [PoolSpec(DEFAULT_POOL, (ANY_MODEL,), tuple(settings.destinations))], None
+
+
+def pool_factory(settings: PlannerSettings, key: signing.Ed25519PrivateKey, *,
+                 durable: bool, leadership: Leadership | None,
+                 resume: Callable[[Planner], None]) -> Callable[[PoolSpec], PoolUnit]:
+    """How one pool's planner is built: the process's settings, with the pool's
+    destinations, namespace, history topic and planning settings."""
+    base_namespace = settings.redis_namespace
+
+    def build(spec: PoolSpec) -> PoolUnit:
+        pool_settings = replace(settings, destinations=spec.destinations,
+                                redis_namespace=spec.namespace_of(base_namespace),
+                                state_topic=spec.topic_of(settings.state_topic),
+                                **spec.settings)
+        publisher = PlanPublisher(pool_settings.redis_url, key,
+                                  namespace=pool_settings.redis_namespace,
+                                  retain=pool_settings.retain_versions,
+                                  lease_namespace=base_namespace)
+        history = (KafkaHistory(settings.bootstrap, pool_settings.state_topic)
+                   if durable and pool_settings.state_topic else None)
+
+        def close() -> None:
+            publisher.close()
+            if history is not None:
+                history.close()
+
+        try:
+            planner = _planner(pool_settings, publisher, history)
+            if leadership is not None:
+                # Until the election says otherwise this pool is a standby: no install (the
+                # fence refuses it), no history writes, no operator changes.
+                publisher.fence = leadership.value or STANDBY_FENCE
+                if leadership.leader:
+                    planner.take_over(leadership.holder_id)
+                else:
+                    planner.stand_by()
+            resume(planner)
+        except BaseException:
+            close()
+            raise
+        return PoolUnit(spec, planner, publisher, close)
+
+    return build
+
+
+def _planner(settings: PlannerSettings, publisher: PlanPublisher,
+             history: KafkaHistory | None) -> Planner:
+    validated = ValidatedRange(
+        active_keys_max=settings.validated_active_keys_max or None,
+        p99_ms_max=settings.validated_p99_ms_max or None,
+        hit_rate_min=settings.validated_hit_rate_min or None,
+        hit_gap_max=settings.validated_hit_gap_max or None,
+    )
+    guard = GuardSettings(enter_after_s=settings.guard_enter_after_s,
+                          resume_dwell_s=settings.guard_resume_dwell_s,
+                          min_fallback_s=settings.guard_min_fallback_s,
+                          p99_resume_margin=settings.guard_p99_resume_margin)
+    return Planner(
+        loop=ControlLoop(LoopSettings(guard=guard, decision=DecisionSettings(
+            hysteresis=settings.hysteresis, min_dwell_s=settings.min_dwell_s)),
+            validated=validated),
+        publisher=publisher,
+        destinations=parse_destinations(settings.destinations),
+        tunables=tunables_from(settings),
+        rate_column=settings.rate_column,
+        history=history,
+    )
 
 
 def build_service(
@@ -205,47 +361,19 @@ def build_service(
     """Wire every part from `settings`; nothing starts until `.start()`.
 
     `consume`: read rate snapshots from Kafka; `durable` (default: same as consume): keep
-    plan history, config and decisions in the compacted state topic.
+    plan history, config and decisions in the compacted state topic (one per pool).
     """
-    publisher = PlanPublisher(
-        settings.redis_url,
-        signing_key(settings),
-        namespace=settings.redis_namespace,
-        retain=settings.retain_versions,
-    )
-    try:
-        destinations = parse_destinations(settings.destinations)
-    except ValueError as exc:
-        raise SystemExit(f"--destinations: {exc}") from None
-    if not destinations:
-        raise SystemExit("the planner needs destinations: --destinations "
-                         "d0[=http://host:port][*weight],d1,...")
-    history = None
-    if (consume if durable is None else durable) and settings.state_topic:
-        history = KafkaHistory(settings.bootstrap, settings.state_topic)
-    validated = ValidatedRange(
-        active_keys_max=settings.validated_active_keys_max or None,
-        p99_ms_max=settings.validated_p99_ms_max or None,
-        hit_rate_min=settings.validated_hit_rate_min or None,
-        hit_gap_max=settings.validated_hit_gap_max or None,
-    )
-    try:
-        guard = GuardSettings(enter_after_s=settings.guard_enter_after_s,
-                              resume_dwell_s=settings.guard_resume_dwell_s,
-                              min_fallback_s=settings.guard_min_fallback_s,
-                              p99_resume_margin=settings.guard_p99_resume_margin)
+    specs, pools_file = pool_specs(settings)
+    try:  # the guard's settings are the process's: refuse bad ones before anything starts
+        GuardSettings(enter_after_s=settings.guard_enter_after_s,
+                      resume_dwell_s=settings.guard_resume_dwell_s,
+                      min_fallback_s=settings.guard_min_fallback_s,
+                      p99_resume_margin=settings.guard_p99_resume_margin)
     except ValueError as exc:
         raise SystemExit(f"--guard-* settings: {exc}") from None
-    planner = Planner(
-        loop=ControlLoop(LoopSettings(guard=guard, decision=DecisionSettings(
-            hysteresis=settings.hysteresis, min_dwell_s=settings.min_dwell_s)),
-            validated=validated),
-        publisher=publisher,
-        destinations=destinations,
-        tunables=tunables_from(settings),
-        rate_column=settings.rate_column,
-        history=history,
-    )
+    key = signing_key(settings)
+    publisher = PlanPublisher(settings.redis_url, key, namespace=settings.redis_namespace,
+                              retain=settings.retain_versions)
     leadership = None
     if settings.leader_lease_s > 0:
         try:
@@ -253,11 +381,28 @@ def build_service(
                                     settings.leader_lease_s)
         except ValueError as exc:
             raise SystemExit(f"--leader-id / --leader-lease-s: {exc}") from None
-        # Until the first election step says otherwise this replica is a standby: no
-        # install (the fence refuses it), no history writes, no operator changes.
         publisher.fence = STANDBY_FENCE
-        planner.stand_by()
-    _retrying("Redis and the planner's history", planner.resume)
+    durable_history = bool(consume if durable is None else durable)
+    if pools_file is None:
+        # One pool: at start it waits for Redis and its history (a supervisor starts them
+        # in any order) instead of exiting.
+        def resume(planner: Planner) -> None:
+            _retrying("Redis and the planner's history", planner.resume)
+    else:
+        # Many pools: wait for Redis once, then one try per pool; a pool that cannot
+        # start (its namespace holding junk, its history topic refused) is reported and
+        # tried again at the next re-apply, and never holds the others back.
+        _retrying("Redis", publisher.ping)
+
+        def resume(planner: Planner) -> None:
+            planner.resume()
+
+    pools = PoolSet(pool_factory(settings, key, durable=durable_history,
+                                 leadership=leadership, resume=resume))
+    changes = pools.apply(specs)
+    if changes.failed and not pools.names():
+        raise SystemExit("no pool could start: " + "; ".join(
+            f"{name}: {why}" for name, why in changes.failed.items()))
     # Watch streams hold a thread each: they get at most MAX_WATCHERS, and the pool keeps
     # UNARY_THREADS more, so GetStatus, GetCurrentVersion and health always get one.
     server = grpc.server(
@@ -278,7 +423,9 @@ def build_service(
             )
         ],
     )
-    servicer = PlannerServicer(planner, publisher, max_watchers=MAX_WATCHERS)
+    servicer = PlannerServicer(pools, max_watchers=MAX_WATCHERS,
+                               pools_file=lambda: (settings.pools_file,
+                                                   pools_file.error if pools_file else ""))
     planner_pb2_grpc.add_PlannerServicer_to_server(servicer, server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -287,7 +434,7 @@ def build_service(
     )
     port = _bind(server, settings)
     consumer = (
-        SnapshotConsumer(settings.bootstrap, settings.snapshots_topic, planner.on_window,
+        SnapshotConsumer(settings.bootstrap, settings.snapshots_topic, pools.on_window,
                          events_topic=settings.events_topic,
                          limits=SnapshotLimits(window_ms=round(settings.stream_window_s * 1000),
                                                hop_ms=round(settings.stream_hop_s * 1000)))
@@ -295,11 +442,11 @@ def build_service(
         else None
     )
     signals = (EngineSignalsConsumer(settings.bootstrap, settings.engine_signals_topic,
-                                     planner.on_engine_signals)
+                                     pools.on_engine_signals)
                if consume and settings.engine_signals_topic else None)
     return PlannerService(
-        settings, planner, publisher, server, health_servicer, consumer, port, threading.Event(),
-        leadership=leadership, signals=signals,
+        settings, pools, publisher, server, health_servicer, consumer, port, threading.Event(),
+        leadership=leadership, signals=signals, pools_file=pools_file,
     )
 
 

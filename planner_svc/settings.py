@@ -34,8 +34,10 @@ class PlannerSettings:
     metrics_port: int = 0  # 0 = no metrics endpoint
     signing_key_path: str = ""  # Ed25519 PEM; generated next to data_dir when empty
     data_dir: str = "./var/planner"
-    # Planning.
+    # Planning. Either one pool from `destinations` (and the settings below), or the pools
+    # of a TOML pools file (router_client.pools), re-read when it changes.
     destinations: tuple[str, ...] = ()
+    pools_file: str = ""
     q_cap: float = 50.0
     warm_slots_per_destination: int = 128
     imbalance_tolerance: float = 0.03

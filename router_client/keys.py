@@ -73,7 +73,7 @@ def derive_key(
     session = headers.get(rule.affinity_header) if rule.affinity_header else None
     given = headers.get(rule.header)
     if given:
-        return DerivedKey(f"{scope}/h:{_bounded(given)}", "header", 0, session or None)
+        return DerivedKey(f"{scope}/h:{bounded_part(given)}", "header", 0, session or None)
     text = _leading_text(body, rule)
     digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=12).hexdigest()
     affinity = session or _conversation(body, rule)
@@ -101,17 +101,19 @@ def _conversation(body: Mapping[str, Any], rule: KeyRule) -> str | None:
 
 def _scope(body: Mapping[str, Any]) -> str:
     """What the engine never shares a cache across: model, LoRA adapter, cache salt."""
-    scope = _bounded(str(body.get("model") or ""))
+    scope = bounded_part(str(body.get("model") or ""))
     lora = body.get("lora_name") or body.get("lora_path") or body.get("lora_adapter")
     if lora:
-        scope += "@" + _bounded(str(lora))
+        scope += "@" + bounded_part(str(lora))
     salt = body.get("cache_salt")
     if salt:
-        scope += "#" + _bounded(str(salt))
+        scope += "#" + bounded_part(str(salt))
     return scope
 
 
-def _bounded(value: str) -> str:
+def bounded_part(value: str) -> str:
+    """A key part as keys carry it: the value itself when short and free of '/' and NUL,
+    otherwise its hash (router_client.pools matches configured models the same way)."""
     if len(value) <= MAX_KEY_PART_CHARS and "/" not in value and "\0" not in value:
         return value
     return "~" + hashlib.blake2b(value.encode("utf-8", "surrogatepass"),

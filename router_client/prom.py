@@ -9,7 +9,7 @@ counted twice and the hot path does no metric work. Names are
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -60,3 +60,20 @@ class RouterCollector(Collector):
             family = family_cls(f"cacheroute_router_{name}", text, labels=["router"])
             family.add_metric([rid], values[name])
             yield family
+
+
+def labelled_union(parts: Iterable[tuple[str, Collector]], label: str) -> Iterator[Metric]:
+    """Several collectors of one kind (one per pool) as one set of families: every sample
+    gains `label=<its part's name>`, so two pools' same-named metrics stay one family
+    (an exposition may not repeat a family)."""
+    families: dict[str, Metric] = {}
+    for name, collector in parts:
+        for family in collector.collect():
+            merged = families.get(family.name)
+            if merged is None:
+                merged = families[family.name] = Metric(family.name, family.documentation,
+                                                        family.type)
+            for sample in family.samples:
+                merged.add_sample(sample.name, {**sample.labels, label: name}, sample.value,
+                                  sample.timestamp)
+    yield from families.values()

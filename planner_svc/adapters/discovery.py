@@ -1,7 +1,7 @@
 """Destinations discovered instead of typed in (pure: a source's answer in, destinations out).
 
 `cacheroute discover` keeps the planner's destination list equal to what a source says
-(`planner_svc.orchestration.pool.reconcile` turns the difference into a gentle edit: new
+(`planner_svc.orchestration.reconcile.reconcile` turns the difference into a gentle edit: new
 destinations join the next plan, vanished ones drain, then go). Sources, and how each
 answer becomes destinations:
 

@@ -198,8 +198,13 @@ class PlanPublisher:
         *,
         namespace: str = DEFAULT_NAMESPACE,
         retain: int = 50,
+        lease_namespace: str = "",
         **redis_options: Any,
     ) -> None:
+        """`lease_namespace`: where the leader lease lives ("" = `namespace`). A planner
+        running several pools (router_client.pools) holds one lease for all of them, in
+        its own namespace; every pool's install is fenced by it. All namespaces share the
+        `{plan}` hash tag, so the lease is in the install script's slot either way."""
         if retain < 2:
             raise ValueError("retain must keep at least 2 versions (the current and its base)")
         options = {"socket_timeout": 5.0, "socket_connect_timeout": 2.0, **redis_options}
@@ -210,6 +215,7 @@ class PlanPublisher:
         self._key = private_key
         self._keys = signing.pin([private_key.public_key()])
         self.layout = Layout(namespace)
+        self._lease_layout = Layout(lease_namespace or namespace)
         self.retain = retain
         self.junk_router_statuses = 0  # status values that did not parse (skipped)
         self.junk_index_members = 0  # versions-index members that are not versions
@@ -225,18 +231,18 @@ class PlanPublisher:
     def acquire_lease(self, holder: str, lease_ms: int, held: str) -> str | None:
         """Renew `held`, or (held == "") acquire a free lease; the lease value, or None
         when another planner holds it or `held` lapsed."""
-        value = self._lease(keys=[self.layout.leader, self.layout.leader_term],
+        value = self._lease(keys=[self._lease_layout.leader, self._lease_layout.leader_term],
                             args=[holder, lease_ms, held])
         return value.decode() if isinstance(value, bytes) else None
 
     @_outage_is_unavailable
     def release_lease(self, held: str) -> None:
-        self._release(keys=[self.layout.leader], args=[held])
+        self._release(keys=[self._lease_layout.leader], args=[held])
 
     @_outage_is_unavailable
     def lease_holder(self) -> str:
         """The current lease value ("" when none): "<term> <holder id>"."""
-        value = self._redis.get(self.layout.leader)
+        value = self._redis.get(self._lease_layout.leader)
         return value.decode(errors="replace") if value else ""
 
     @_outage_is_unavailable
@@ -288,7 +294,8 @@ class PlanPublisher:
         ).SerializeToString()
         lay = self.layout
         keys = [lay.current, lay.versions, lay.plan(v), lay.delta(v), lay.digest(v),
-                lay.staged(v, digest, "plan"), lay.staged(v, digest, "delta"), lay.leader]
+                lay.staged(v, digest, "plan"), lay.staged(v, digest, "delta"),
+                self._lease_layout.leader]
         inline = not prepared.staged
         args = [
             version_member(v),

@@ -24,6 +24,8 @@ traffic     destination_expected_load_requests_per_second{destination},
 stream      rates_age_seconds, rates_window_end_timestamp_seconds, rates_recovering
 config      interval_seconds, max_plan_age_seconds, q_cap_requests_per_second,
             warm_slots_per_destination
+pools       every metric above labelled {pool}; pool_failures_total{pool},
+            pool_unclaimed_keys_total
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from planner_svc.control.guard import Mode
 from planner_svc.control.traffic import expected_loads
 from planner_svc.errors import NotFound
 from planner_svc.orchestration.planner import PlannerStatus
+from router_client.prom import labelled_union
 
 PREFIX = "cacheroute_planner_"
 ACTIONS = ("install", "keep", "skip", "fallback", "resume")
@@ -261,10 +264,43 @@ class PlannerCollector(Collector):
                           t.warm_slots_per_destination)
 
 
-def planner_registry(planner: Any) -> CollectorRegistry:
-    """A fresh registry holding only the planner's collector."""
+class PoolsCollector(Collector):
+    """Every pool's planner metrics (PlannerCollector), each sample labelled with its
+    `pool`, plus `pool_failures_total{pool}` and `pool_unclaimed_keys_total`."""
+
+    def __init__(self, pools: Any) -> None:
+        self._pools = pools  # planner_svc.orchestration.pools.PoolSet
+        self._collectors: dict[int, tuple[str, PlannerCollector]] = {}
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        units = self._pools.units()
+        live = {id(u.planner): u for u in units}
+        for gone in set(self._collectors) - set(live):
+            del self._collectors[gone]  # a removed pool's counters go with it
+        parts = []
+        for ident, unit in live.items():
+            parts.append(self._collectors.setdefault(
+                ident, (unit.spec.name, PlannerCollector(unit.planner))))
+        yield from labelled_union(parts, "pool")
+        failures = CounterMetricFamily(PREFIX + "pool_failures",
+                                       "Failed control steps or inputs of a pool (the other "
+                                       "pools carry on).", labels=["pool"])
+        for unit in units:
+            failures.add_metric([unit.spec.name], float(unit.failures))
+        yield failures
+        yield CounterMetricFamily(PREFIX + "pool_unclaimed_keys",
+                                  "Window keys whose model no pool claims (not planned).",
+                                  value=float(self._pools.unclaimed_keys))
+
+
+def planner_registry(pools: Any) -> CollectorRegistry:
+    """A fresh registry holding the pools' collector (a bare Planner: its own collector)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(PlannerCollector(planner))
+    registry.register(PoolsCollector(pools) if hasattr(pools, "units")
+                      else PlannerCollector(pools))
     return registry
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import math
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
@@ -18,7 +18,7 @@ import grpc
 from cacheroute.v1 import plan_pb2, planner_pb2, planner_pb2_grpc
 from planner_svc.api import convert
 from planner_svc.errors import Busy, InvalidRequest, NotFound
-from planner_svc.orchestration.planner import Planner
+from planner_svc.orchestration.pools import PoolSet, PoolUnit
 from planner_svc.planning import diff
 from router_client.plan import MAX_KEY_BYTES, DestinationSpec, RoutingPlan, Version
 
@@ -84,12 +84,22 @@ def _peer_host(peer: str) -> str:
 
 
 class PlannerServicer(planner_pb2_grpc.PlannerServicer):
-    def __init__(self, planner: Planner, publisher: Any, *, max_watchers: int = 8,
-                 max_watchers_per_peer: int = 0) -> None:
-        self._planner = planner
-        self._publisher = publisher
+    """Every call names its pool (`pool`, "" = the default or only one) and is answered by
+    that pool's planner and publisher."""
+
+    def __init__(self, pools: PoolSet, *, max_watchers: int = 8,
+                 max_watchers_per_peer: int = 0,
+                 pools_file: Callable[[], tuple[str, str]] = lambda: ("", "")) -> None:
+        self._pools = pools
+        self._pools_file = pools_file  # () -> (path, last reload error)
         # Per host: all of them by default (operators often share one bastion host).
         self._watchers = WatchSlots(max_watchers, max_watchers_per_peer or max_watchers)
+
+    def _unit(self, request: Any) -> PoolUnit:
+        name = request.pool
+        if len(name) > 63:
+            raise InvalidRequest("pool must be at most 63 characters")
+        return self._pools.get(name)
 
     def _decision(self, d: Any) -> planner_pb2.Decision:
         return convert.decision_pb(d)
@@ -97,7 +107,8 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
     # --- reads ---------------------------------------------------------------
 
     def GetStatus(self, request: Any, context: grpc.ServicerContext) -> planner_pb2.PlannerStatus:
-        s = self._planner.status()
+        unit = self._unit(request)
+        s = unit.planner.status()
         installed, last = s.installed, s.last_decision
         drift = s.figures.drift if s.figures is not None else None
         w = s.measured_warm_slots
@@ -131,7 +142,8 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
     def GetCurrentVersion(
         self, request: Any, context: grpc.ServicerContext
     ) -> planner_pb2.CurrentVersion:
-        installed = self._planner.current()
+        unit = self._unit(request)
+        installed = unit.planner.current()
         if installed is None:
             raise NotFound("no plan installed yet")
         return planner_pb2.CurrentVersion(
@@ -143,9 +155,10 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
     def GetPlan(
         self, request: planner_pb2.GetPlanRequest, context: grpc.ServicerContext
     ) -> Iterator[planner_pb2.PlanChunk]:
+        unit = self._unit(request)
         version = _version_arg(request.version, "version", required=False)
-        plan = self._planner.plan(version)
-        blob = self._publisher.signed_plan(plan.version)
+        plan = unit.planner.plan(version)
+        blob = unit.publisher.signed_plan(plan.version)
         count = max(1, -(-len(blob) // CHUNK_BYTES))
         for i in range(count):
             yield planner_pb2.PlanChunk(
@@ -155,10 +168,11 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
     def ListPlanVersions(
         self, request: planner_pb2.ListPlanVersionsRequest, context: grpc.ServicerContext
     ) -> planner_pb2.ListPlanVersionsResponse:
+        unit = self._unit(request)
         limit = _check_limit(request.limit)
-        current = self._planner.current()
+        current = unit.planner.current()
         infos = []
-        for plan in self._planner.list_versions(limit):
+        for plan in unit.planner.list_versions(limit):
             is_current = current is not None and current.plan.version == plan.version
             digest = current.digest if is_current and current else b""
             infos.append(convert.version_info_pb(plan, digest, is_current))
@@ -167,19 +181,22 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
     def DiffPlans(
         self, request: planner_pb2.DiffPlansRequest, context: grpc.ServicerContext
     ) -> planner_pb2.PlanDiff:
-        a = self._planner.plan(_version_arg(request.a, "a", required=True))
-        b = self._planner.plan(_version_arg(request.b, "b", required=True))
+        unit = self._unit(request)
+        a = unit.planner.plan(_version_arg(request.a, "a", required=True))
+        b = unit.planner.plan(_version_arg(request.b, "b", required=True))
         return convert.diff_pb(diff(a, b))
 
     def WatchPlans(
         self, request: Any, context: grpc.ServicerContext
     ) -> Iterator[planner_pb2.PlannerEvent]:
+        unit = self._unit(request)
         peer = _peer_host(context.peer())
         with self._watchers.slot(peer):
-            yield from self._watch(context)
+            yield from self._watch(unit, context)
 
-    def _watch(self, context: grpc.ServicerContext) -> Iterator[planner_pb2.PlannerEvent]:
-        for kind, payload in self._planner.events.watch(active=context.is_active):
+    def _watch(self, unit: PoolUnit,
+               context: grpc.ServicerContext) -> Iterator[planner_pb2.PlannerEvent]:
+        for kind, payload in unit.planner.events.watch(active=context.is_active):
             if kind == "decision":
                 yield planner_pb2.PlannerEvent(decision=self._decision(payload))
             else:
@@ -190,8 +207,9 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
     def ListDecisions(
         self, request: planner_pb2.ListDecisionsRequest, context: grpc.ServicerContext
     ) -> planner_pb2.ListDecisionsResponse:
+        unit = self._unit(request)
         limit = _check_limit(request.limit)
-        decisions = list(self._planner.decisions)[-limit:]
+        decisions = list(unit.planner.decisions)[-limit:]
         return planner_pb2.ListDecisionsResponse(
             decisions=[self._decision(d) for d in reversed(decisions)]
         )
@@ -199,39 +217,68 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
     def ExplainKey(
         self, request: planner_pb2.ExplainKeyRequest, context: grpc.ServicerContext
     ) -> planner_pb2.KeyExplanation:
+        unit = self._unit(request)
         if not request.key or len(request.key.encode()) > MAX_KEY_BYTES:
             raise InvalidRequest(f"key must be 1 to {MAX_KEY_BYTES} bytes")
         history = request.history or 5
         if history > 50:
             raise InvalidRequest(f"history must be at most 50, got {history}")
-        e = self._planner.explain(request.key, history)
-        installed = self._planner.current()
+        e = unit.planner.explain(request.key, history)
+        installed = unit.planner.current()
         return convert.explanation_pb(e, installed.plan.version if installed else None)
 
     def GetPlanReport(
         self, request: planner_pb2.GetPlanReportRequest, context: grpc.ServicerContext
     ) -> planner_pb2.PlanReport:
+        unit = self._unit(request)
         version = _version_arg(request.version, "version", required=False)
-        r = self._planner.delivery(version)
+        r = unit.planner.delivery(version)
         return convert.plan_report_pb(r)
 
     def ListRouters(
         self, request: Any, context: grpc.ServicerContext
     ) -> planner_pb2.ListRoutersResponse:
-        current = self._planner.current()
+        unit = self._unit(request)
+        current = unit.planner.current()
         routers = []
-        for status in self._publisher.router_statuses():
+        for status in unit.publisher.router_statuses():
             routers.append(
                 planner_pb2.RouterSync(status=status, state=_sync_state(status, current))
             )
         return planner_pb2.ListRoutersResponse(routers=routers)
+
+    def ListPools(
+        self, request: Any, context: grpc.ServicerContext
+    ) -> planner_pb2.ListPoolsResponse:
+        infos = []
+        running = {u.spec.name: u for u in self._pools.units()}
+        for spec in self._pools.specs:
+            unit = running.get(spec.name)
+            if unit is None:
+                infos.append(planner_pb2.PoolInfo(
+                    name=spec.name, models=list(spec.models), running=False,
+                    error=self._pools.failed.get(spec.name, "not started")))
+                continue
+            planner = unit.planner
+            installed = planner.current()
+            infos.append(planner_pb2.PoolInfo(
+                name=spec.name, models=list(spec.models),
+                destinations=[d.id for d in planner.destinations],
+                namespace=unit.publisher.layout.namespace, running=True,
+                error=unit.last_error, failures=unit.failures,
+                installed=convert.version_pb(installed.plan.version) if installed else None,
+                mode=convert.MODE_TO_PB[planner.mode], role=planner.role))
+        path, error = self._pools_file()
+        return planner_pb2.ListPoolsResponse(pools=infos, unclaimed_keys=self._pools.unclaimed_keys,
+                                             pools_file=path, pools_file_error=error)
 
     # --- mutations (the auth interceptor requires the operator role) ----------------
 
     def Replan(
         self, request: planner_pb2.ReplanRequest, context: grpc.ServicerContext
     ) -> planner_pb2.ReplanResponse:
-        result = self._planner.replan(
+        unit = self._unit(request)
+        result = unit.planner.replan(
             fresh=request.fresh,
             force=request.force,
             dry_run=request.dry_run,
@@ -245,7 +292,7 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
                 current is not None,
             ),
             diff=convert.diff_pb(result.diff) if result.diff is not None else None,
-            penalties=convert.penalties_pb(result.figures, self._planner.loop.accumulated),
+            penalties=convert.penalties_pb(result.figures, unit.planner.loop.accumulated),
             installed=current is not None,
             decision=self._decision(result.decision) if result.decision else None,
         )
@@ -253,12 +300,13 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
     def Rollback(
         self, request: planner_pb2.RollbackRequest, context: grpc.ServicerContext
     ) -> planner_pb2.RollbackResponse:
+        unit = self._unit(request)
         if request.release:
-            self._planner.release_pin()
+            unit.planner.release_pin()
             return planner_pb2.RollbackResponse(pinned=False)
         version = _version_arg(request.version, "version", required=True)
         assert version is not None
-        installed = self._planner.rollback(version, request_id=request.request_id)
+        installed = unit.planner.rollback(version, request_id=request.request_id)
         return planner_pb2.RollbackResponse(
             installed=convert.version_info_pb(installed.plan, installed.digest, True), pinned=True
         )
@@ -266,6 +314,7 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
     def SetMode(
         self, request: planner_pb2.SetModeRequest, context: grpc.ServicerContext
     ) -> planner_pb2.SetModeResponse:
+        unit = self._unit(request)
         if request.mode not in (
             planner_pb2.PLANNED,
             planner_pb2.FALLBACK,
@@ -275,12 +324,13 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
         if len(request.reason) > 1000:
             raise InvalidRequest("reason must be at most 1000 characters")
         mode = convert.MODE_FROM_PB.get(request.mode)  # UNSPECIFIED releases the override
-        new_mode = self._planner.set_mode(mode, request.reason)
+        new_mode = unit.planner.set_mode(mode, request.reason)
         return planner_pb2.SetModeResponse(mode=convert.MODE_TO_PB[new_mode])
 
     def UpdateConfig(
         self, request: planner_pb2.UpdateConfigRequest, context: grpc.ServicerContext
     ) -> planner_pb2.UpdateConfigResponse:
+        unit = self._unit(request)
         tunables = _tunable_changes(request)
         add = [_destination(d) for d in request.add_destinations]
         guard = None
@@ -289,7 +339,7 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
                 guard = convert.guard_from_pb(request.guard)
             except ValueError as exc:
                 raise InvalidRequest(str(exc)) from None
-        tun = self._planner.update_config(
+        tun = unit.planner.update_config(
             tunables=tunables,
             add=add,
             drain=list(request.drain_destinations),
@@ -299,8 +349,8 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
             weights=dict(request.set_weights),
         )
         return planner_pb2.UpdateConfigResponse(
-            config=convert.config_pb(tun, self._planner.decision_settings,
-                                     self._planner.destinations, self._planner.guard)
+            config=convert.config_pb(tun, unit.planner.decision_settings,
+                                     unit.planner.destinations, unit.planner.guard)
         )
 
 

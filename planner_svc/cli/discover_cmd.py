@@ -1,12 +1,12 @@
 """`cacheroute discover` / `cacheroute pool-sync`: keep the planner's destinations equal to
 what a discovery source names (planner_svc.adapters.discovery_sources reads them,
-planner_svc.orchestration.pool.reconcile says how the planner gets there).
+planner_svc.orchestration.reconcile.reconcile says how the planner gets there).
 
     cacheroute discover --file /etc/cacheroute/destinations.json
     cacheroute discover --dns vllm.llm.svc.cluster.local --port 8000
     cacheroute discover --dns-srv _http._tcp.vllm.llm.svc.cluster.local
     cacheroute discover --k8s-service llm/vllm [--port-name http]
-    cacheroute pool-sync --pool cacheroute-pool --namespace llm     # a GIE InferencePool
+    cacheroute pool-sync --inference-pool cacheroute-pool --namespace llm  # a GIE InferencePool
 
 Runs beside the planner. Every `--period-s` it asks the source and the planner, and sends
 the difference as one UpdateConfig: new destinations are added (they join the next plan),
@@ -39,7 +39,7 @@ from planner_svc.adapters.discovery_sources import (
 from planner_svc.cli.console import command
 from planner_svc.cli.ops_client import OpsError, PlannerConnection, connect
 from planner_svc.errors import PlannerError
-from planner_svc.orchestration.pool import PoolEdit, reconcile
+from planner_svc.orchestration.reconcile import DestinationEdit, reconcile
 from router_client.plan import DestinationSpec
 
 log = logging.getLogger("cacheroute.discover")
@@ -57,7 +57,7 @@ class DestinationSync:
         self.drained_since: dict[str, float] = {}
         self.rounds = self.edits = self.failures = 0
 
-    def once(self) -> PoolEdit:
+    def once(self) -> DestinationEdit:
         desired = self.source.desired()
         status = self.conn.call("GetStatus", planner_pb2.GetStatusRequest())
         current = [DestinationSpec(d.id, d.address, d.capacity_weight or 1.0, d.draining)
@@ -69,7 +69,7 @@ class DestinationSync:
         if not desired:
             log.warning("%s names no destination: keeping the planner's %d",
                         self.source.name, len(current))
-            return PoolEdit()
+            return DestinationEdit()
         edit = reconcile(current, desired, drained_since=self.drained_since, now=now,
                          remove_after_s=self.remove_after_s)
         if edit:
@@ -131,8 +131,9 @@ def add_commands(sub: Any, common: argparse.ArgumentParser) -> None:
 
     p = command(sub, "pool-sync", parents=[common], description=__doc__,
                        help="keep the planner's destinations equal to an InferencePool's pods")
-    p.add_argument("--pool", default=env("CACHEROUTE_POOL_SYNC_POOL", ""),
-                   help="the InferencePool's name (env CACHEROUTE_POOL_SYNC_POOL)")
+    p.add_argument("--inference-pool", default=env("CACHEROUTE_POOL_SYNC_INFERENCE_POOL", ""),
+                   help="the InferencePool's name (env CACHEROUTE_POOL_SYNC_INFERENCE_POOL); "
+                        "--pool names the planner's pool it feeds")
     p.add_argument("--namespace", default=env("CACHEROUTE_POOL_SYNC_NAMESPACE", "default"),
                    help="its namespace (env CACHEROUTE_POOL_SYNC_NAMESPACE; default 'default')")
     _sync_options(p, "CACHEROUTE_POOL_SYNC")
@@ -185,6 +186,7 @@ def cmd_discover(args: argparse.Namespace) -> int:
 def cmd_pool_sync(args: argparse.Namespace) -> int:
     from planner_svc.adapters.kubernetes_pool import KubernetesPool
 
-    if not args.pool:
-        raise SystemExit("cacheroute pool-sync: --pool is required (the InferencePool's name)")
-    return _run(args, InferencePoolSource(KubernetesPool(args.namespace, args.pool)))
+    if not args.inference_pool:
+        raise SystemExit("cacheroute pool-sync: --inference-pool is required (the "
+                         "InferencePool's name)")
+    return _run(args, InferencePoolSource(KubernetesPool(args.namespace, args.inference_pool)))

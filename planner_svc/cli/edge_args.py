@@ -135,6 +135,39 @@ def build_client(args: argparse.Namespace, rid: str, command: str) -> Any:
     return client
 
 
+def build_pool_clients(args: argparse.Namespace, rid: str,
+                       command: str) -> tuple[dict[str, Any], Any]:
+    """One router client per pool of `--pools-file` (only those `--pools` names, if given),
+    each on its pool's Redis namespace and destinations, and the routes from model to pool;
+    without a pools file, the one client of the flags and every model in it."""
+    from router_client.pools import DEFAULT_POOL, PoolRoutes, PoolsError, parse_pools
+
+    if not args.pools_file:
+        if args.pools:
+            raise SystemExit(f"cacheroute {command}: --pools needs --pools-file")
+        return {DEFAULT_POOL: build_client(args, rid, command)}, PoolRoutes.single()
+    try:
+        with open(args.pools_file, "rb") as f:
+            specs = parse_pools(f.read(), source=args.pools_file)
+    except (OSError, PoolsError) as exc:
+        raise SystemExit(f"cacheroute {command}: --pools-file: {exc}") from None
+    wanted = [p.strip() for p in args.pools.split(",") if p.strip()]
+    unknown = set(wanted) - {s.name for s in specs}
+    if unknown:
+        raise SystemExit(f"cacheroute {command}: --pools: no pool {sorted(unknown)} in "
+                         f"{args.pools_file}")
+    specs = [s for s in specs if not wanted or s.name in wanted]
+    clients = {}
+    for spec in specs:
+        pool_args = argparse.Namespace(**{
+            **vars(args), "destinations": ",".join(spec.destinations),
+            "redis_namespace": spec.namespace_of(args.redis_namespace),
+            "cache_path": (f"{args.cache_path}.{spec.name}"
+                           if args.cache_path and spec.name != DEFAULT_POOL else args.cache_path)})
+        clients[spec.name] = build_client(pool_args, rid, command)
+    return clients, PoolRoutes(specs)
+
+
 def build_sink(args: argparse.Namespace, rid: str) -> Any:
     """The Kafka event emitter, or None without --bootstrap."""
     if not args.bootstrap:
@@ -147,7 +180,7 @@ def build_sink(args: argparse.Namespace, rid: str) -> Any:
 async def serve_until_signalled(client: Any, sink: Any, stop_server: Callable[[], Awaitable[Any]],
                                 what: str, ready: asyncio.Event | None = None) -> int:
     """Run a started edge server until SIGTERM / SIGINT, then stop it (its own grace),
-    the router client, and flush the event emitter."""
+    the router client (or each of a list, one per pool), and flush the event emitter."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -157,7 +190,8 @@ async def serve_until_signalled(client: Any, sink: Any, stop_server: Callable[[]
     await stop.wait()
     log.info("%s: shutting down", what)
     await stop_server()
-    await client.stop()
+    for each in client if isinstance(client, list) else [client]:
+        await each.stop()
     if sink is not None:
         with contextlib.suppress(Exception):
             await asyncio.to_thread(sink.close, 10.0)

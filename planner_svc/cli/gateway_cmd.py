@@ -9,6 +9,10 @@ Follows the planner's plan from Redis (verified with the pinned key); without
 `--bootstrap` it emits request, usage and error events to Kafka for the stream. Every
 flag can also be given as `CACHEROUTE_GATEWAY_<FLAG>` (upper case, `-` as `_`).
 Destination addresses come from `--destinations` first, else from the plan.
+
+Many models: `--pools-file pools.toml` (the planner's) routes each request by the pool that
+claims its model, each pool with its own plan, namespace and destinations; `--pools a,b`
+subscribes to some of them. A model no pool claims is answered with 404.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from planner_svc.cli.edge_args import (
     ROUTING_FLAGS,
     Flags,
     add_flags,
-    build_client,
+    build_pool_clients,
     build_sink,
     key_rule,
     router_id,
@@ -40,6 +44,9 @@ FLAGS: Flags = {
     "idle-timeout-s": (float, 60.0, "longest silence between streamed chunks"),
     "max-retries": (int, 2, "attempts on other destinations when nothing was generated"),
     "shutdown-grace-s": (float, 30.0, "how long in-flight requests may finish at shutdown"),
+    "pools-file": (str, "", "route by pool: the planner's pools file (TOML); each request "
+                   "goes to the pool that claims its model, with that pool's plan"),
+    "pools": (str, "", "with --pools-file: only these pools (comma-separated; default all)"),
     "engine-load-period-s": (float, 0.0, "read each engine's running + waiting requests from "
                                          "its /metrics this often and route on the larger of "
                                          "that and the gateway's own count (0 = off)"),
@@ -76,12 +83,13 @@ async def run_gateway(args: argparse.Namespace, ready: asyncio.Event | None = No
             engine_load_period_s=args.engine_load_period_s)
     except ValueError as exc:
         raise SystemExit(f"cacheroute gateway: {exc}") from None
-    client = build_client(args, rid, "gateway")
+    clients, routes = build_pool_clients(args, rid, "gateway")
     sink = build_sink(args, rid)
-    await client.start()
-    gateway = Gateway(client, settings, sink=sink)
+    for client in clients.values():
+        await client.start()
+    gateway = Gateway(clients, settings, sink=sink, routes=routes)
     await gateway.start()
     print(f"CACHEROUTE_GATEWAY={gateway.url}", flush=True)
     return await serve_until_signalled(
-        client, sink, gateway.stop,
+        list(clients.values()), sink, gateway.stop,
         f"gateway {rid} (grace {settings.shutdown_grace_s:.0f} s)", ready)

@@ -190,6 +190,12 @@ def cmd_routers(args: argparse.Namespace, conn: PlannerConnection) -> None:
          lambda: view.render_routers(data, now) if data else "no router has reported yet")
 
 
+def cmd_pools(args: argparse.Namespace, conn: PlannerConnection) -> None:
+    reply = conn.call("ListPools", planner_pb2.ListPoolsRequest())
+    data = view.pools_dict(reply)
+    emit(args, data, lambda: view.render_pools(data))
+
+
 def cmd_config_get(args: argparse.Namespace, conn: PlannerConnection) -> None:
     data = view.config_dict(conn.call("GetStatus", planner_pb2.GetStatusRequest()).config)
     emit(args, data, lambda: view.render_config(data))
@@ -335,6 +341,9 @@ def connection_options() -> argparse.ArgumentParser:
                         help="bearer token (env CACHEROUTE_TOKEN)")
     common.add_argument("--tls-ca", default=env("CACHEROUTE_TLS_CA", ""), metavar="PEM",
                         help="CA bundle: connect with TLS (env CACHEROUTE_TLS_CA)")
+    common.add_argument("--pool", default=env("CACHEROUTE_POOL", ""),
+                        help="the model pool (`cacheroute pools` lists them; default: the "
+                             "default pool, or the only one) (env CACHEROUTE_POOL)")
     common.add_argument("--timeout", type=float, default=10.0, help="seconds per call")
     common.add_argument("--json", action="store_true", help="print JSON for scripts")
     return common
@@ -396,6 +405,9 @@ def add_commands(sub: Any, plan_sub: Any, common: argparse.ArgumentParser) -> No
     routers = command(sub, "routers", parents=[common],
                              help="the fleet: each router's version, lag, mode, rejections")
     _online(routers, cmd_routers)
+    pools = command(sub, "pools", parents=[common],
+                    help="the model pools this planner plans, and each one's state")
+    _online(pools, cmd_pools)
     watch = command(sub, "watch", parents=[common], help="live: installs and decisions")
     watch.add_argument("--count", type=int, default=0, help="stop after N events (0: never)")
     watch.add_argument("--duration", type=float, default=None, help="stop after N seconds")

@@ -42,8 +42,10 @@ class OpsError(Exception):
 class PlannerConnection:
     """A channel and stub to one planner; translates gRPC errors into `OpsError` once."""
 
-    def __init__(self, target: str, token: str = "", tls_ca: str = "", timeout_s: float = 10.0):
+    def __init__(self, target: str, token: str = "", tls_ca: str = "", timeout_s: float = 10.0,
+                 pool: str = ""):
         self.target = target
+        self.pool = pool  # every call is about this pool ("" = the default or only one)
         self.timeout_s = timeout_s
         self._metadata = [("authorization", f"Bearer {token}")] if token else []
         if tls_ca:
@@ -58,6 +60,7 @@ class PlannerConnection:
 
     def call(self, method: str, request: Any, *, retries: int = 0) -> Any:
         """A unary call; mutations pass `retries` (their request id makes a retry act once)."""
+        self._aim(request)
         for attempt in range(retries + 1):
             try:
                 return getattr(self.stub, method)(
@@ -74,6 +77,7 @@ class PlannerConnection:
         self, method: str, request: Any, timeout_s: float | None = None, *, until: bool = False
     ) -> Iterator[Any]:
         """A server stream; with `until`, reaching `timeout_s` ends it quietly (watch)."""
+        self._aim(request)
         try:
             yield from getattr(self.stub, method)(
                 request, metadata=self._metadata, timeout=timeout_s
@@ -83,6 +87,10 @@ class PlannerConnection:
             if ended or exc.code() is grpc.StatusCode.CANCELLED:
                 return
             raise self.error(exc) from None
+
+    def _aim(self, request: Any) -> None:
+        if self.pool and "pool" in request.DESCRIPTOR.fields_by_name:
+            request.pool = self.pool
 
     def error(self, exc: grpc.RpcError) -> OpsError:
         code, details = exc.code(), exc.details() or ""
@@ -120,4 +128,5 @@ def _read(path: str) -> bytes:
 
 
 def connect(args: argparse.Namespace) -> PlannerConnection:
-    return PlannerConnection(args.planner, args.token, args.tls_ca, args.timeout)
+    return PlannerConnection(args.planner, args.token, args.tls_ca, args.timeout,
+                             getattr(args, "pool", ""))

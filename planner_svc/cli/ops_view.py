@@ -552,6 +552,36 @@ def render_routers(routers: Sequence[Mapping[str, Any]], now_ms: int) -> TextTab
                       Column("notes")), tuple(rows))
 
 
+def pools_dict(pb: Any) -> dict[str, Any]:
+    pools = [{
+        "name": p.name, "models": list(p.models), "destinations": list(p.destinations),
+        "namespace": p.namespace, "running": p.running, "error": p.error,
+        "failures": p.failures, "role": p.role,
+        "installed": version_text(p.installed) if p.HasField("installed") else None,
+        "mode": MODE_NAMES.get(p.mode, "?") if p.running else None,
+    } for p in pb.pools]
+    return {"pools": pools, "unclaimed_keys": pb.unclaimed_keys, "pools_file": pb.pools_file,
+            "pools_file_error": pb.pools_file_error}
+
+
+def render_pools(data: Mapping[str, Any]) -> list[str | TextTable]:
+    rows = []
+    for p in data["pools"]:
+        state = (p["mode"] or "?") if p["running"] else "not running"
+        rows.append((p["name"], ", ".join(p["models"]), str(len(p["destinations"])),
+                     p["installed"] or "-", state, str(p["failures"]), p["namespace"] or "-",
+                     p["error"]))
+    parts: list[str | TextTable] = [TextTable(
+        (Column("pool"), Column("models"), Column("destinations", True),
+         Column("installed", True), Column("state"), Column("failures", True),
+         Column("namespace"), Column("error")), tuple(rows))]
+    source = data["pools_file"] or "flags (one pool)"
+    parts.append(f"pools from {source}; window keys no pool claims: {data['unclaimed_keys']}")
+    if data["pools_file_error"]:
+        parts.append(f"the pools file's last change was not applied: {data['pools_file_error']}")
+    return parts
+
+
 def explanation_dict(pb: Any) -> dict[str, Any]:
     return {
         "key": pb.key, "version": f"{pb.version.epoch}.{pb.version.seq}", "seen": pb.seen,

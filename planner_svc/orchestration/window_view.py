@@ -3,13 +3,16 @@ measurements the control loop decides with. Pure conversions, no I/O."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from planner_svc.control.telemetry import Telemetry
 from planner_svc.control.traffic import Traffic
+from streams.assembly import KEY_COLUMNS
 
 
 def traffic_from_window(window: Any, rate_column: str = "rate") -> Traffic:
@@ -51,3 +54,46 @@ def telemetry_from_window(window: Any, admitted: set[str]) -> Telemetry:
 
 def _ratio(num: float, den: float) -> float:
     return float(num) / float(den) if den > 0 else 0.0
+
+
+def split_by_pool(window: Any, pools: Sequence[str], pool_of_scope: Callable[[str], str | None],
+                  pool_of_destination: Mapping[str, str]) -> tuple[dict[str, Any], int]:
+    """One stream window cut into each pool's (router_client.pools), and the number of keys
+    no pool claims.
+
+    A key goes to the pool of its scope (the model part of the key); a destination's
+    statistics to the pool that holds it. The keys the stream folded into its overflow
+    (no names) are shared out by each pool's share of the named keys' rate: a pool's cold
+    tail is in proportion to its traffic. Stream-wide counts (dead letters, duplicates,
+    partitions, recovery) stay whole in every part.
+    """
+    keys = window.keys
+    index = {p: i for i, p in enumerate(pools)}
+    codes = np.empty(len(keys), np.int64)
+    by_scope: dict[str, int] = {}
+    for row, key in enumerate(keys):
+        scope = key.partition("/")[0]
+        code = by_scope.get(scope)
+        if code is None:
+            owner = pool_of_scope(scope)
+            code = by_scope[scope] = index.get(owner, -1) if owner is not None else -1
+        codes[row] = code
+    order = np.argsort(codes, kind="stable")
+    bounds = np.searchsorted(codes[order], np.arange(-1, len(pools) + 1))
+    rates = np.asarray(window.rate_per_s, np.float64)
+    total_rate = float(rates.sum())
+    parts: dict[str, Any] = {}
+    for i, pool in enumerate(pools):
+        rows = order[bounds[i + 1]:bounds[i + 2]]
+        share = float(rates[rows].sum()) / total_rate if total_rate > 0 else (
+            1.0 / len(pools))
+        overflow_keys = round(window.overflow_keys * share)
+        columns = {name: np.asarray(getattr(window, name))[rows] for name, _ in KEY_COLUMNS}
+        parts[pool] = dataclasses.replace(
+            window, keys=[keys[j] for j in rows], **columns,
+            destinations={d: s for d, s in window.destinations.items()
+                          if pool_of_destination.get(d) == pool},
+            overflow_keys=overflow_keys,
+            overflow_rate_per_s=window.overflow_rate_per_s * share,
+            active_keys=len(rows) + overflow_keys)
+    return parts, int(bounds[1] - bounds[0])

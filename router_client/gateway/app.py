@@ -20,6 +20,7 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -32,27 +33,51 @@ from router_client.gateway.proxy import JSON, Proxy, send_error
 from router_client.gateway.settings import GatewaySettings
 from router_client.gateway.telemetry import EventSink, NoSink
 from router_client.gateway.upstream import UpstreamFailure, Upstreams
+from router_client.pools import DEFAULT_POOL, PoolRoutes
 
 log = logging.getLogger("cacheroute.gateway")
 ROUTED = {"/v1/chat/completions", "/v1/completions"}
 
 
 class Gateway:
-    def __init__(self, client: AsyncRouterClient, settings: GatewaySettings | None = None,
-                 *, sink: EventSink | None = None) -> None:
-        self.client = client
+    """One router client (every model, one plan), or one per pool with `routes` saying
+    which pool serves each model (router_client.pools)."""
+
+    def __init__(self, client: AsyncRouterClient | Mapping[str, AsyncRouterClient],
+                 settings: GatewaySettings | None = None, *, sink: EventSink | None = None,
+                 routes: PoolRoutes | None = None) -> None:
+        if isinstance(client, Mapping):
+            if routes is None or not client:
+                raise ValueError("a gateway over several pools needs their routes and clients")
+            self.clients: dict[str, AsyncRouterClient] = dict(client)
+            unknown = set(routes.pools) - set(self.clients)
+            if unknown:
+                raise ValueError(f"no router client for pool(s) {sorted(unknown)}")
+        else:
+            self.clients = {DEFAULT_POOL: client}
+            routes = PoolRoutes.single()
+        self.routes = routes
+        # The default pool's client (the only one without pools): readiness, status.
+        self.client = self.clients.get(DEFAULT_POOL) or next(iter(self.clients.values()))
         self.settings = settings or GatewaySettings()
         self.upstreams = Upstreams(self.settings)
-        self.metrics = GatewayMetrics(client)
-        self.proxy = Proxy(client, self.upstreams, self.settings, sink or NoSink(), self.metrics)
+        self.metrics = GatewayMetrics(self.clients)
+        self.proxy = Proxy(self.clients, routes, self.upstreams, self.settings,
+                           sink or NoSink(), self.metrics)
         self.stopping = False
         limits = ServerLimits(max_body_bytes=self.settings.max_body_bytes)
         self.server = HttpServer(self.handle, limits, on_exception=self._log_exception)
         self._models: tuple[float, bytes] | None = None
-        self.engine_load = (EngineLoadPoller(client, self.upstreams,
-                                             self.settings.engine_load_period_s,
-                                             self.settings.engine_load_timeout_s)
-                            if self.settings.engine_load_period_s > 0 else None)
+        self.engine_loads = ({pool: EngineLoadPoller(c, self.upstreams,
+                                                     self.settings.engine_load_period_s,
+                                                     self.settings.engine_load_timeout_s)
+                              for pool, c in self.clients.items()}
+                             if self.settings.engine_load_period_s > 0 else {})
+
+    @property
+    def engine_load(self) -> EngineLoadPoller | None:
+        """The default pool's engine-load poller (None when engine load is off)."""
+        return next(iter(self.engine_loads.values()), None)
 
     @property
     def port(self) -> int:
@@ -64,15 +89,15 @@ class Gateway:
 
     async def start(self) -> Gateway:
         await self.server.start(self.settings.host, self.settings.port)
-        if self.engine_load is not None:
-            self.engine_load.start()
+        for poller in self.engine_loads.values():
+            poller.start()
         log.info("gateway %s serving on %s", self.settings.router_id, self.url)
         return self
 
     async def stop(self) -> None:
         self.stopping = True
-        if self.engine_load is not None:
-            await self.engine_load.stop()
+        for poller in self.engine_loads.values():
+            await poller.stop()
         await self.server.close(self.settings.shutdown_grace_s)
         self.upstreams.close()
 
@@ -100,13 +125,21 @@ class Gateway:
                        "/v1/... (OpenAI API), /healthz, /readyz and /metrics", "not_found")
 
     def _readiness(self) -> tuple[bool, bytes]:
-        core = self.client.core
-        usable = sum(1 for d in core.destination_ids if core.is_usable(d))
-        ready = not self.stopping and usable > 0
-        return ready, json.dumps({
-            "ready": ready, "stopping": self.stopping, "usable_destinations": usable,
-            "plan_version": str(self.client.version), "mode": self.client.mode,
-            "fallback_reason": self.client.fallback_reason}).encode()
+        """Ready while every pool has a usable destination (a pool with none would answer
+        its models with 503s)."""
+        pools = {}
+        for pool, client in self.clients.items():
+            core = client.core
+            pools[pool] = {
+                "usable_destinations": sum(1 for d in core.destination_ids if core.is_usable(d)),
+                "plan_version": str(client.version), "mode": client.mode,
+                "fallback_reason": client.fallback_reason}
+        ready = not self.stopping and all(p["usable_destinations"] for p in pools.values())
+        body: dict[str, Any] = {"ready": ready, "stopping": self.stopping,
+                                **pools.get(DEFAULT_POOL, next(iter(pools.values())))}
+        if len(pools) > 1 or DEFAULT_POOL not in pools:
+            body["pools"] = pools
+        return ready, json.dumps(body).encode()
 
     def _log_exception(self, request: Request) -> None:
         log.exception("gateway: handler failed on %s %s", request.method, request.target)
@@ -118,9 +151,8 @@ class Gateway:
         return self._models[1]
 
     async def _gather_models(self) -> bytes:
-        core = self.client.core
-        addresses = [self.client.address_of(d) for d in core.destination_ids
-                     if core.is_usable(d)]
+        addresses = [client.address_of(d) for client in self.clients.values()
+                     for d in client.core.destination_ids if client.core.is_usable(d)]
         lists = await asyncio.gather(*(self._models_of(a) for a in addresses if a))
         merged: dict[str, dict[str, Any]] = {}
         for models in lists:

@@ -7,20 +7,20 @@ cacheroute_gateway_upstream_failures_total{kind}       connect_error, reset, htt
 cacheroute_gateway_retries_total{kind}                 attempts sent elsewhere, by failure
 cacheroute_gateway_saturated_total                     503s: every destination at its cap
 cacheroute_gateway_streams_broken_total                streams cut short (upstream failure)
-cacheroute_gateway_inflight{destination}               requests in flight (at scrape time)
-plus the router client's cacheroute_router_* (router_client.prom).
+cacheroute_gateway_inflight{destination,pool}          requests in flight (at scrape time)
+plus each pool's router client's cacheroute_router_*{pool} (router_client.prom).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from router_client.prom import RouterCollector
+from router_client.prom import RouterCollector, labelled_union
 
 if TYPE_CHECKING:
     from router_client.aio import AsyncRouterClient
@@ -29,20 +29,32 @@ _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
 
 
 class _Inflight(Collector):
-    def __init__(self, client: AsyncRouterClient) -> None:
-        self.client = client
+    def __init__(self, clients: Mapping[str, AsyncRouterClient]) -> None:
+        self.clients = clients
 
     def collect(self) -> Iterator[Metric]:
         family = GaugeMetricFamily("cacheroute_gateway_inflight",
-                                   "Requests in flight per destination.", labels=["destination"])
-        core = self.client.core
-        for dest, n in zip(core.destination_ids, core.inflight, strict=False):
-            family.add_metric([dest], n)
+                                   "Requests in flight per destination.",
+                                   labels=["destination", "pool"])
+        for pool, client in self.clients.items():
+            core = client.core
+            for dest, n in zip(core.destination_ids, core.inflight, strict=False):
+                family.add_metric([dest, pool], n)
         yield family
 
 
+class _Routers(Collector):
+    """Each pool's router client metrics (router_client.prom), labelled with the pool."""
+
+    def __init__(self, clients: Mapping[str, AsyncRouterClient]) -> None:
+        self.parts = [(pool, RouterCollector(c)) for pool, c in clients.items()]
+
+    def collect(self) -> Iterator[Metric]:
+        yield from labelled_union(self.parts, "pool")
+
+
 class GatewayMetrics:
-    def __init__(self, client: AsyncRouterClient) -> None:
+    def __init__(self, clients: Mapping[str, AsyncRouterClient]) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter("cacheroute_gateway_requests", "Answered requests.",
@@ -63,8 +75,8 @@ class GatewayMetrics:
                                  registry=r)
         self.broken = Counter("cacheroute_gateway_streams_broken",
                               "Streams cut short by an upstream failure.", registry=r)
-        r.register(_Inflight(client))
-        r.register(RouterCollector(client))
+        r.register(_Inflight(clients))
+        r.register(_Routers(clients))
         self._answered: dict[tuple[str, int], Counter] = {}
 
     def answered(self, route: str, code: int, seconds: float) -> None:

@@ -1,6 +1,7 @@
 """One request through the gateway: key, route, forward, relay, report.
 
-    read the body (bounded) ─ derive the key (router_client.keys) ─ pick a destination
+    read the body (bounded) ─ derive the key (router_client.keys) and its pool
+      (router_client.pools; a model no pool claims: 404) ─ pick a destination
       (plan or P2C, below its in-flight cap) ─ send ─┬─ failure that generated nothing:
                                                      │  report it, try another destination
                                                      └─ response: relay it (whole, or SSE
@@ -20,7 +21,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +36,8 @@ from router_client.gateway.telemetry import EventSink
 from router_client.gateway.upstream import Passthrough, UpstreamFailure, Upstreams
 from router_client.health import Outcome
 from router_client.keys import derive_key
+from router_client.pools import PoolRoutes
+from router_client.routing import RouterCore
 from router_client.usage import from_openai_usage
 
 log = logging.getLogger("cacheroute.gateway")
@@ -54,6 +57,7 @@ class _Call:
     """What one request carries between the steps."""
 
     route: str
+    client: AsyncRouterClient  # the router client of the request's pool
     key: str
     affinity: str | None
     prefix_chars: int
@@ -66,10 +70,11 @@ class _Call:
 
 
 class Proxy:
-    def __init__(self, client: AsyncRouterClient, upstreams: Upstreams,
-                 settings: GatewaySettings, sink: EventSink, metrics: GatewayMetrics) -> None:
-        self.client = client
-        self.core = client.core
+    def __init__(self, clients: Mapping[str, AsyncRouterClient], routes: PoolRoutes,
+                 upstreams: Upstreams, settings: GatewaySettings, sink: EventSink,
+                 metrics: GatewayMetrics) -> None:
+        self.clients = clients  # pool -> its router client (router_client.pools)
+        self.routes = routes
         self.upstreams = upstreams
         self.settings = settings
         self.sink = sink
@@ -103,6 +108,13 @@ class Proxy:
         headers = request.headers
         index = {k.lower(): v for k, v in headers}
         derived = derive_key(payload, index, self.settings.keys)
+        pool = self.routes.pool_of_key(derived.key)
+        client = self.clients.get(pool) if pool is not None else None
+        if client is None:
+            model = payload.get("model")
+            send_error(out, 404, f"model {model!r} is not served here: no pool of this "
+                       "gateway claims it", "model_not_found")
+            return None
         stream = payload.get("stream") is True
         injected = False
         if stream:
@@ -119,14 +131,14 @@ class Proxy:
         out_headers.append((hdr.TRACEPARENT, hdr.child_traceparent(index.get(hdr.TRACEPARENT))))
         if body:
             out_headers.append(JSON)
-        return _Call(route, derived.key, derived.affinity, derived.prefix_chars, body, stream,
-                     injected, rid, out_headers, started)
+        return _Call(route, client, derived.key, derived.affinity, derived.prefix_chars, body,
+                     stream, injected, rid, out_headers, started)
 
     async def _dispatch(self, request: Request, call: _Call, out: Responder) -> None:
         tried: list[int] = []
-        core = self.core
+        core = call.client.core
         for attempt in range(self.settings.max_retries + 1):
-            slot = self._pick(call.key, call.affinity, tried)
+            slot = self._pick(core, call.key, call.affinity, tried)
             if slot is None:
                 if not tried:
                     self.metrics.saturated.inc()
@@ -136,7 +148,7 @@ class Proxy:
                     return
                 break
             dest = core.destination_ids[slot]
-            address = self.client.address_of(dest)
+            address = call.client.address_of(dest)
             core.started(slot)
             self.sink.emit_request(
                 call.key, dest, prompt_tokens=0, reusable_prefix_tokens=call.prefix_chars // 4,
@@ -167,8 +179,9 @@ class Proxy:
         send_error(out, 502, "no destination could take the request", "upstream_error",
                    extra=[(hdr.REQUEST_ID, call.request_id)])
 
-    def _pick(self, key: str, affinity: str | None, tried: list[int]) -> int | None:
-        core, cap = self.core, self.settings.max_inflight_per_destination
+    def _pick(self, core: RouterCore, key: str, affinity: str | None,
+              tried: list[int]) -> int | None:
+        cap = self.settings.max_inflight_per_destination
         if not tried:
             slot = core.route_index(key, affinity)
             if core.inflight[slot] < cap:
@@ -183,7 +196,7 @@ class Proxy:
 
     def _failed(self, call: _Call, dest: str, failure: UpstreamFailure) -> None:
         log.info("request %s to %s failed: %s", call.request_id, dest, failure)
-        self.client.report(dest, failure.outcome)
+        call.client.report(dest, failure.outcome)
         self.metrics.failures.labels(failure.kind).inc()
         self.sink.emit_error(call.key, dest, kind=failure.kind, status_code=failure.status,
                              router_id=self.settings.router_id)
@@ -201,7 +214,7 @@ class Proxy:
                   ttft_s: float | None) -> None:
         outcome = (Outcome.SUCCESS if status < 400 else
                    Outcome.CLIENT_ERROR if status < 500 else Outcome.HTTP_5XX)
-        self.client.report(dest, outcome)
+        call.client.report(dest, outcome)
         e2e_ms = (time.perf_counter() - call.started) * 1000
         if isinstance(usage, dict):
             counts = from_openai_usage(usage)

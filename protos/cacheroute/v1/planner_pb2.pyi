@@ -19,8 +19,10 @@ PLANNED: Mode
 FALLBACK: Mode
 
 class GetStatusRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("pool",)
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    pool: str
+    def __init__(self, pool: _Optional[str] = ...) -> None: ...
 
 class Penalties(_message.Message):
     __slots__ = ("staleness_rate_modelled", "staleness_rate_measured", "staleness_accumulated", "rewarm_cost", "measured_used")
@@ -137,8 +139,10 @@ class SaturatedDestination(_message.Message):
     def __init__(self, destination: _Optional[str] = ..., reason: _Optional[str] = ..., since_ms: _Optional[int] = ..., clear_since_ms: _Optional[int] = ..., derated: _Optional[bool] = ..., knee_per_s: _Optional[float] = ..., configured_weight: _Optional[float] = ..., planned_weight: _Optional[float] = ...) -> None: ...
 
 class GetCurrentVersionRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("pool",)
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    pool: str
+    def __init__(self, pool: _Optional[str] = ...) -> None: ...
 
 class CurrentVersion(_message.Message):
     __slots__ = ("version", "digest", "created_at_ms")
@@ -151,10 +155,12 @@ class CurrentVersion(_message.Message):
     def __init__(self, version: _Optional[_Union[_plan_pb2.PlanVersion, _Mapping]] = ..., digest: _Optional[bytes] = ..., created_at_ms: _Optional[int] = ...) -> None: ...
 
 class GetPlanRequest(_message.Message):
-    __slots__ = ("version",)
+    __slots__ = ("version", "pool")
     VERSION_FIELD_NUMBER: _ClassVar[int]
+    POOL_FIELD_NUMBER: _ClassVar[int]
     version: _plan_pb2.PlanVersion
-    def __init__(self, version: _Optional[_Union[_plan_pb2.PlanVersion, _Mapping]] = ...) -> None: ...
+    pool: str
+    def __init__(self, version: _Optional[_Union[_plan_pb2.PlanVersion, _Mapping]] = ..., pool: _Optional[str] = ...) -> None: ...
 
 class PlanChunk(_message.Message):
     __slots__ = ("payload", "index", "count")
@@ -167,10 +173,12 @@ class PlanChunk(_message.Message):
     def __init__(self, payload: _Optional[bytes] = ..., index: _Optional[int] = ..., count: _Optional[int] = ...) -> None: ...
 
 class ListPlanVersionsRequest(_message.Message):
-    __slots__ = ("limit",)
+    __slots__ = ("limit", "pool")
     LIMIT_FIELD_NUMBER: _ClassVar[int]
+    POOL_FIELD_NUMBER: _ClassVar[int]
     limit: int
-    def __init__(self, limit: _Optional[int] = ...) -> None: ...
+    pool: str
+    def __init__(self, limit: _Optional[int] = ..., pool: _Optional[str] = ...) -> None: ...
 
 class PlanVersionInfo(_message.Message):
     __slots__ = ("version", "digest", "created_at_ms", "admitted_keys", "imbalance_max_over_mean", "built_by", "current")
@@ -197,12 +205,14 @@ class ListPlanVersionsResponse(_message.Message):
     def __init__(self, versions: _Optional[_Iterable[_Union[PlanVersionInfo, _Mapping]]] = ...) -> None: ...
 
 class DiffPlansRequest(_message.Message):
-    __slots__ = ("a", "b")
+    __slots__ = ("a", "b", "pool")
     A_FIELD_NUMBER: _ClassVar[int]
     B_FIELD_NUMBER: _ClassVar[int]
+    POOL_FIELD_NUMBER: _ClassVar[int]
     a: _plan_pb2.PlanVersion
     b: _plan_pb2.PlanVersion
-    def __init__(self, a: _Optional[_Union[_plan_pb2.PlanVersion, _Mapping]] = ..., b: _Optional[_Union[_plan_pb2.PlanVersion, _Mapping]] = ...) -> None: ...
+    pool: str
+    def __init__(self, a: _Optional[_Union[_plan_pb2.PlanVersion, _Mapping]] = ..., b: _Optional[_Union[_plan_pb2.PlanVersion, _Mapping]] = ..., pool: _Optional[str] = ...) -> None: ...
 
 class PlanDiff(_message.Message):
     __slots__ = ("added_keys", "removed_keys", "moved_keys", "moved_key_share", "moved_traffic_share", "load_change_per_s", "destinations")
@@ -223,8 +233,10 @@ class PlanDiff(_message.Message):
     def __init__(self, added_keys: _Optional[int] = ..., removed_keys: _Optional[int] = ..., moved_keys: _Optional[int] = ..., moved_key_share: _Optional[float] = ..., moved_traffic_share: _Optional[float] = ..., load_change_per_s: _Optional[_Iterable[float]] = ..., destinations: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class WatchPlansRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("pool",)
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    pool: str
+    def __init__(self, pool: _Optional[str] = ...) -> None: ...
 
 class PlannerEvent(_message.Message):
     __slots__ = ("decision", "installed")
@@ -235,16 +247,18 @@ class PlannerEvent(_message.Message):
     def __init__(self, decision: _Optional[_Union[Decision, _Mapping]] = ..., installed: _Optional[_Union[PlanVersionInfo, _Mapping]] = ...) -> None: ...
 
 class ReplanRequest(_message.Message):
-    __slots__ = ("dry_run", "fresh", "force", "request_id")
+    __slots__ = ("dry_run", "fresh", "force", "request_id", "pool")
     DRY_RUN_FIELD_NUMBER: _ClassVar[int]
     FRESH_FIELD_NUMBER: _ClassVar[int]
     FORCE_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    POOL_FIELD_NUMBER: _ClassVar[int]
     dry_run: bool
     fresh: bool
     force: bool
     request_id: str
-    def __init__(self, dry_run: _Optional[bool] = ..., fresh: _Optional[bool] = ..., force: _Optional[bool] = ..., request_id: _Optional[str] = ...) -> None: ...
+    pool: str
+    def __init__(self, dry_run: _Optional[bool] = ..., fresh: _Optional[bool] = ..., force: _Optional[bool] = ..., request_id: _Optional[str] = ..., pool: _Optional[str] = ...) -> None: ...
 
 class ReplanResponse(_message.Message):
     __slots__ = ("candidate", "diff", "penalties", "installed", "decision")
@@ -261,14 +275,16 @@ class ReplanResponse(_message.Message):
     def __init__(self, candidate: _Optional[_Union[PlanVersionInfo, _Mapping]] = ..., diff: _Optional[_Union[PlanDiff, _Mapping]] = ..., penalties: _Optional[_Union[Penalties, _Mapping]] = ..., installed: _Optional[bool] = ..., decision: _Optional[_Union[Decision, _Mapping]] = ...) -> None: ...
 
 class RollbackRequest(_message.Message):
-    __slots__ = ("version", "request_id", "release")
+    __slots__ = ("version", "request_id", "release", "pool")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     RELEASE_FIELD_NUMBER: _ClassVar[int]
+    POOL_FIELD_NUMBER: _ClassVar[int]
     version: _plan_pb2.PlanVersion
     request_id: str
     release: bool
-    def __init__(self, version: _Optional[_Union[_plan_pb2.PlanVersion, _Mapping]] = ..., request_id: _Optional[str] = ..., release: _Optional[bool] = ...) -> None: ...
+    pool: str
+    def __init__(self, version: _Optional[_Union[_plan_pb2.PlanVersion, _Mapping]] = ..., request_id: _Optional[str] = ..., release: _Optional[bool] = ..., pool: _Optional[str] = ...) -> None: ...
 
 class RollbackResponse(_message.Message):
     __slots__ = ("installed", "pinned")
@@ -279,12 +295,14 @@ class RollbackResponse(_message.Message):
     def __init__(self, installed: _Optional[_Union[PlanVersionInfo, _Mapping]] = ..., pinned: _Optional[bool] = ...) -> None: ...
 
 class SetModeRequest(_message.Message):
-    __slots__ = ("mode", "reason")
+    __slots__ = ("mode", "reason", "pool")
     MODE_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    POOL_FIELD_NUMBER: _ClassVar[int]
     mode: Mode
     reason: str
-    def __init__(self, mode: _Optional[_Union[Mode, str]] = ..., reason: _Optional[str] = ...) -> None: ...
+    pool: str
+    def __init__(self, mode: _Optional[_Union[Mode, str]] = ..., reason: _Optional[str] = ..., pool: _Optional[str] = ...) -> None: ...
 
 class SetModeResponse(_message.Message):
     __slots__ = ("mode",)
@@ -349,7 +367,7 @@ class PlannerConfig(_message.Message):
     def __init__(self, q_cap: _Optional[float] = ..., warm_slots_per_destination: _Optional[int] = ..., interval_s: _Optional[float] = ..., hysteresis: _Optional[float] = ..., min_dwell_s: _Optional[float] = ..., imbalance_tolerance: _Optional[float] = ..., max_plan_age_s: _Optional[float] = ..., destinations: _Optional[_Iterable[_Union[_plan_pb2.Destination, _Mapping]]] = ..., guard: _Optional[_Union[GuardConfig, _Mapping]] = ..., byte_aware: _Optional[bool] = ..., admission_hysteresis: _Optional[float] = ..., balance_effort: _Optional[float] = ..., rate_noise_z: _Optional[float] = ..., learn_warm_slots: _Optional[bool] = ..., learn_q_cap: _Optional[bool] = ...) -> None: ...
 
 class UpdateConfigRequest(_message.Message):
-    __slots__ = ("q_cap", "warm_slots_per_destination", "interval_s", "hysteresis", "min_dwell_s", "imbalance_tolerance", "add_destinations", "drain_destinations", "remove_destinations", "request_id", "guard", "set_weights", "byte_aware", "admission_hysteresis", "balance_effort", "rate_noise_z", "learn_warm_slots", "learn_q_cap")
+    __slots__ = ("q_cap", "warm_slots_per_destination", "interval_s", "hysteresis", "min_dwell_s", "imbalance_tolerance", "add_destinations", "drain_destinations", "remove_destinations", "request_id", "guard", "set_weights", "byte_aware", "admission_hysteresis", "balance_effort", "rate_noise_z", "learn_warm_slots", "learn_q_cap", "pool")
     class SetWeightsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -375,6 +393,7 @@ class UpdateConfigRequest(_message.Message):
     RATE_NOISE_Z_FIELD_NUMBER: _ClassVar[int]
     LEARN_WARM_SLOTS_FIELD_NUMBER: _ClassVar[int]
     LEARN_Q_CAP_FIELD_NUMBER: _ClassVar[int]
+    POOL_FIELD_NUMBER: _ClassVar[int]
     q_cap: float
     warm_slots_per_destination: int
     interval_s: float
@@ -393,7 +412,8 @@ class UpdateConfigRequest(_message.Message):
     rate_noise_z: float
     learn_warm_slots: bool
     learn_q_cap: bool
-    def __init__(self, q_cap: _Optional[float] = ..., warm_slots_per_destination: _Optional[int] = ..., interval_s: _Optional[float] = ..., hysteresis: _Optional[float] = ..., min_dwell_s: _Optional[float] = ..., imbalance_tolerance: _Optional[float] = ..., add_destinations: _Optional[_Iterable[_Union[_plan_pb2.Destination, _Mapping]]] = ..., drain_destinations: _Optional[_Iterable[str]] = ..., remove_destinations: _Optional[_Iterable[str]] = ..., request_id: _Optional[str] = ..., guard: _Optional[_Union[GuardConfig, _Mapping]] = ..., set_weights: _Optional[_Mapping[str, float]] = ..., byte_aware: _Optional[bool] = ..., admission_hysteresis: _Optional[float] = ..., balance_effort: _Optional[float] = ..., rate_noise_z: _Optional[float] = ..., learn_warm_slots: _Optional[bool] = ..., learn_q_cap: _Optional[bool] = ...) -> None: ...
+    pool: str
+    def __init__(self, q_cap: _Optional[float] = ..., warm_slots_per_destination: _Optional[int] = ..., interval_s: _Optional[float] = ..., hysteresis: _Optional[float] = ..., min_dwell_s: _Optional[float] = ..., imbalance_tolerance: _Optional[float] = ..., add_destinations: _Optional[_Iterable[_Union[_plan_pb2.Destination, _Mapping]]] = ..., drain_destinations: _Optional[_Iterable[str]] = ..., remove_destinations: _Optional[_Iterable[str]] = ..., request_id: _Optional[str] = ..., guard: _Optional[_Union[GuardConfig, _Mapping]] = ..., set_weights: _Optional[_Mapping[str, float]] = ..., byte_aware: _Optional[bool] = ..., admission_hysteresis: _Optional[float] = ..., balance_effort: _Optional[float] = ..., rate_noise_z: _Optional[float] = ..., learn_warm_slots: _Optional[bool] = ..., learn_q_cap: _Optional[bool] = ..., pool: _Optional[str] = ...) -> None: ...
 
 class UpdateConfigResponse(_message.Message):
     __slots__ = ("config",)
@@ -402,10 +422,12 @@ class UpdateConfigResponse(_message.Message):
     def __init__(self, config: _Optional[_Union[PlannerConfig, _Mapping]] = ...) -> None: ...
 
 class ListDecisionsRequest(_message.Message):
-    __slots__ = ("limit",)
+    __slots__ = ("limit", "pool")
     LIMIT_FIELD_NUMBER: _ClassVar[int]
+    POOL_FIELD_NUMBER: _ClassVar[int]
     limit: int
-    def __init__(self, limit: _Optional[int] = ...) -> None: ...
+    pool: str
+    def __init__(self, limit: _Optional[int] = ..., pool: _Optional[str] = ...) -> None: ...
 
 class ListDecisionsResponse(_message.Message):
     __slots__ = ("decisions",)
@@ -414,8 +436,10 @@ class ListDecisionsResponse(_message.Message):
     def __init__(self, decisions: _Optional[_Iterable[_Union[Decision, _Mapping]]] = ...) -> None: ...
 
 class ListRoutersRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("pool",)
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    pool: str
+    def __init__(self, pool: _Optional[str] = ...) -> None: ...
 
 class RouterSync(_message.Message):
     __slots__ = ("status", "state")
@@ -432,12 +456,14 @@ class ListRoutersResponse(_message.Message):
     def __init__(self, routers: _Optional[_Iterable[_Union[RouterSync, _Mapping]]] = ...) -> None: ...
 
 class ExplainKeyRequest(_message.Message):
-    __slots__ = ("key", "history")
+    __slots__ = ("key", "history", "pool")
     KEY_FIELD_NUMBER: _ClassVar[int]
     HISTORY_FIELD_NUMBER: _ClassVar[int]
+    POOL_FIELD_NUMBER: _ClassVar[int]
     key: str
     history: int
-    def __init__(self, key: _Optional[str] = ..., history: _Optional[int] = ...) -> None: ...
+    pool: str
+    def __init__(self, key: _Optional[str] = ..., history: _Optional[int] = ..., pool: _Optional[str] = ...) -> None: ...
 
 class KeyPlacement(_message.Message):
     __slots__ = ("version", "destinations")
@@ -490,10 +516,12 @@ class KeyExplanation(_message.Message):
     def __init__(self, key: _Optional[str] = ..., seen: _Optional[bool] = ..., rate_per_s: _Optional[float] = ..., rank: _Optional[int] = ..., keys_with_traffic: _Optional[int] = ..., replicas: _Optional[int] = ..., replicas_why: _Optional[str] = ..., admitted: _Optional[bool] = ..., reason: _Optional[str] = ..., destinations: _Optional[_Iterable[str]] = ..., destination_loads_per_s: _Optional[_Iterable[float]] = ..., planned_rate_per_s: _Optional[float] = ..., cutoff_rate_per_s: _Optional[float] = ..., slots_used: _Optional[int] = ..., slots: _Optional[int] = ..., admitted_next: _Optional[bool] = ..., next_destinations: _Optional[_Iterable[str]] = ..., history: _Optional[_Iterable[_Union[KeyPlacement, _Mapping]]] = ..., version: _Optional[_Union[_plan_pb2.PlanVersion, _Mapping]] = ...) -> None: ...
 
 class GetPlanReportRequest(_message.Message):
-    __slots__ = ("version",)
+    __slots__ = ("version", "pool")
     VERSION_FIELD_NUMBER: _ClassVar[int]
+    POOL_FIELD_NUMBER: _ClassVar[int]
     version: _plan_pb2.PlanVersion
-    def __init__(self, version: _Optional[_Union[_plan_pb2.PlanVersion, _Mapping]] = ...) -> None: ...
+    pool: str
+    def __init__(self, version: _Optional[_Union[_plan_pb2.PlanVersion, _Mapping]] = ..., pool: _Optional[str] = ...) -> None: ...
 
 class PlanReport(_message.Message):
     __slots__ = ("version", "windows", "dip_windows", "predicted_hit_rate", "hit_rate", "hit_gap", "predicted_imbalance", "imbalance", "destinations", "predicted_loads_per_s", "loads_per_s", "hit_rate_since_install", "q_cap", "predicted_utilisation", "utilisation", "p99_ms", "p99_target_ms", "capacity_verdict", "capacity_reason")
@@ -536,3 +564,43 @@ class PlanReport(_message.Message):
     capacity_verdict: str
     capacity_reason: str
     def __init__(self, version: _Optional[_Union[_plan_pb2.PlanVersion, _Mapping]] = ..., windows: _Optional[int] = ..., dip_windows: _Optional[int] = ..., predicted_hit_rate: _Optional[float] = ..., hit_rate: _Optional[float] = ..., hit_gap: _Optional[float] = ..., predicted_imbalance: _Optional[float] = ..., imbalance: _Optional[float] = ..., destinations: _Optional[_Iterable[str]] = ..., predicted_loads_per_s: _Optional[_Iterable[float]] = ..., loads_per_s: _Optional[_Iterable[float]] = ..., hit_rate_since_install: _Optional[float] = ..., q_cap: _Optional[float] = ..., predicted_utilisation: _Optional[_Iterable[float]] = ..., utilisation: _Optional[_Iterable[float]] = ..., p99_ms: _Optional[_Iterable[float]] = ..., p99_target_ms: _Optional[float] = ..., capacity_verdict: _Optional[str] = ..., capacity_reason: _Optional[str] = ...) -> None: ...
+
+class ListPoolsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class PoolInfo(_message.Message):
+    __slots__ = ("name", "models", "destinations", "namespace", "running", "error", "failures", "installed", "mode", "role")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    DESTINATIONS_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    FAILURES_FIELD_NUMBER: _ClassVar[int]
+    INSTALLED_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    models: _containers.RepeatedScalarFieldContainer[str]
+    destinations: _containers.RepeatedScalarFieldContainer[str]
+    namespace: str
+    running: bool
+    error: str
+    failures: int
+    installed: _plan_pb2.PlanVersion
+    mode: Mode
+    role: str
+    def __init__(self, name: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., destinations: _Optional[_Iterable[str]] = ..., namespace: _Optional[str] = ..., running: _Optional[bool] = ..., error: _Optional[str] = ..., failures: _Optional[int] = ..., installed: _Optional[_Union[_plan_pb2.PlanVersion, _Mapping]] = ..., mode: _Optional[_Union[Mode, str]] = ..., role: _Optional[str] = ...) -> None: ...
+
+class ListPoolsResponse(_message.Message):
+    __slots__ = ("pools", "unclaimed_keys", "pools_file", "pools_file_error")
+    POOLS_FIELD_NUMBER: _ClassVar[int]
+    UNCLAIMED_KEYS_FIELD_NUMBER: _ClassVar[int]
+    POOLS_FILE_FIELD_NUMBER: _ClassVar[int]
+    POOLS_FILE_ERROR_FIELD_NUMBER: _ClassVar[int]
+    pools: _containers.RepeatedCompositeFieldContainer[PoolInfo]
+    unclaimed_keys: int
+    pools_file: str
+    pools_file_error: str
+    def __init__(self, pools: _Optional[_Iterable[_Union[PoolInfo, _Mapping]]] = ..., unclaimed_keys: _Optional[int] = ..., pools_file: _Optional[str] = ..., pools_file_error: _Optional[str] = ...) -> None: ...

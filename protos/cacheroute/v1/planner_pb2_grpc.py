@@ -104,6 +104,11 @@ class PlannerStub:
                 request_serializer=cacheroute_dot_v1_dot_planner__pb2.GetPlanReportRequest.SerializeToString,
                 response_deserializer=cacheroute_dot_v1_dot_planner__pb2.PlanReport.FromString,
                 _registered_method=True)
+        self.ListPools = channel.unary_unary(
+                '/cacheroute.v1.Planner/ListPools',
+                request_serializer=cacheroute_dot_v1_dot_planner__pb2.ListPoolsRequest.SerializeToString,
+                response_deserializer=cacheroute_dot_v1_dot_planner__pb2.ListPoolsResponse.FromString,
+                _registered_method=True)
 
 
 class PlannerServicer:
@@ -196,6 +201,13 @@ class PlannerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListPools(self, request, context):
+        """The pools this planner plans (one per model or model set; router_client.pools).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PlannerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -268,6 +280,11 @@ def add_PlannerServicer_to_server(servicer, server):
                     servicer.GetPlanReport,
                     request_deserializer=cacheroute_dot_v1_dot_planner__pb2.GetPlanReportRequest.FromString,
                     response_serializer=cacheroute_dot_v1_dot_planner__pb2.PlanReport.SerializeToString,
+            ),
+            'ListPools': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListPools,
+                    request_deserializer=cacheroute_dot_v1_dot_planner__pb2.ListPoolsRequest.FromString,
+                    response_serializer=cacheroute_dot_v1_dot_planner__pb2.ListPoolsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -648,6 +665,33 @@ class Planner:
             '/cacheroute.v1.Planner/GetPlanReport',
             cacheroute_dot_v1_dot_planner__pb2.GetPlanReportRequest.SerializeToString,
             cacheroute_dot_v1_dot_planner__pb2.PlanReport.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListPools(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cacheroute.v1.Planner/ListPools',
+            cacheroute_dot_v1_dot_planner__pb2.ListPoolsRequest.SerializeToString,
+            cacheroute_dot_v1_dot_planner__pb2.ListPoolsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,5 +1,5 @@
 """An InferencePool's pods as planner destinations, and the edit that gets the planner
-there (orchestration.pool), on the API's own JSON shapes (adapters.discovery reads them)."""
+there (orchestration.reconcile), on the API's own JSON shapes (adapters.discovery reads them)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from planner_svc.adapters.discovery import pool_destinations, pool_spec
 from planner_svc.errors import InvalidRequest
 from planner_svc.orchestration.destinations import edit_destinations
-from planner_svc.orchestration.pool import reconcile
+from planner_svc.orchestration.reconcile import reconcile
 from router_client.plan import DestinationSpec
 
 POOL = {"apiVersion": "inference.networking.k8s.io/v1", "kind": "InferencePool",

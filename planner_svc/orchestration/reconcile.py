@@ -24,7 +24,7 @@ from router_client.plan import DestinationSpec
 
 
 @dataclass(frozen=True, slots=True)
-class PoolEdit:
+class DestinationEdit:
     add: list[DestinationSpec] = field(default_factory=list)
     drain: list[str] = field(default_factory=list)
     remove: list[str] = field(default_factory=list)
@@ -35,12 +35,12 @@ class PoolEdit:
 
 def reconcile(current: Iterable[DestinationSpec], desired: Iterable[DestinationSpec], *,
               drained_since: Mapping[str, float], now: float,
-              remove_after_s: float = 60.0) -> PoolEdit:
+              remove_after_s: float = 60.0) -> DestinationEdit:
     """The edit that moves `current` (the planner's list) toward `desired` (the pool's);
     `drained_since` says when each draining destination was seen drained first."""
     have = {d.id: d for d in current}
     want = {d.id: d for d in desired}
-    edit = PoolEdit()
+    edit = DestinationEdit()
     for ident, d in want.items():
         held = have.get(ident)
         if held is None or held.draining or held.address != d.address:
