@@ -138,10 +138,10 @@ class PoolSet:
             log.exception("closing pool %s failed", unit.spec.name)
 
     def close(self) -> None:
+        """Close every pool's connections (their planners stay readable, as after a stop)."""
         with self._lock:
             for unit in self._units.values():
                 self._close(unit)
-            self._units.clear()
 
     # --- lookups -------------------------------------------------------------------------
 

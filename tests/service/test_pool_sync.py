@@ -17,7 +17,7 @@ from planner_svc.cli.discover_cmd import DestinationSync
 from planner_svc.cli.ops_client import PlannerConnection
 from planner_svc.server import PlannerService
 from tests.service.harness import OPERATOR, feed, serving
-from tests.unit.test_pool import POOL, pod
+from tests.unit.test_reconcile import POOL, pod
 
 pytestmark = pytest.mark.integration
 PODS = ("vllm-0", "vllm-1", "vllm-2", "vllm-3", "vllm-4", "vllm-5")
