@@ -195,9 +195,9 @@ def hundred_pools(redis_url: str, workdir: Path, n_pools: int, n_dests: int,
     start_s = time.perf_counter() - t0
     now = int(time.time() * 1000)
     svc.pools.on_window(window(pools, now - 10_000, 1))
-    w = window(pools, now, 1)
-    split_ms = timed(lambda: svc.pools.on_window(w))
-    del w
+    second = [window(pools, now, 1)]  # held in a list so the window can be let go after
+    split_ms = timed(lambda: svc.pools.on_window(second[0]))
+    second.clear()
     per_pool: list[float] = []
     t0 = time.perf_counter()
     for i, unit in enumerate(svc.pools.units()):

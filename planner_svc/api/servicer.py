@@ -136,6 +136,7 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
             engines=list(s.engine_signals),
             saturated=[convert.saturated_pb(*row) for row in s.saturated],
             q_cap_in_use=s.q_cap_in_use,
+            warm_slots_in_use=s.warm_slots_in_use,
             **measured,
         )
 

@@ -57,6 +57,11 @@ class StackOptions:
     p99_ms_max: float = 0.0
     # Tunables.rate_noise_z (0 = plan on the raw window rates)
     rate_noise_z: float = 0.0
+    # Plan with W and q_cap learned from the engines' own signals (Tunables.learn_*).
+    learn: bool = False
+    # The engines' signals, read beside the stack by `python -m streams engines`:
+    # (--kv "id=tcp://pub/replay,...", --metrics "id=http://engine,..."); empty: not run.
+    engine_watch: tuple[str, str] = ("", "")
 
     @property
     def destination_ids(self) -> list[str]:
@@ -71,6 +76,7 @@ class LocalStack:
     redis: RedisServer | None = None
     workers: list[ManagedProcess] = field(default_factory=list)
     planner: ManagedProcess | None = None
+    watcher: ManagedProcess | None = None  # the engines' signals (StackOptions.engine_watch)
     grpc_port: int = 0
     metrics_port: int = 0
     _owns_workdir: bool = False
@@ -94,14 +100,14 @@ class LocalStack:
         return self.workdir / "planner" / "planner-signing-key.pub.pem"
 
     def processes(self) -> list[ManagedProcess]:
-        procs = [p for p in (self.planner, *self.workers) if p is not None]
+        procs = [p for p in (self.planner, self.watcher, *self.workers) if p is not None]
         procs += [s.process for s in (self.redis, self.broker) if s is not None]
         return procs
 
     def stop(self) -> None:
         # The clients first, together (their shutdown may still talk to broker and Redis),
         # then the servers, together.
-        stop_all([p for p in (self.planner, *self.workers) if p is not None])
+        stop_all([p for p in (self.planner, self.watcher, *self.workers) if p is not None])
         stop_all([s.process for s in (self.redis, self.broker) if s is not None])
         if self._owns_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
@@ -119,6 +125,8 @@ def start_stack(options: StackOptions) -> LocalStack:
         create_topics(stack.bootstrap, options)
         stack.workers = [start_worker(stack, i) for i in range(options.workers)]
         stack.planner = start_planner(stack)
+        if any(options.engine_watch):
+            stack.watcher = start_watcher(stack)
         wait_for_planner(stack)
     except BaseException:
         stack.stop()
@@ -134,6 +142,8 @@ def create_topics(bootstrap: str, options: StackOptions) -> None:
         ),
         NewTopic(options.snapshots_topic, num_partitions=1, replication_factor=1),
         NewTopic(options.deadletter_topic, num_partitions=1, replication_factor=1),
+        NewTopic(PlannerSettings().engine_signals_topic, num_partitions=1,
+                 replication_factor=1),
     ]
     for topic, future in admin.create_topics(wanted).items():
         try:
@@ -214,11 +224,26 @@ def start_planner(stack: LocalStack) -> ManagedProcess:
         argv += ["--validated-p99-ms-max", str(o.p99_ms_max)]
     if o.rate_noise_z > 0:
         argv += ["--rate-noise-z", str(o.rate_noise_z)]
+    if o.learn:
+        argv += ["--learn-warm-slots", "true", "--learn-q-cap", "true"]
     # Only tokens that are set: an empty flag would override the planner's environment.
     for flag, token in (("--operator-token", o.operator_token), ("--reader-token", o.reader_token)):
         if token:
             argv += [flag, token]
     proc = ManagedProcess("planner", argv, stack.workdir / "planner.log")
+    proc.start()
+    return proc
+
+
+def start_watcher(stack: LocalStack) -> ManagedProcess:
+    """The engines' KV events and /metrics to the planner (streams.engines.watch)."""
+    kv, metrics = stack.options.engine_watch
+    argv = [sys.executable, "-m", "streams", "engines", "--bootstrap", stack.bootstrap]
+    if kv:
+        argv += ["--kv", kv]
+    if metrics:
+        argv += ["--metrics", metrics]
+    proc = ManagedProcess("engine-watch", argv, stack.workdir / "engine-watch.log")
     proc.start()
     return proc
 

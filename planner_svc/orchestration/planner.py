@@ -180,6 +180,7 @@ class PlannerStatus:
     saturated: tuple[tuple[str, Saturation, float, float], ...] = ()
     measured_q_cap: MeasuredQCap | None = None  # q_cap from the engines (control.capacity)
     q_cap_in_use: float = 0.0  # what plans are built with (learned or configured)
+    warm_slots_in_use: int = 0  # W plans are built with (learned or configured)
 
 
 @dataclass(frozen=True)
@@ -1119,6 +1120,7 @@ class Planner:
                 saturated=self._saturated(),
                 measured_q_cap=self._measured_q_cap(),
                 q_cap_in_use=self._q_cap_in_use(),
+                warm_slots_in_use=self._warm_slots_in_use(),
             )
 
     def _mean_prefix_tokens(self) -> float:

@@ -122,7 +122,7 @@ def test_each_request_goes_to_its_models_pool_and_its_planned_set(
     for model, pool in POOL_OF_MODEL.items():
         plan = planner.pools.get(pool).planner.installed.plan  # type: ignore[union-attr]
         table, dests = plan.table, [d.id for d in plan.destinations]
-        for i, tenant in enumerate(TENANTS):
+        for tenant in TENANTS:
             served = {ask(gateway_url, model, tenant, j) for j in range(3)}
             assert served <= own[pool], (model, tenant, served)
             key = f"{model}/h:{tenant}"

@@ -139,7 +139,8 @@ def test_a_pool_that_cannot_start_or_fails_its_steps_leaves_the_others_planning(
     r.delete(Layout("cacheroute:code").versions)
     r.hset(Layout("cacheroute:code").versions, "x", "y")
     feed(service, seed=2)
-    service.pools.each("control step", lambda u: u.planner.replan(fresh=True, force=True, dry_run=False))
+    service.pools.each("control step",
+                       lambda u: u.planner.replan(fresh=True, force=True, dry_run=False))
     code, chat = service.pools.get("code"), service.pools.get("chat")
     assert code.failures >= 1 and "WRONGTYPE" in code.last_error
     assert chat.failures == 0 and chat.planner.current().plan.version.seq == 2
@@ -173,3 +174,37 @@ def test_the_pools_file_adds_edits_and_removes_pools_at_run_time(service, pools_
     drained = {d.id: d.draining for d in service.pools.get("chat").planner.destinations}
     assert drained == {"c0": False, "c1": False, "c2": True, "c3": True}
     assert np.isfinite(service.pools.get("chat").planner.tunables.q_cap)
+
+
+def test_the_cli_lists_pools_and_every_command_takes_pool(service):
+    import contextlib
+    import io
+    import json
+
+    from planner_svc.cli.main import main
+
+    feed(service)
+    tick_all(service)
+
+    def cli(*argv: str) -> tuple[int, str, str]:
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            rc = main([*argv, "--planner", f"127.0.0.1:{service.port}"])
+        return rc, out.getvalue(), err.getvalue()
+
+    rc, out, _ = cli("pools")
+    assert rc == 0 and "chat" in out and "cacheroute:code" in out and "planned" in out
+    rc, out, _ = cli("pools", "--json")
+    listed = json.loads(out)
+    assert [p["name"] for p in listed["pools"]] == ["chat", "code"]
+    assert listed["pools"][1]["destinations"] == ["q0", "q1", "q2", "q3"]
+    rc, out, _ = cli("config", "set", "--pool", "code", "q_cap=33")
+    assert rc == 0
+    assert service.pools.get("code").planner.tunables.q_cap == 33.0
+    assert service.pools.get("chat").planner.tunables.q_cap == 30.0
+    rc, out, _ = cli("status", "--pool", "chat", "--json")
+    assert rc == 0 and json.loads(out)["config"]["q_cap"] == 30.0
+    rc, _, err = cli("status", "--pool", "nope")
+    assert rc == 1 and "no pool 'nope'" in err
+    rc, _, err = cli("status")  # two pools, no default: name one
+    assert rc == 2 and "name one (chat, code)" in err
