@@ -12,7 +12,6 @@ all under one leader lease and one signing key.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import os
@@ -49,7 +48,15 @@ from planner_svc.orchestration.pools import PoolSet, PoolUnit
 from planner_svc.settings import PlannerSettings
 from router_client import signing
 from router_client.plan import parse_destinations
-from router_client.pools import ANY_MODEL, DEFAULT_POOL, PoolsError, PoolSpec, parse_pools
+from router_client.pools import (
+    ANY_MODEL,
+    DEFAULT_POOL,
+    MAX_POOLS_FILE_BYTES,
+    POOL_SETTINGS,
+    PoolsError,
+    PoolSpec,
+    parse_pools,
+)
 from streams.assembly import SnapshotLimits
 
 log = logging.getLogger("cacheroute.planner")
@@ -126,6 +133,9 @@ class PlannerService:
                              name="engine-signals-start", daemon=True).start()
         self._timer = threading.Thread(target=self._run_timer, name="planner-timer", daemon=True)
         self._timer.start()
+        if self.pools_file is not None:
+            threading.Thread(target=self._run_pools_file, name="pools-file",
+                             daemon=True).start()
         self._set_health(True)
         if self.settings.metrics_port:
             self.metrics = start_metrics_server(
@@ -144,14 +154,28 @@ class PlannerService:
         return period
 
     def _run_timer(self) -> None:
-        while not self._stop.wait(self._period_s()):
-            if self.pools_file is not None:
+        # The floor keeps a tiny interval from turning the timer into a busy loop.
+        while not self._stop.wait(max(0.05, self._period_s())):
+            try:
+                if self.leadership is not None and not self._elect():
+                    continue  # a standby: it follows, it does not act
+                self.pools.each("control step", self._control_step)
+                units = self.pools.units()
+                self._set_health(bool(units) and (self._redis_ok() if any(
+                    u.last_error for u in units) else True))
+            except Exception:  # an unexpected Redis reply, say: the timer must not die
+                log.exception("timer step failed; will retry next period")
+                self._set_health(self._redis_ok())
+
+    def _run_pools_file(self) -> None:
+        """The pools file, on its own thread: building a pool waits on Redis and Kafka,
+        which must not hold up the lease renewal or the control steps."""
+        assert self.pools_file is not None
+        while not self._stop.wait(1.0):
+            try:
                 self.pools_file.reload_if_changed(self.pools)
-            if self.leadership is not None and not self._elect():
-                continue  # a standby: it follows, it does not act
-            self.pools.each("control step", self._control_step)
-            self._set_health(self._redis_ok() if any(u.last_error for u in self.pools.units())
-                             else True)
+            except Exception:
+                log.exception("pools file step failed; will retry")
 
     @staticmethod
     def _control_step(unit: PoolUnit) -> None:
@@ -233,8 +257,9 @@ class PoolsFile:
     that failed to start is tried again and drained destinations are removed on time).
     A file that does not parse changes nothing: the running pools keep planning."""
 
-    def __init__(self, path: str, retry_s: float = 10.0) -> None:
+    def __init__(self, path: str, base_namespace: str, retry_s: float = 10.0) -> None:
         self.path = Path(path)
+        self.base_namespace = base_namespace
         self.retry_s = retry_s
         self.error = ""
         self._seen: tuple[int, int] | None = None
@@ -244,8 +269,16 @@ class PoolsFile:
     def read(self) -> list[PoolSpec]:
         """Parse the file now (raises PoolsError / OSError with the reason)."""
         stat = self.path.stat()
-        specs = parse_pools(self.path.read_bytes(), source=str(self.path))
-        self._seen, self._specs, self.error = (stat.st_mtime_ns, stat.st_size), specs, ""
+        seen = (stat.st_mtime_ns, stat.st_size)
+        try:
+            if stat.st_size > MAX_POOLS_FILE_BYTES:
+                raise PoolsError(f"{self.path} is larger than {MAX_POOLS_FILE_BYTES} bytes")
+            specs = parse_pools(self.path.read_bytes(), source=str(self.path),
+                                base_namespace=self.base_namespace)
+        except PoolsError:
+            self._seen = seen  # this version of the file is not read again
+            raise
+        self._seen, self._specs, self.error = seen, specs, ""
         return specs
 
     def reload_if_changed(self, pools: PoolSet) -> None:
@@ -259,8 +292,6 @@ class PoolsFile:
             if str(exc) != self.error:
                 log.error("pools file not applied (the running pools carry on): %s", exc)
             self.error = str(exc)
-            with contextlib.suppress(OSError):  # the same broken file is not re-read
-                self._seen = (self.path.stat().st_mtime_ns, self.path.stat().st_size)
         now = time.monotonic()
         if now - self._applied_at >= self.retry_s:
             changes = pools.apply(self._specs)
@@ -273,7 +304,7 @@ class PoolsFile:
 def pool_specs(settings: PlannerSettings) -> tuple[list[PoolSpec], PoolsFile | None]:
     """The pools to plan: the pools file's, or one default pool from the flags."""
     if settings.pools_file:
-        source = PoolsFile(settings.pools_file)
+        source = PoolsFile(settings.pools_file, settings.redis_namespace)
         try:
             return source.read(), source
         except (OSError, PoolsError) as exc:
@@ -304,15 +335,19 @@ def pool_factory(settings: PlannerSettings, key: signing.Ed25519PrivateKey, *,
                                   namespace=pool_settings.redis_namespace,
                                   retain=pool_settings.retain_versions,
                                   lease_namespace=base_namespace)
-        history = (KafkaHistory(settings.bootstrap, pool_settings.state_topic)
-                   if durable and pool_settings.state_topic else None)
+        history: KafkaHistory | None = None
+        planner: Planner | None = None
 
         def close() -> None:
+            if planner is not None:
+                planner.events.close()  # its watchers' streams end
             publisher.close()
             if history is not None:
                 history.close()
 
         try:
+            if durable and pool_settings.state_topic:
+                history = KafkaHistory(settings.bootstrap, pool_settings.state_topic)
             planner = _planner(pool_settings, publisher, history)
             if leadership is not None:
                 # Until the election says otherwise this pool is a standby: no install (the
@@ -398,7 +433,9 @@ def build_service(
             planner.resume()
 
     pools = PoolSet(pool_factory(settings, key, durable=durable_history,
-                                 leadership=leadership, resume=resume))
+                                 leadership=leadership, resume=resume),
+                    defaults={k: getattr(settings, k) for k in POOL_SETTINGS},
+                    base_namespace=settings.redis_namespace)
     changes = pools.apply(specs)
     if changes.failed and not pools.names():
         raise SystemExit("no pool could start: " + "; ".join(

@@ -49,20 +49,21 @@ MAX_POOLS_FILE_BYTES = 4 << 20
 _NAME = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
 
 # The planning settings a pool may set for itself (everything else, the broker, Redis, gRPC,
-# signing key and leader lease, is the process's), with the type each must have.
-POOL_SETTINGS: dict[str, type] = {
-    "q_cap": float,
-    "warm_slots_per_destination": int,
-    "imbalance_tolerance": float,
-    "interval_s": float,
-    "hysteresis": float,
-    "min_dwell_s": float,
-    "byte_aware": bool,
-    "admission_hysteresis": float,
-    "balance_effort": float,
-    "rate_noise_z": float,
-    "learn_warm_slots": bool,
-    "learn_q_cap": bool,
+# signing key and leader lease, is the process's): type and plausible range (the gRPC API's;
+# outside it a value is a typo or an attack, never a configuration).
+POOL_SETTINGS: dict[str, tuple[type, float, float]] = {
+    "q_cap": (float, 1e-3, 1e7),
+    "warm_slots_per_destination": (int, 1, 1_000_000),
+    "imbalance_tolerance": (float, 0.0, 10.0),
+    "interval_s": (float, 0.1, 86_400.0),
+    "hysteresis": (float, 0.0, 100.0),
+    "min_dwell_s": (float, 0.0, 86_400.0),
+    "byte_aware": (bool, 0, 1),
+    "admission_hysteresis": (float, 0.0, 100.0),
+    "balance_effort": (float, 0.0, 1.0),
+    "rate_noise_z": (float, 0.0, 10.0),
+    "learn_warm_slots": (bool, 0, 1),
+    "learn_q_cap": (bool, 0, 1),
 }
 
 
@@ -154,8 +155,10 @@ def bounded_scope(model: str) -> str:
     return bounded_part(name) + (at + bounded_part(lora) if at else "")
 
 
-def parse_pools(text: str | bytes, *, source: str = "the pools file") -> list[PoolSpec]:
-    """The pools of a pools file (module doc), every rule checked."""
+def parse_pools(text: str | bytes, *, source: str = "the pools file",
+                base_namespace: str = "cacheroute") -> list[PoolSpec]:
+    """The pools of a pools file (module doc), every rule checked (namespaces derived from
+    `base_namespace`, the process's)."""
     if len(text) > MAX_POOLS_FILE_BYTES:
         raise PoolsError(f"{source} is larger than {MAX_POOLS_FILE_BYTES} bytes")
     try:
@@ -173,6 +176,7 @@ def parse_pools(text: str | bytes, *, source: str = "the pools file") -> list[Po
         raise PoolsError(f"{source} defines {len(tables)} pools; at most {MAX_POOLS}")
     specs = [pool_spec(name, table, source=source) for name, table in tables.items()]
     check_pools(specs)
+    check_namespaces(specs, base_namespace)
     return specs
 
 
@@ -197,19 +201,21 @@ def pool_spec(name: str, table: Any, *, source: str = "the pools file") -> PoolS
         raise PoolsError(f"{where}: destinations: {exc}") from None
     if not parsed:
         raise PoolsError(f"{where}: needs at least one destination")
-    if not isinstance(namespace, str) or len(namespace) > 200 or "\0" in namespace:
-        raise PoolsError(f"{where}: namespace must be a string of at most 200 characters")
+    if (not isinstance(namespace, str) or len(namespace) > 200
+            or any(c in namespace for c in "\0{}")):
+        raise PoolsError(f"{where}: namespace must be a string of at most 200 characters "
+                         "without '{' or '}' (every plan key shares the {plan} hash tag)")
     settings: dict[str, Any] = {}
     for key, value in table.items():
-        kind = POOL_SETTINGS.get(key)
-        if kind is None:
+        rule = POOL_SETTINGS.get(key)
+        if rule is None:
             raise PoolsError(f"{where}: unknown setting {key!r}; a pool may set "
                              f"{', '.join(sorted(POOL_SETTINGS))}")
-        settings[key] = _typed(where, key, value, kind)
+        settings[key] = _typed(where, key, value, *rule)
     return PoolSpec(name, tuple(models), tuple(destinations), settings, namespace)
 
 
-def _typed(where: str, key: str, value: Any, kind: type) -> Any:
+def _typed(where: str, key: str, value: Any, kind: type, lo: float, hi: float) -> Any:
     if kind is bool:
         if not isinstance(value, bool):
             raise PoolsError(f"{where}: {key} must be true or false")
@@ -218,9 +224,20 @@ def _typed(where: str, key: str, value: Any, kind: type) -> Any:
         raise PoolsError(f"{where}: {key} must be a number")
     if kind is int and not float(value).is_integer():
         raise PoolsError(f"{where}: {key} must be a whole number")
-    if not (value == value and abs(value) != float("inf")) or value < 0:
-        raise PoolsError(f"{where}: {key} must be a finite number >= 0")
+    if not lo <= value <= hi:  # NaN fails this too
+        raise PoolsError(f"{where}: {key} must be in [{lo:g}, {hi:g}], got {value}")
     return kind(value)
+
+
+def check_namespaces(specs: Iterable[PoolSpec], base: str) -> None:
+    """No two pools in one Redis namespace (they would overwrite each other's plans)."""
+    seen: dict[str, str] = {}
+    for spec in specs:
+        ns = spec.namespace_of(base)
+        held = seen.setdefault(ns, spec.name)
+        if held != spec.name:
+            raise PoolsError(f"pools {held!r} and {spec.name!r} would share the Redis "
+                             f"namespace {ns!r}: give one its own `namespace`")
 
 
 def check_pools(specs: Iterable[PoolSpec]) -> None:

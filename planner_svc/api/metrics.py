@@ -25,7 +25,7 @@ stream      rates_age_seconds, rates_window_end_timestamp_seconds, rates_recover
 config      interval_seconds, max_plan_age_seconds, q_cap_requests_per_second,
             warm_slots_per_destination
 pools       every metric above labelled {pool}; pool_failures_total{pool},
-            pool_unclaimed_keys_total
+            pool_unclaimed_keys_total, pool_stranded_keys_total
 """
 
 from __future__ import annotations
@@ -271,6 +271,7 @@ class PoolsCollector(Collector):
     def __init__(self, pools: Any) -> None:
         self._pools = pools  # planner_svc.orchestration.pools.PoolSet
         self._collectors: dict[int, tuple[str, PlannerCollector]] = {}
+        self._lock = threading.Lock()  # scrapes may overlap
 
     def describe(self) -> list[Metric]:
         return []
@@ -278,12 +279,12 @@ class PoolsCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         units = self._pools.units()
         live = {id(u.planner): u for u in units}
-        for gone in set(self._collectors) - set(live):
-            del self._collectors[gone]  # a removed pool's counters go with it
-        parts = []
-        for ident, unit in live.items():
-            parts.append(self._collectors.setdefault(
-                ident, (unit.spec.name, PlannerCollector(unit.planner))))
+        with self._lock:
+            for gone in set(self._collectors) - set(live):
+                del self._collectors[gone]  # a removed pool's counters go with it
+            parts = [self._collectors.setdefault(
+                ident, (unit.spec.name, PlannerCollector(unit.planner)))
+                for ident, unit in live.items()]
         yield from labelled_union(parts, "pool")
         failures = CounterMetricFamily(PREFIX + "pool_failures",
                                        "Failed control steps or inputs of a pool (the other "
@@ -294,6 +295,9 @@ class PoolsCollector(Collector):
         yield CounterMetricFamily(PREFIX + "pool_unclaimed_keys",
                                   "Window keys whose model no pool claims (not planned).",
                                   value=float(self._pools.unclaimed_keys))
+        yield CounterMetricFamily(PREFIX + "pool_stranded_keys",
+                                  "Window keys of a configured pool that is not running.",
+                                  value=float(self._pools.stranded_keys))
 
 
 def planner_registry(pools: Any) -> CollectorRegistry:

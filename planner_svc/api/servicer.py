@@ -271,6 +271,7 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
                 mode=convert.MODE_TO_PB[planner.mode], role=planner.role))
         path, error = self._pools_file()
         return planner_pb2.ListPoolsResponse(pools=infos, unclaimed_keys=self._pools.unclaimed_keys,
+                                             stranded_keys=self._pools.stranded_keys,
                                              pools_file=path, pools_file_error=error)
 
     # --- mutations (the auth interceptor requires the operator role) ----------------

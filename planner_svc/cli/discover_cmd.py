@@ -131,7 +131,9 @@ def add_commands(sub: Any, common: argparse.ArgumentParser) -> None:
 
     p = command(sub, "pool-sync", parents=[common], description=__doc__,
                        help="keep the planner's destinations equal to an InferencePool's pods")
-    p.add_argument("--inference-pool", default=env("CACHEROUTE_POOL_SYNC_INFERENCE_POOL", ""),
+    # (CACHEROUTE_POOL_SYNC_POOL: the variable's name before pools, still read.)
+    p.add_argument("--inference-pool", default=env("CACHEROUTE_POOL_SYNC_INFERENCE_POOL",
+                                                   env("CACHEROUTE_POOL_SYNC_POOL", "")),
                    help="the InferencePool's name (env CACHEROUTE_POOL_SYNC_INFERENCE_POOL); "
                         "--pool names the planner's pool it feeds")
     p.add_argument("--namespace", default=env("CACHEROUTE_POOL_SYNC_NAMESPACE", "default"),

@@ -148,7 +148,8 @@ def build_pool_clients(args: argparse.Namespace, rid: str,
         return {DEFAULT_POOL: build_client(args, rid, command)}, PoolRoutes.single()
     try:
         with open(args.pools_file, "rb") as f:
-            specs = parse_pools(f.read(), source=args.pools_file)
+            specs = parse_pools(f.read(), source=args.pools_file,
+                                base_namespace=args.redis_namespace)
     except (OSError, PoolsError) as exc:
         raise SystemExit(f"cacheroute {command}: --pools-file: {exc}") from None
     wanted = [p.strip() for p in args.pools.split(",") if p.strip()]
@@ -156,9 +157,10 @@ def build_pool_clients(args: argparse.Namespace, rid: str,
     if unknown:
         raise SystemExit(f"cacheroute {command}: --pools: no pool {sorted(unknown)} in "
                          f"{args.pools_file}")
-    specs = [s for s in specs if not wanted or s.name in wanted]
     clients = {}
-    for spec in specs:
+    # Routes from every pool (a model of a pool served elsewhere is told so, never sent to
+    # the '*' pool's engines); clients for the wanted ones.
+    for spec in [s for s in specs if not wanted or s.name in wanted]:
         pool_args = argparse.Namespace(**{
             **vars(args), "destinations": ",".join(spec.destinations),
             "redis_namespace": spec.namespace_of(args.redis_namespace),

@@ -560,7 +560,8 @@ def pools_dict(pb: Any) -> dict[str, Any]:
         "installed": version_text(p.installed) if p.HasField("installed") else None,
         "mode": MODE_NAMES.get(p.mode, "?") if p.running else None,
     } for p in pb.pools]
-    return {"pools": pools, "unclaimed_keys": pb.unclaimed_keys, "pools_file": pb.pools_file,
+    return {"pools": pools, "unclaimed_keys": pb.unclaimed_keys,
+            "stranded_keys": pb.stranded_keys, "pools_file": pb.pools_file,
             "pools_file_error": pb.pools_file_error}
 
 
@@ -576,7 +577,8 @@ def render_pools(data: Mapping[str, Any]) -> list[str | TextTable]:
          Column("installed", True), Column("state"), Column("failures", True),
          Column("namespace"), Column("error")), tuple(rows))]
     source = data["pools_file"] or "flags (one pool)"
-    parts.append(f"pools from {source}; window keys no pool claims: {data['unclaimed_keys']}")
+    parts.append(f"pools from {source}; window keys no pool claims: {data['unclaimed_keys']}; "
+                 f"of pools not running: {data['stranded_keys']}")
     if data["pools_file_error"]:
         parts.append(f"the pools file's last change was not applied: {data['pools_file_error']}")
     return parts

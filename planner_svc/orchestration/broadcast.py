@@ -17,6 +17,11 @@ class Broadcast:
         self._lock = threading.Lock()
         self._queues: list[queue.Queue[tuple[str, Any]]] = []
         self._size = queue_size
+        self._closed = threading.Event()
+
+    def close(self) -> None:
+        """End every watch (their streams finish within `poll_s`): the source is gone."""
+        self._closed.set()
 
     @property
     def watchers(self) -> int:
@@ -40,7 +45,7 @@ class Broadcast:
         with self._lock:
             self._queues.append(q)
         try:
-            while active():
+            while active() and not self._closed.is_set():
                 try:
                     yield q.get(timeout=poll_s)
                 except queue.Empty:

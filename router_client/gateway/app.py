@@ -50,9 +50,9 @@ class Gateway:
             if routes is None or not client:
                 raise ValueError("a gateway over several pools needs their routes and clients")
             self.clients: dict[str, AsyncRouterClient] = dict(client)
-            unknown = set(routes.pools) - set(self.clients)
+            unknown = set(self.clients) - set(routes.pools)
             if unknown:
-                raise ValueError(f"no router client for pool(s) {sorted(unknown)}")
+                raise ValueError(f"no routes to pool(s) {sorted(unknown)}")
         else:
             self.clients = {DEFAULT_POOL: client}
             routes = PoolRoutes.single()
@@ -125,8 +125,8 @@ class Gateway:
                        "/v1/... (OpenAI API), /healthz, /readyz and /metrics", "not_found")
 
     def _readiness(self) -> tuple[bool, bytes]:
-        """Ready while every pool has a usable destination (a pool with none would answer
-        its models with 503s)."""
+        """Ready while any pool has a usable destination: one model's engines down must not
+        take every model off the load balancer (the body shows each pool)."""
         pools = {}
         for pool, client in self.clients.items():
             core = client.core
@@ -134,7 +134,7 @@ class Gateway:
                 "usable_destinations": sum(1 for d in core.destination_ids if core.is_usable(d)),
                 "plan_version": str(client.version), "mode": client.mode,
                 "fallback_reason": client.fallback_reason}
-        ready = not self.stopping and all(p["usable_destinations"] for p in pools.values())
+        ready = not self.stopping and any(p["usable_destinations"] for p in pools.values())
         body: dict[str, Any] = {"ready": ready, "stopping": self.stopping,
                                 **pools.get(DEFAULT_POOL, next(iter(pools.values())))}
         if len(pools) > 1 or DEFAULT_POOL not in pools:

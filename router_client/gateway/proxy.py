@@ -112,8 +112,10 @@ class Proxy:
         client = self.clients.get(pool) if pool is not None else None
         if client is None:
             model = payload.get("model")
-            send_error(out, 404, f"model {model!r} is not served here: no pool of this "
-                       "gateway claims it", "model_not_found")
+            why = ("no pool claims it" if pool is None
+                   else f"its pool {pool!r} is served by other gateways")
+            send_error(out, 404, f"model {model!r} is not served here: {why}",
+                       "model_not_found")
             return None
         stream = payload.get("stream") is True
         injected = False

@@ -9,6 +9,7 @@ key's planned set; a model no pool claims gets a 404.
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import time
@@ -79,14 +80,15 @@ def planner(redis_server: RedisServer, pools_file: Path, fleet: EngineFleet,
     svc.stop()
 
 
-@pytest.fixture()
-def gateway_url(planner: PlannerService, redis_server: RedisServer,
-                pools_file: Path) -> Iterator[str]:
+@contextlib.contextmanager
+def gateway(planner: PlannerService, redis_url: str, pools_file: Path, *extra: str,
+            rid: str = "gw-pools") -> Iterator[str]:
+    """`cacheroute gateway --pools-file ...` as a process; its URL once it follows its pools."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "planner_svc.cli.main", "gateway", "--port", "0",
-         "--pools-file", str(pools_file), "--redis-url", redis_server.url,
+         "--pools-file", str(pools_file), "--redis-url", redis_url,
          "--public-key", str(Path(planner.settings.data_dir) / "planner-signing-key.pub.pem"),
-         "--probe-path", "", "--router-id", "gw-pools"],
+         "--probe-path", "", "--router-id", rid, *extra],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         assert proc.stdout is not None
@@ -95,15 +97,27 @@ def gateway_url(planner: PlannerService, redis_server: RedisServer,
         url = line.strip().split("=", 1)[1]
 
         def following() -> bool:
-            pools = httpx.get(url + "/readyz").json().get("pools", {})
-            return all(pools.get(p, {}).get("plan_version") == "1.1" for p in ("chat", "code"))
+            body = httpx.get(url + "/readyz").json()
+            pools = body.get("pools", {"chat": body})
+            return all(p.get("plan_version") == "1.1" for p in pools.values())
 
         assert eventually(following, 10.0), httpx.get(url + "/readyz").text
         yield url
     finally:
         proc.terminate()
-        code = proc.wait(15)
+        try:
+            code = proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
     assert code == 0  # a clean stop (checked only when the test itself got this far)
+
+
+@pytest.fixture()
+def gateway_url(planner: PlannerService, redis_server: RedisServer,
+                pools_file: Path) -> Iterator[str]:
+    with gateway(planner, redis_server.url, pools_file) as url:
+        yield url
 
 
 def ask(url: str, model: str, tenant: str, i: int = 0) -> str:
@@ -131,7 +145,7 @@ def test_each_request_goes_to_its_models_pool_and_its_planned_set(
                 assert served <= planned, (key, served, planned)
                 checked += 1
     assert checked >= len(TENANTS)  # most keys are planned at these rates
-    with pytest.raises(openai.NotFoundError, match="no pool of this gateway claims it"):
+    with pytest.raises(openai.NotFoundError, match="no pool claims it"):
         ask(gateway_url, "mistral", "t0")
     # The gateway reports into each pool's namespace; the planner lists it per pool.
     stub = planner_pb2_grpc.PlannerStub(grpc.insecure_channel(f"127.0.0.1:{planner.port}"))
@@ -142,3 +156,14 @@ def test_each_request_goes_to_its_models_pool_and_its_planned_set(
         assert eventually(reported, 10.0)
     metrics = httpx.get(gateway_url + "/metrics").text
     assert 'pool="chat"' in metrics and 'pool="code"' in metrics
+
+
+def test_a_gateway_for_some_pools_sends_the_others_nowhere_else(
+        planner: PlannerService, redis_server: RedisServer, pools_file: Path,
+        fleet: EngineFleet) -> None:
+    with gateway(planner, redis_server.url, pools_file, "--pools", "chat",
+                 rid="gw-chat") as url:
+        assert ask(url, "llama", "t1") in set(list(fleet.urls)[:2])
+        # qwen is the code pool's: never sent to chat's engines, and the client is told why.
+        with pytest.raises(openai.NotFoundError, match="served by other gateways"):
+            ask(url, "qwen", "t1")

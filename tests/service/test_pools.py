@@ -12,7 +12,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
-import numpy as np
 import pytest
 import redis
 
@@ -20,6 +19,7 @@ from cacheroute.v1 import planner_pb2, planner_pb2_grpc
 from planner_svc.server import PlannerService, build_service
 from planner_svc.simulator.rates import paper_like_rates
 from router_client.layout import Layout
+from router_client.plan import parse_destinations
 from tests.service.harness import planner_settings
 from tests.service.windows import make_window
 
@@ -128,13 +128,17 @@ def test_a_pool_that_cannot_start_or_fails_its_steps_leaves_the_others_planning(
     r = redis.Redis.from_url(redis_server.url)
     # A hostile or buggy writer left junk of the wrong type where a new pool's pointer goes.
     r.hset(Layout("cacheroute:bad").current, "x", "y")
-    pools_file.write_text(POOLS + '\n[pools.bad]\nmodels = ["phi"]\ndestinations = ["b0"]\n')
+    pools_file.write_text(POOLS + '\n[pools.bad]\nmodels = ["mistral"]\ndestinations = ["b0"]\n'
+                          '\n[pools.default]\nmodels = ["*"]\ndestinations = ["d0", "d1"]\n')
     service.pools_file.reload_if_changed(service.pools)
     listed = {p.name: p for p in stub_for(service).ListPools(planner_pb2.ListPoolsRequest()).pools}
     assert not listed["bad"].running and "WRONGTYPE" in listed["bad"].error
-    assert listed["chat"].running and listed["code"].running
+    assert listed["chat"].running and listed["code"].running and listed["default"].running
     feed(service)
     tick_all(service)
+    # The failed pool's keys (model mistral) are set aside, not planned by the '*' pool.
+    assert service.pools.stranded_keys == 2 * len(STRAY_KEYS)
+    assert service.pools.get("default").planner.traffic.keys == []
     # A running pool's step failing (its versions index clobbered) is counted on it alone.
     r.delete(Layout("cacheroute:code").versions)
     r.hset(Layout("cacheroute:code").versions, "x", "y")
@@ -144,6 +148,19 @@ def test_a_pool_that_cannot_start_or_fails_its_steps_leaves_the_others_planning(
     code, chat = service.pools.get("code"), service.pools.get("chat")
     assert code.failures >= 1 and "WRONGTYPE" in code.last_error
     assert chat.failures == 0 and chat.planner.current().plan.version.seq == 2
+
+
+def test_engine_signals_reach_a_destination_added_at_run_time(service):
+    from cacheroute.v1 import signals_pb2
+
+    chat = service.pools.get("chat").planner
+    chat.update_config(tunables={}, add=parse_destinations("c9=http://10.0.0.9:8000"),
+                       drain=[], remove=[])
+    report = signals_pb2.EngineSignals(destination="c9",
+                                       observed_at_ms=int(time.time() * 1000))
+    service.pools.on_engine_signals(report)
+    assert "c9" in chat.engine_signals
+    assert "c9" not in service.pools.get("code").planner.engine_signals
 
 
 def test_the_pools_file_adds_edits_and_removes_pools_at_run_time(service, pools_file):
@@ -167,13 +184,64 @@ def test_the_pools_file_adds_edits_and_removes_pools_at_run_time(service, pools_
     assert sorted(service.pools.names()) == ["chat", "code", "default"]
     listed = stub_for(service).ListPools(planner_pb2.ListPoolsRequest())
     assert "not TOML" in listed.pools_file_error
-    # Removing a pool stops its planner; a destination left out is drained first.
-    pools_file.write_text(POOLS.replace('"c0", "c1", "c2"', '"c0", "c1"'))
+    # Removing a pool stops its planner; a destination left out is drained first; a setting
+    # taken out of a pool's entry goes back to the process's; a weight change is applied.
+    pools_file.write_text(POOLS.replace('"c0", "c1", "c2"', '"c0*3", "c1"').replace(
+        "q_cap = 30\n", ""))
     service.pools_file.reload_if_changed(service.pools)
     assert sorted(service.pools.names()) == ["chat", "code"]
-    drained = {d.id: d.draining for d in service.pools.get("chat").planner.destinations}
+    chat = service.pools.get("chat").planner
+    drained = {d.id: d.draining for d in chat.destinations}
     assert drained == {"c0": False, "c1": False, "c2": True, "c3": True}
-    assert np.isfinite(service.pools.get("chat").planner.tunables.q_cap)
+    assert {d.id: d.capacity_weight for d in chat.destinations}["c0"] == 3.0
+    assert chat.tunables.q_cap == 20.0  # the process's (planner_settings)
+    # An operator's drain of a listed destination stands while removals are pending.
+    chat.update_config(tunables={}, add=[], drain=["c1"], remove=[])
+    service.pools_file.reload_if_changed(service.pools)
+    service.pools_file._applied_at = float("-inf")  # the next periodic re-apply, now
+    service.pools_file.reload_if_changed(service.pools)
+    assert {d.id: d.draining for d in chat.destinations}["c1"] is True
+
+
+def test_replicated_planners_lead_and_follow_every_pool_together(redis_server, tmp_path,
+                                                                  pools_file):
+    from planner_svc.errors import NotLeader
+
+    def replica(name: str) -> PlannerService:  # replicas share the signing key
+        return build_service(planner_settings(
+            redis_server.url, tmp_path / name, destinations=(), pools_file=str(pools_file),
+            leader_lease_s=2.0, leader_id=name,
+            signing_key_path=str(tmp_path / "planner-signing-key.pem")), consume=False)
+
+    a, b = replica("a"), replica("b")
+    try:
+        assert a._elect() and not b._elect()
+        for svc in (a, b):
+            feed(svc)
+        tick_all(a)
+        assert {u.spec.name: u.planner.role for u in a.pools.units()} == {
+            "chat": "leader", "code": "leader"}
+        for unit in b.pools.units():  # the standby installs nothing, in any pool
+            assert unit.planner.role == "standby"
+            with pytest.raises(NotLeader):
+                unit.planner.replan(fresh=True, force=True, dry_run=False)
+        b._elect()  # follows: adopts each pool's plan from its namespace
+        assert all(u.planner.current().plan.version.seq == 1 for u in b.pools.units())
+        a.leadership.release(a.publisher)  # the leader leaves
+        a.leadership = None
+        assert b._elect()
+        for unit in b.pools.units():
+            assert unit.planner.role == "leader"
+            unit.planner.replan(fresh=True, force=True, dry_run=False)
+            assert unit.planner.current().plan.version.epoch == 2  # above every old version
+        # A pool added while leading leads at once.
+        pools_file.write_text(POOLS + '\n[pools.more]\nmodels = ["phi"]\n'
+                                      'destinations = ["m0"]\n')
+        b.pools_file.reload_if_changed(b.pools)
+        assert b.pools.get("more").planner.role == "leader"
+    finally:
+        a.stop(0)
+        b.stop(0)
 
 
 def test_the_cli_lists_pools_and_every_command_takes_pool(service):

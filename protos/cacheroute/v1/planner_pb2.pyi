@@ -596,13 +596,15 @@ class PoolInfo(_message.Message):
     def __init__(self, name: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., destinations: _Optional[_Iterable[str]] = ..., namespace: _Optional[str] = ..., running: _Optional[bool] = ..., error: _Optional[str] = ..., failures: _Optional[int] = ..., installed: _Optional[_Union[_plan_pb2.PlanVersion, _Mapping]] = ..., mode: _Optional[_Union[Mode, str]] = ..., role: _Optional[str] = ...) -> None: ...
 
 class ListPoolsResponse(_message.Message):
-    __slots__ = ("pools", "unclaimed_keys", "pools_file", "pools_file_error")
+    __slots__ = ("pools", "unclaimed_keys", "pools_file", "pools_file_error", "stranded_keys")
     POOLS_FIELD_NUMBER: _ClassVar[int]
     UNCLAIMED_KEYS_FIELD_NUMBER: _ClassVar[int]
     POOLS_FILE_FIELD_NUMBER: _ClassVar[int]
     POOLS_FILE_ERROR_FIELD_NUMBER: _ClassVar[int]
+    STRANDED_KEYS_FIELD_NUMBER: _ClassVar[int]
     pools: _containers.RepeatedCompositeFieldContainer[PoolInfo]
     unclaimed_keys: int
     pools_file: str
     pools_file_error: str
-    def __init__(self, pools: _Optional[_Iterable[_Union[PoolInfo, _Mapping]]] = ..., unclaimed_keys: _Optional[int] = ..., pools_file: _Optional[str] = ..., pools_file_error: _Optional[str] = ...) -> None: ...
+    stranded_keys: int
+    def __init__(self, pools: _Optional[_Iterable[_Union[PoolInfo, _Mapping]]] = ..., unclaimed_keys: _Optional[int] = ..., pools_file: _Optional[str] = ..., pools_file_error: _Optional[str] = ..., stranded_keys: _Optional[int] = ...) -> None: ...
