@@ -93,6 +93,7 @@ def sweep(seeds: list[int], factors: tuple[float, ...] = FACTORS) -> list[dict[s
         for f in factors:
             value = centre * f
             q, w = (value, W) if knob == "q_cap" else (Q_CAP, max(1, round(value)))
+            value = q if knob == "q_cap" else w  # W is whole: the value the runs used
             caps = []
             for seed in seeds:
                 caps.append(sim_capacity(q, w, seed))

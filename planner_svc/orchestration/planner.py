@@ -106,6 +106,7 @@ class Publisher(Protocol):
     def router_statuses(self, max_age_s: float = 60.0) -> list[Any]: ...
     def decode_signed(self, blob: bytes) -> RoutingPlan: ...
     def clear_corrupt_pointer(self) -> bool: ...
+    def signed_plan(self, version: Version) -> bytes: ...
 
 
 # The install rule's knobs that UpdateConfig sets (the loop's DecisionSettings).
@@ -320,6 +321,7 @@ class Planner:
             self.installed = Installed(plan, current.digest, self._clock())
             self._remember(plan)
             log.info("resumed at plan version %s", current.version)
+            self._record_if_unrecorded(durable)
 
     def on_engine_signals(self, signals: Any) -> None:
         """An engine's own report (cacheroute.v1.EngineSignals) arrived."""
@@ -365,6 +367,7 @@ class Planner:
             if durable is not None:
                 self._restore_durable(durable)
             self._adopt_current()
+            self._record_if_unrecorded(durable)
             held = self.installed.plan.version.epoch if self.installed else 0
             self._epoch = max(self._epoch, held + 1)
             self._last_tick_s = self._clock()  # a full interval before its first step
@@ -393,6 +396,23 @@ class Planner:
         plan = self._publisher.load(current.version)
         self.installed = Installed(plan, current.digest, self._clock())
         self._remember(plan)
+
+    def _record_if_unrecorded(self, durable: Any) -> None:
+        """The store's plan is newer than the newest install in the durable history: the
+        previous leader (or this planner, before a crash) committed it and lost the reply,
+        or failed before recording it, and routers run it. Record it and announce it, so
+        the history and every watcher see each plan that served."""
+        if self._history is None or self.installed is None or self.role == "standby":
+            return
+        recorded = durable.current if durable is not None else None
+        plan, digest = self.installed.plan, self.installed.digest
+        if recorded is not None and plan.version <= recorded:
+            return
+        self._history.record_install(plan.version, self._publisher.signed_plan(plan.version))
+        self.events.publish("installed", self.version_info(plan, digest))
+        log.warning("plan %s serves but was never recorded (its install's reply was lost, or "
+                    "its planner stopped before recording it): recorded and announced now",
+                    plan.version)
 
     def _require_leader(self) -> None:
         if self.role == "standby":

@@ -170,10 +170,12 @@ class PoolSet:
         if listed_changed or unit.drained_since:
             edit = reconcile(planner.destinations, desired, drained_since=unit.drained_since,
                              now=now, remove_after_s=self._remove_after_s)
-            # A listed destination an operator drained stays drained until the file's list
-            # changes; pending removals alone re-add nothing.
+            # Pending removals alone add and drain nothing: a listed destination an operator
+            # drained stays drained, one an operator or discovery added stays, until the
+            # file's list changes.
             add = edit.add if listed_changed else []
-            drain, remove = edit.drain, edit.remove
+            drain = edit.drain if listed_changed else []
+            remove = edit.remove
         if listed_changed:
             was = {d.id: d.capacity_weight for d in parse_destinations(unit.spec.destinations)}
             adding = {d.id for d in add}

@@ -106,3 +106,49 @@ def test_a_failure_between_the_commit_and_its_record_is_settled(planned) -> None
     assert eventually(lambda: landed.version in log.published, 5)
     assert svc.planner.installed.plan.version.seq == landed.version.seq + 1
     assert svc.planner.version_conflicts == 0
+
+
+def test_a_plan_its_leader_never_recorded_is_recorded_by_the_next_leader(
+        broker: Any, redis_server: Any, tmp_path: Any) -> None:
+    """The leader's install lands in Redis, then it fails before recording it and dies.
+    The replica that takes over finds Redis ahead of the history: it records and announces
+    the plan routers run (before, it adopted it silently: the history never knew it)."""
+    import uuid
+
+    from planner_svc.adapters.kafka_history import KafkaHistory
+    from planner_svc.server import build_service
+    from tests.service.harness import planner_settings
+
+    topic = f"state-{uuid.uuid4().hex[:8]}"
+
+    def replica(name: str, **extra: Any) -> Any:
+        return build_service(planner_settings(
+            redis_server.url, tmp_path / name, bootstrap=broker.bootstrap, state_topic=topic,
+            signing_key_path=str(tmp_path / "planner-signing-key.pem"), interval_s=3600.0,
+            **extra), consume=False, durable=True)
+
+    a = replica("a")
+    try:
+        feed(a)
+        a.planner.replan(fresh=True, force=True, dry_run=False)
+        failpoints.configure("publish.after_redis=raise")
+        with pytest.raises(failpoints.FailpointError):
+            replan(a, 2)
+    finally:
+        failpoints.configure("")
+        a.stop(0)
+    b = replica("b", leader_lease_s=2.0, leader_id="b")
+    log = InstallLog(b)
+    try:
+        landed = b.publisher.current().version
+        assert landed.seq == 2
+        history = KafkaHistory(broker.bootstrap, topic)
+        assert history.load().current.seq == 1  # a never recorded 1.2
+        assert b.planner.role == "standby" and b.planner.installed.plan.version == landed
+        b.planner.take_over("b")
+        assert eventually(lambda: landed in log.published, 5)
+        assert eventually(lambda: history.load().current == landed, 10)
+        history.close()
+    finally:
+        log.close()
+        b.stop(0)
