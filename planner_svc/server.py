@@ -140,7 +140,7 @@ class PlannerService:
         if self.settings.metrics_port:
             self.metrics = start_metrics_server(
                 self.settings.metrics_port,
-                planner_registry(self.pools),
+                planner_registry(self.pools, labelled=self.pools_file is not None),
                 host=self.settings.grpc_host,
             )
         log.info("planner serving gRPC on %s:%d (pools: %s)", self.settings.grpc_host,
@@ -321,7 +321,8 @@ def pool_specs(settings: PlannerSettings) -> tuple[list[PoolSpec], PoolsFile | N
 
 def pool_factory(settings: PlannerSettings, key: signing.Ed25519PrivateKey, *,
                  durable: bool, leadership: Leadership | None,
-                 resume: Callable[[Planner], None]) -> Callable[[PoolSpec], PoolUnit]:
+                 resume: Callable[[Planner], None],
+                 process_publisher: PlanPublisher) -> Callable[[PoolSpec], PoolUnit]:
     """How one pool's planner is built: the process's settings, with the pool's
     destinations, namespace, history topic and planning settings."""
     base_namespace = settings.redis_namespace
@@ -331,17 +332,20 @@ def pool_factory(settings: PlannerSettings, key: signing.Ed25519PrivateKey, *,
                                 redis_namespace=spec.namespace_of(base_namespace),
                                 state_topic=spec.topic_of(settings.state_topic),
                                 **spec.settings)
-        publisher = PlanPublisher(pool_settings.redis_url, key,
-                                  namespace=pool_settings.redis_namespace,
-                                  retain=pool_settings.retain_versions,
-                                  lease_namespace=base_namespace)
+        # The pool in the process's own namespace (the default one) uses the process's
+        # publisher: a single-pool planner has one Redis client, as it always had.
+        shared = pool_settings.redis_namespace == base_namespace
+        publisher = process_publisher if shared else PlanPublisher(
+            pool_settings.redis_url, key, namespace=pool_settings.redis_namespace,
+            retain=pool_settings.retain_versions, lease_namespace=base_namespace)
         history: KafkaHistory | None = None
         planner: Planner | None = None
 
         def close() -> None:
             if planner is not None:
                 planner.events.close()  # its watchers' streams end
-            publisher.close()
+            if not shared:  # the process's own is closed with the process
+                publisher.close()
             if history is not None:
                 history.close()
 
@@ -433,7 +437,8 @@ def build_service(
             planner.resume()
 
     pools = PoolSet(pool_factory(settings, key, durable=durable_history,
-                                 leadership=leadership, resume=resume),
+                                 leadership=leadership, resume=resume,
+                                 process_publisher=publisher),
                     defaults={k: getattr(settings, k) for k in POOL_SETTINGS},
                     base_namespace=settings.redis_namespace)
     changes = pools.apply(specs)

@@ -24,7 +24,7 @@ traffic     destination_expected_load_requests_per_second{destination},
 stream      rates_age_seconds, rates_window_end_timestamp_seconds, rates_recovering
 config      interval_seconds, max_plan_age_seconds, q_cap_requests_per_second,
             warm_slots_per_destination
-pools       every metric above labelled {pool}; pool_failures_total{pool},
+pools       every metric above labelled {pool} (with a pools file); pool_failures_total{pool},
             pool_unclaimed_keys_total, pool_stranded_keys_total
 """
 
@@ -266,10 +266,13 @@ class PlannerCollector(Collector):
 
 class PoolsCollector(Collector):
     """Every pool's planner metrics (PlannerCollector), each sample labelled with its
-    `pool`, plus `pool_failures_total{pool}` and `pool_unclaimed_keys_total`."""
+    `pool`, plus `pool_failures_total{pool}` and `pool_unclaimed_keys_total`. Unlabelled
+    (`labelled=False`, a single pool from flags): the pool's metrics exactly as a
+    single-pool planner always exposed them, so existing dashboards and alerts hold."""
 
-    def __init__(self, pools: Any) -> None:
+    def __init__(self, pools: Any, *, labelled: bool = True) -> None:
         self._pools = pools  # planner_svc.orchestration.pools.PoolSet
+        self._labelled = labelled
         self._collectors: dict[int, tuple[str, PlannerCollector]] = {}
         self._lock = threading.Lock()  # scrapes may overlap
 
@@ -285,7 +288,10 @@ class PoolsCollector(Collector):
             parts = [self._collectors.setdefault(
                 ident, (unit.spec.name, PlannerCollector(unit.planner)))
                 for ident, unit in live.items()]
-        yield from labelled_union(parts, "pool")
+        if self._labelled or len(parts) != 1:
+            yield from labelled_union(parts, "pool")
+        else:
+            yield from parts[0][1].collect()
         failures = CounterMetricFamily(PREFIX + "pool_failures",
                                        "Failed control steps or inputs of a pool (the other "
                                        "pools carry on).", labels=["pool"])
@@ -300,10 +306,10 @@ class PoolsCollector(Collector):
                                   value=float(self._pools.stranded_keys))
 
 
-def planner_registry(pools: Any) -> CollectorRegistry:
+def planner_registry(pools: Any, *, labelled: bool = True) -> CollectorRegistry:
     """A fresh registry holding the pools' collector (a bare Planner: its own collector)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(PoolsCollector(pools) if hasattr(pools, "units")
+    registry.register(PoolsCollector(pools, labelled=labelled) if hasattr(pools, "units")
                       else PlannerCollector(pools))
     return registry
 

@@ -87,7 +87,9 @@ async def run_gateway(args: argparse.Namespace, ready: asyncio.Event | None = No
     sink = build_sink(args, rid)
     for client in clients.values():
         await client.start()
-    gateway = Gateway(clients, settings, sink=sink, routes=routes)
+    # Without a pools file: the one client, routed and reported exactly as before pools.
+    gateway = (Gateway(clients, settings, sink=sink, routes=routes) if args.pools_file
+               else Gateway(next(iter(clients.values())), settings, sink=sink))
     await gateway.start()
     print(f"CACHEROUTE_GATEWAY={gateway.url}", flush=True)
     return await serve_until_signalled(

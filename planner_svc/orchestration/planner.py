@@ -1024,9 +1024,11 @@ class Planner:
     def _measured_q_cap(self) -> MeasuredQCap | None:
         by_id = {d.id: d for d in self._destinations}
         now_ms = int(self._clock() * 1000)
+        # Only a saturation that lasted (derated: `dwell_s` on end) shows a knee: a few
+        # seconds of queue are a burst, and made the learned q_cap jump (bench/learning.py).
         knees = [rec.knee_per_s / by_id[dest].capacity_weight
                  for dest, rec in self.saturation.items()
-                 if dest in by_id and rec.knee_per_s is not None]
+                 if dest in by_id and rec.derated and rec.knee_per_s is not None]
         served = [load for dest, (load, at_ms) in self.served_peaks.items()
                   if dest in by_id and now_ms - at_ms <= self.SERVED_MEMORY_S * 1000]
         return measured_q_cap(knees, served)

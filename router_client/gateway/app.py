@@ -61,7 +61,7 @@ class Gateway:
         self.client = self.clients.get(DEFAULT_POOL) or next(iter(self.clients.values()))
         self.settings = settings or GatewaySettings()
         self.upstreams = Upstreams(self.settings)
-        self.metrics = GatewayMetrics(self.clients)
+        self.metrics = GatewayMetrics(self.clients, pools=isinstance(client, Mapping))
         self.proxy = Proxy(self.clients, routes, self.upstreams, self.settings,
                            sink or NoSink(), self.metrics)
         self.stopping = False

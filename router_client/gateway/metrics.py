@@ -7,8 +7,9 @@ cacheroute_gateway_upstream_failures_total{kind}       connect_error, reset, htt
 cacheroute_gateway_retries_total{kind}                 attempts sent elsewhere, by failure
 cacheroute_gateway_saturated_total                     503s: every destination at its cap
 cacheroute_gateway_streams_broken_total                streams cut short (upstream failure)
-cacheroute_gateway_inflight{destination,pool}          requests in flight (at scrape time)
-plus each pool's router client's cacheroute_router_*{pool} (router_client.prom).
+cacheroute_gateway_inflight{destination[,pool]}        requests in flight (at scrape time)
+plus the router client's cacheroute_router_* (router_client.prom); a gateway routing by pool
+(--pools-file) labels both with the pool.
 """
 
 from __future__ import annotations
@@ -29,32 +30,40 @@ _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
 
 
 class _Inflight(Collector):
-    def __init__(self, clients: Mapping[str, AsyncRouterClient]) -> None:
-        self.clients = clients
+    def __init__(self, clients: Mapping[str, AsyncRouterClient], pools: bool) -> None:
+        self.clients, self.pools = clients, pools
 
     def collect(self) -> Iterator[Metric]:
         family = GaugeMetricFamily("cacheroute_gateway_inflight",
                                    "Requests in flight per destination.",
-                                   labels=["destination", "pool"])
+                                   labels=["destination", "pool"] if self.pools
+                                   else ["destination"])
         for pool, client in self.clients.items():
             core = client.core
             for dest, n in zip(core.destination_ids, core.inflight, strict=False):
-                family.add_metric([dest, pool], n)
+                family.add_metric([dest, pool] if self.pools else [dest], n)
         yield family
 
 
 class _Routers(Collector):
-    """Each pool's router client metrics (router_client.prom), labelled with the pool."""
+    """Each pool's router client metrics (router_client.prom), labelled with the pool (a
+    gateway without pools: its one client's, unlabelled, as before pools)."""
 
-    def __init__(self, clients: Mapping[str, AsyncRouterClient]) -> None:
+    def __init__(self, clients: Mapping[str, AsyncRouterClient], pools: bool) -> None:
         self.parts = [(pool, RouterCollector(c)) for pool, c in clients.items()]
+        self.pools = pools
 
     def collect(self) -> Iterator[Metric]:
-        yield from labelled_union(self.parts, "pool")
+        if self.pools:
+            yield from labelled_union(self.parts, "pool")
+        else:
+            for _, collector in self.parts:
+                yield from collector.collect()
 
 
 class GatewayMetrics:
-    def __init__(self, clients: Mapping[str, AsyncRouterClient]) -> None:
+    def __init__(self, clients: Mapping[str, AsyncRouterClient], *, pools: bool = False) -> None:
+        """`pools`: the gateway routes by pool (its metrics carry a `pool` label)."""
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter("cacheroute_gateway_requests", "Answered requests.",
@@ -75,8 +84,8 @@ class GatewayMetrics:
                                  registry=r)
         self.broken = Counter("cacheroute_gateway_streams_broken",
                               "Streams cut short by an upstream failure.", registry=r)
-        r.register(_Inflight(clients))
-        r.register(_Routers(clients))
+        r.register(_Inflight(clients, pools))
+        r.register(_Routers(clients, pools))
         self._answered: dict[tuple[str, int], Counter] = {}
 
     def answered(self, route: str, code: int, seconds: float) -> None:
