@@ -9,10 +9,13 @@ state (`run(coro)` runs a coroutine on that loop).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import subprocess
+import sys
 import threading
 import urllib.request
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterator
 from typing import Any
 
 from planner_svc.devstack.engines import EngineFleet
@@ -125,3 +128,25 @@ def fault(fleet: EngineFleet, engine: str, mode: str, **kw: Any) -> None:
 
 def last_request(fleet: EngineFleet, engine: str) -> Any:
     return _control(fleet, f"/engines/{engine}/last_request")
+
+
+@contextlib.contextmanager
+def gateway_process(*argv: str) -> Iterator[str]:
+    """`cacheroute gateway --port 0 ARGV` as its own process (the console script's path):
+    its URL once it prints it; stopped with SIGTERM at the end, which must exit cleanly."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "planner_svc.cli.main", "gateway", "--port", "0", *argv],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("CACHEROUTE_GATEWAY="), line
+        yield line.strip().split("=", 1)[1]
+    finally:
+        proc.terminate()
+        try:
+            code = proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+    assert code == 0  # a clean stop (checked only when the test itself got this far)

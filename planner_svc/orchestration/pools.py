@@ -253,7 +253,10 @@ class PoolSet:
 
     def on_window(self, window: Any) -> None:
         with self._lock:
-            self._refresh_owners()  # destinations added since the last window count too
+            if any(d not in self._owner for d in window.destinations):
+                # added since (by an operator or discovery): ask the planners again; not
+                # every window, which would wait on a planner busy with a long step
+                self._refresh_owners()
             units, routes, owners = dict(self._units), self.routes, dict(self._owner)
         if len(routes.pools) == 1 and routes.catch_all in units:
             parts = {routes.catch_all: window}  # one pool takes every key: nothing to cut

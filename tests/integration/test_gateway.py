@@ -20,7 +20,7 @@ from router_client.gateway import GatewaySettings
 from router_client.health import HealthPolicy, ProbeSettings
 from router_client.keys import derive_key
 from router_client.plan import DestinationSpec
-from tests.gateway_harness import GatewayThread, fault, last_request
+from tests.gateway_harness import GatewayThread, fault, gateway_process, last_request
 from tests.timing import bound
 from tests.waiting import eventually
 
@@ -399,21 +399,8 @@ def test_readiness_fails_while_stopping(gw: GatewayThread) -> None:
 
 
 def test_gateway_cli_serves_and_stops(tmp_path: Path, fleet: EngineFleet) -> None:
-    import subprocess
-    import sys
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "planner_svc.cli.main", "gateway", "--port", "0",
-         "--destinations", fleet.destinations(), "--probe-path", ""],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert line.startswith("CACHEROUTE_GATEWAY="), line
-        url = line.strip().split("=", 1)[1]
+    with gateway_process("--destinations", fleet.destinations(), "--probe-path", "") as url:
         c = openai.OpenAI(base_url=url + "/v1", api_key="k", max_retries=0)
         r = c.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}],
                                       max_tokens=3)
         assert r.usage.completion_tokens == 3
-    finally:
-        proc.terminate()
-        assert proc.wait(15) == 0

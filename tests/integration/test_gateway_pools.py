@@ -10,8 +10,6 @@ key's planned set; a model no pool claims gets a 404.
 from __future__ import annotations
 
 import contextlib
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +24,7 @@ from cacheroute.v1 import planner_pb2, planner_pb2_grpc
 from planner_svc.devstack.engines import EngineFleet, start_engines
 from planner_svc.devstack.processes import RedisServer
 from planner_svc.server import PlannerService, build_service
+from tests.gateway_harness import gateway_process
 from tests.service.harness import planner_settings
 from tests.service.windows import make_window
 from tests.waiting import eventually
@@ -84,17 +83,10 @@ def planner(redis_server: RedisServer, pools_file: Path, fleet: EngineFleet,
 def gateway(planner: PlannerService, redis_url: str, pools_file: Path, *extra: str,
             rid: str = "gw-pools") -> Iterator[str]:
     """`cacheroute gateway --pools-file ...` as a process; its URL once it follows its pools."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "planner_svc.cli.main", "gateway", "--port", "0",
-         "--pools-file", str(pools_file), "--redis-url", redis_url,
-         "--public-key", str(Path(planner.settings.data_dir) / "planner-signing-key.pub.pem"),
-         "--probe-path", "", "--router-id", rid, *extra],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert line.startswith("CACHEROUTE_GATEWAY="), line
-        url = line.strip().split("=", 1)[1]
+    with gateway_process(
+            "--pools-file", str(pools_file), "--redis-url", redis_url, "--public-key",
+            str(Path(planner.settings.data_dir) / "planner-signing-key.pub.pem"),
+            "--probe-path", "", "--router-id", rid, *extra) as url:
 
         def following() -> bool:
             body = httpx.get(url + "/readyz").json()
@@ -103,14 +95,6 @@ def gateway(planner: PlannerService, redis_url: str, pools_file: Path, *extra: s
 
         assert eventually(following, 10.0), httpx.get(url + "/readyz").text
         yield url
-    finally:
-        proc.terminate()
-        try:
-            code = proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            raise
-    assert code == 0  # a clean stop (checked only when the test itself got this far)
 
 
 @pytest.fixture()
