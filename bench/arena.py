@@ -73,6 +73,9 @@ class Setup:
     measure_s: float
     rate_scale: float
     slo_ttft_s: float
+    # Where to keep CacheRoute's logs (planner, stream worker, gateways, decisions) of a run
+    # whose TTFT p99 passed 3x the SLO: a collapsed point is explained from them ("" = not).
+    logs_dir: str = ""
 
 
 class CacheRouteStack:
@@ -211,6 +214,9 @@ def run_one(spec: RouterSpec, replicas: int, scenario: Scenario, seed: int, setu
                        plan_measured_hit=delivered.get("hit_rate"),
                        plan_windows=delivered.get("windows", 0),
                        **decisions_since(stack, started_ms))
+        if (stack is not None and spec.kind == "cacheroute" and setup.logs_dir
+                and row["ttft_p99_s"] > 3 * setup.slo_ttft_s):
+            row["logs"] = keep_logs(stack, work, Path(setup.logs_dir) / _slug(label))
         row.setdefault("scenario", scenario.name)
         row.update(router=spec.name, replicas=replicas, seed=seed,
                    rate_scale=rate_scale, cpu_s=routers.cpu_seconds() - cpu0,
@@ -219,6 +225,19 @@ def run_one(spec: RouterSpec, replicas: int, scenario: Scenario, seed: int, setu
         return row
     finally:
         routers.stop()
+
+
+def _slug(label: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in label).strip("-")
+
+
+def keep_logs(stack: LocalStack, work: Path, dest: Path) -> str:
+    """Copy a CacheRoute run's logs (its stack's processes and its gateways) to `dest`."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for log_file in [*stack.workdir.glob("*.log"), *work.glob("cacheroute-*.log")]:
+        shutil.copy2(log_file, dest / log_file.name)
+    print(f"  kept the run's logs in {dest}", file=sys.stderr)
+    return str(dest)
 
 
 def decisions_since(stack: LocalStack, since_ms: int) -> dict[str, Any]:
@@ -346,7 +365,8 @@ def main() -> int:
                   # control interval before its first plan (longer on slowed engines)
                   warmup_s=args.warmup_s or (15.0 if quick else 18.0) * slow,
                   measure_s=args.measure_s or (10.0 if quick else 12.0),
-                  rate_scale=args.rate_scale, slo_ttft_s=args.slo_ttft_s)
+                  rate_scale=args.rate_scale, slo_ttft_s=args.slo_ttft_s,
+                  logs_dir=str(Path(args.out) / "logs"))
     names = ["paper-like"] if quick else args.scenarios.split(",")
     scenarios = [SCENARIOS[n].scaled(sessions_per_s=SCENARIOS[n].sessions_per_s
                                      * args.rate_scale / setup.time_scale) for n in names]
@@ -539,7 +559,8 @@ def report(rows: list[dict], cap: dict[str, float], setup: Setup, out: Path,
             lines.append(f"  - {r['scenario']} s{r['seed']} {r['label']} x{r['rate_scale']:g}: "
                          f"{r['requests']} requests measured, TTFT p99 {r['ttft_p99_s']:.3f} s "
                          f"(90 % interval {r['ttft_p99_lo_s']:.2f}-{r['ttft_p99_hi_s']:.2f}), "
-                         f"hit {r['hit']:.1%}")
+                         f"hit {r['hit']:.1%}"
+                         + (f"; its logs kept in {r['logs']}" if r.get("logs") else ""))
     (out / f"arena{suffix}.md").write_text("\n".join(lines) + "\n")
     _plot(rows, out, suffix)
     paper = "paper-like"
