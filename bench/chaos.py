@@ -37,6 +37,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -108,7 +109,7 @@ class Chaos(Soak):
         self._supervisor_thread.join(10)
         super().stop()
 
-    def next_fault(self, remaining_s: float) -> str:
+    def next_chaos_fault(self, remaining_s: float) -> str:
         """At random, every kind once per cycle; a broker kill (its storage is lost) never
         so late that the final window could still cover it."""
         if not self._cycle:
@@ -168,8 +169,7 @@ class Chaos(Soak):
         errors: list[str] = []
         for partition, value in values:
             kw: dict[str, Any] = {} if partition is None else {"partition": partition}
-            p.produce(topic, value=value, on_delivery=lambda e, _m: e and errors.append(str(e)),
-                      **kw)
+            p.produce(topic, value=value, on_delivery=_note_error(errors), **kw)
         if p.flush(15) or errors:
             self._fail(f"could not write the hostile messages to {topic}: {errors[:1]}")
 
@@ -357,7 +357,7 @@ class Chaos(Soak):
             time.sleep(max(0.0, min(1.0, next_fault - time.monotonic())))
             if time.monotonic() < next_fault:
                 continue
-            kind = self.next_fault(max(end, time.monotonic() + 10) - time.monotonic())
+            kind = self.next_chaos_fault(max(end, time.monotonic() + 10) - time.monotonic())
             print(f"[{time.monotonic() - start:6.1f} s] {kind}", flush=True)
             self.inject(kind)
             self.converge(kind)
@@ -425,3 +425,11 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def _note_error(errors: list[str]) -> Callable[[Any, Any], None]:
+    """A delivery callback that keeps the reason of each failed produce."""
+    def note(error: Any, _message: Any) -> None:
+        if error is not None:
+            errors.append(str(error))
+    return note

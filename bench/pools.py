@@ -107,6 +107,11 @@ def feed(svc: PlannerService, pools: list[tuple[str, int, int]], seed: int = 1) 
     return (time.perf_counter() - t0) * 1000
 
 
+def replan(planner: Any, *, dry_run: bool) -> Callable[[], object]:
+    """A fresh build (`dry_run`), or a fresh build installed regardless of penalties."""
+    return lambda: planner.replan(fresh=True, force=not dry_run, dry_run=dry_run)
+
+
 def timed(fn: Callable[[], object]) -> float:
     gc.collect()
     t0 = time.perf_counter()
@@ -133,10 +138,8 @@ def eight_pools(redis_url: str, workdir: Path, reps: int) -> dict[str, Any]:
             s["window_multi"].append(window_multi_ms * n_keys / keys_total)
             for side, svc in (("single", single), ("multi", multi)):
                 planner = svc.pools.get(name).planner
-                s[f"build_{side}"].append(timed(lambda p=planner: p.replan(
-                    fresh=True, force=False, dry_run=True)))
-                s[f"install_{side}"].append(timed(lambda p=planner: p.replan(
-                    fresh=True, force=True, dry_run=False)))
+                s[f"build_{side}"].append(timed(replan(planner, dry_run=True)))
+                s[f"install_{side}"].append(timed(replan(planner, dry_run=False)))
         print(f"  round {rep + 1}/{reps}", file=sys.stderr, flush=True)
     rows, worst_build, worst_install = [], 0.0, 0.0
     print(f"\n{'pool':>5} {'dests':>6} {'keys':>7} {'build ms single':>16} {'multi':>7} "
@@ -174,12 +177,14 @@ def isolation_case(multi: PlannerService, redis_url: str, workdir: Path) -> dict
         pools_toml(EIGHT) + '\n[pools.junk]\nmodels = ["junk-model"]\ndestinations = ["j0"]\n')
     multi.pools_file.reload_if_changed(multi.pools)
     feed(multi, EIGHT, seed=99)
-    before = {u.spec.name: u.planner.current().plan.version for u in multi.pools.units()
-              if u.planner.current() is not None}
-    multi.pools.each("bench step", lambda u: u.planner.replan(fresh=True, force=True,
-                                                              dry_run=False))
+    def version(unit: Any) -> Any:
+        installed = unit.planner.current()
+        return installed.plan.version if installed is not None else None
+
+    before = {u.spec.name: version(u) for u in multi.pools.units()}
+    multi.pools.each("bench step", lambda u: replan(u.planner, dry_run=False)())
     moved = sum(1 for u in multi.pools.units()
-                if u.planner.current().plan.version > before[u.spec.name])
+                if before[u.spec.name] is None or version(u) > before[u.spec.name])
     failed = dict(multi.pools.failed)
     print(f"\nisolation: pool 'junk' (its namespace holds junk) not started: "
           f"{failed.get('junk', 'STARTED?')[:70]}; the other {moved} of {len(EIGHT)} pools "

@@ -247,6 +247,7 @@ class Soak:
             time.sleep(10.0)
             self.routers_proxy.blackhole = False
         elif kind == "corrupt_publish":
+            assert self.planner_proxy is not None  # started with the stack
             self.planner_proxy.corrupt_next_upstream = 2048
             stub = planner_pb2_grpc.PlannerStub(self.channel)
             with contextlib.suppress(grpc.RpcError):

@@ -32,16 +32,16 @@ class RecordingSink:
     def __init__(self) -> None:
         self.events: list[tuple[str, str, str, dict[str, Any]]] = []
 
-    def emit_request(self, key: str, dest: str, **kw: Any) -> bool:
-        self.events.append(("request", key, dest, kw))
+    def emit_request(self, routing_key: str, destination: str, **kw: Any) -> bool:
+        self.events.append(("request", routing_key, destination, kw))
         return True
 
-    def emit_cache_hit(self, key: str, dest: str, **kw: Any) -> bool:
-        self.events.append(("cache_hit", key, dest, kw))
+    def emit_cache_hit(self, routing_key: str, destination: str, **kw: Any) -> bool:
+        self.events.append(("cache_hit", routing_key, destination, kw))
         return True
 
-    def emit_error(self, key: str, dest: str, **kw: Any) -> bool:
-        self.events.append(("error", key, dest, kw))
+    def emit_error(self, routing_key: str, destination: str, **kw: Any) -> bool:
+        self.events.append(("error", routing_key, destination, kw))
         return True
 
     def kinds(self) -> list[str]:

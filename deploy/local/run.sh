@@ -39,10 +39,12 @@ case "$what" in
   check)
     .venv/bin/ruff check .
     .venv/bin/mypy streams planner_svc router_client
+    .venv/bin/mypy bench  # apart: bench/streams.py would shadow the streams package
     .venv/bin/lint-imports --no-cache ;;
   test)
     .venv/bin/ruff check .
     .venv/bin/mypy streams planner_svc router_client
+    .venv/bin/mypy bench  # apart: bench/streams.py would shadow the streams package
     .venv/bin/lint-imports --no-cache
     # Three workers, one test file each at a time, longest files first (tests/conftest.py):
     # the tier mostly waits on servers, so it runs in parallel even on 2 cores. Set

@@ -90,12 +90,10 @@ class SnapshotLog:
         if not parts:
             return None
         first = next(iter(parts.values()))
-        need = {p: None for p in range(first.partition_count)}
+        need: dict[int, int] = {}  # partition -> its part count, once a part is seen
         for (p, _), s in parts.items():
             need[p] = s.part_count
-        if None in need.values():
-            return None
-        if len(parts) != sum(v for v in need.values() if v is not None):
+        if len(need) != first.partition_count or len(parts) != sum(need.values()):
             return None
         return merge_parts(list(parts.values()))
 

@@ -12,7 +12,7 @@ def test_every_kind_once_per_cycle_and_the_broker_kill_early(tmp_path: Path) -> 
     chaos = load_bench("chaos")
     for seed in range(20):
         c = chaos.Chaos(tmp_path, seed)
-        picks = [c.next_fault(600.0) for _ in range(len(chaos.FAULTS))]
+        picks = [c.next_chaos_fault(600.0) for _ in range(len(chaos.FAULTS))]
         assert sorted(picks) == sorted(chaos.FAULTS)
         assert picks.index("broker_kill") <= 3
 
@@ -21,4 +21,4 @@ def test_no_broker_kill_near_the_end(tmp_path: Path) -> None:
     chaos = load_bench("chaos")
     for seed in range(20):
         c = chaos.Chaos(tmp_path, seed)
-        assert "broker_kill" not in [c.next_fault(30.0) for _ in range(40)]
+        assert "broker_kill" not in [c.next_chaos_fault(30.0) for _ in range(40)]
