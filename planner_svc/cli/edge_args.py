@@ -140,34 +140,56 @@ def build_pool_clients(args: argparse.Namespace, rid: str,
     """One router client per pool of `--pools-file` (only those `--pools` names, if given),
     each on its pool's Redis namespace and destinations, and the routes from model to pool;
     without a pools file, the one client of the flags and every model in it."""
-    from router_client.pools import DEFAULT_POOL, PoolRoutes, PoolsError, parse_pools
+    from router_client.pools import DEFAULT_POOL, PoolRoutes, PoolsError
 
     if not args.pools_file:
         if args.pools:
             raise SystemExit(f"cacheroute {command}: --pools needs --pools-file")
         return {DEFAULT_POOL: build_client(args, rid, command)}, PoolRoutes.single()
     try:
-        with open(args.pools_file, "rb") as f:
-            specs = parse_pools(f.read(), source=args.pools_file,
-                                base_namespace=args.redis_namespace)
+        specs = read_pools(args)
     except (OSError, PoolsError) as exc:
         raise SystemExit(f"cacheroute {command}: --pools-file: {exc}") from None
-    wanted = [p.strip() for p in args.pools.split(",") if p.strip()]
-    unknown = set(wanted) - {s.name for s in specs}
+    unknown = set(wanted_pools(args)) - {s.name for s in specs}
     if unknown:
         raise SystemExit(f"cacheroute {command}: --pools: no pool {sorted(unknown)} in "
                          f"{args.pools_file}")
-    clients = {}
     # Routes from every pool (a model of a pool served elsewhere is told so, never sent to
     # the '*' pool's engines); clients for the wanted ones.
-    for spec in [s for s in specs if not wanted or s.name in wanted]:
-        pool_args = argparse.Namespace(**{
-            **vars(args), "destinations": ",".join(spec.destinations),
-            "redis_namespace": spec.namespace_of(args.redis_namespace),
-            "cache_path": (f"{args.cache_path}.{spec.name}"
-                           if args.cache_path and spec.name != DEFAULT_POOL else args.cache_path)})
-        clients[spec.name] = build_client(pool_args, rid, command)
+    clients = {spec.name: pool_client(args, spec, rid, command)
+               for spec in served_pools(args, specs)}
     return clients, PoolRoutes(specs)
+
+
+def read_pools(args: argparse.Namespace) -> Any:
+    """The pools of `--pools-file` (PoolsError / OSError with the reason)."""
+    from router_client.pools import parse_pools
+
+    with open(args.pools_file, "rb") as f:
+        return parse_pools(f.read(), source=args.pools_file,
+                           base_namespace=args.redis_namespace)
+
+
+def wanted_pools(args: argparse.Namespace) -> list[str]:
+    return [p.strip() for p in args.pools.split(",") if p.strip()]
+
+
+def served_pools(args: argparse.Namespace, specs: Any) -> list[Any]:
+    """The pools of `specs` this router serves (`--pools`, default all)."""
+    wanted = wanted_pools(args)
+    return [s for s in specs if not wanted or s.name in wanted]
+
+
+def pool_client(args: argparse.Namespace, spec: Any, rid: str, command: str) -> Any:
+    """The (not yet started) router client of one pool: its namespace and destinations."""
+    from router_client.pools import DEFAULT_POOL
+
+    pool_args = argparse.Namespace(**{
+        **vars(args), "destinations": ",".join(spec.destinations),
+        "redis_namespace": spec.namespace_of(args.redis_namespace),
+        "cache_path": (f"{args.cache_path}.{spec.name}"
+                       if args.cache_path and spec.name != DEFAULT_POOL else args.cache_path)})
+    return build_client(pool_args, rid, command)
 
 
 def build_sink(args: argparse.Namespace, rid: str) -> Any:
@@ -182,7 +204,8 @@ def build_sink(args: argparse.Namespace, rid: str) -> Any:
 async def serve_until_signalled(client: Any, sink: Any, stop_server: Callable[[], Awaitable[Any]],
                                 what: str, ready: asyncio.Event | None = None) -> int:
     """Run a started edge server until SIGTERM / SIGINT, then stop it (its own grace),
-    the router client (or each of a list, one per pool), and flush the event emitter."""
+    the router client (or each of a list or pool -> client dict), and flush the event
+    emitter."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -192,7 +215,9 @@ async def serve_until_signalled(client: Any, sink: Any, stop_server: Callable[[]
     await stop.wait()
     log.info("%s: shutting down", what)
     await stop_server()
-    for each in client if isinstance(client, list) else [client]:
+    clients = list(client.values()) if isinstance(client, dict) else (
+        client if isinstance(client, list) else [client])
+    for each in clients:  # (a dict: the gateway's pools as they are at the end)
         await each.stop()
     if sink is not None:
         with contextlib.suppress(Exception):

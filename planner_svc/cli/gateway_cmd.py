@@ -12,7 +12,8 @@ Destination addresses come from `--destinations` first, else from the plan.
 
 Many models: `--pools-file pools.toml` (the planner's) routes each request by the pool that
 claims its model, each pool with its own plan, namespace and destinations; `--pools a,b`
-subscribes to some of them. A model no pool claims is answered with 404.
+subscribes to some of them. A model no pool claims is answered with 404. The file is re-read
+when it changes: pools added, removed or re-pointed are served from then on.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+from pathlib import Path
+from typing import Any
 
 from planner_svc.cli.console import command
 from planner_svc.cli.edge_args import (
@@ -29,8 +32,11 @@ from planner_svc.cli.edge_args import (
     build_pool_clients,
     build_sink,
     key_rule,
+    pool_client,
+    read_pools,
     router_id,
     serve_until_signalled,
+    served_pools,
 )
 
 log = logging.getLogger("cacheroute.gateway")
@@ -91,7 +97,72 @@ async def run_gateway(args: argparse.Namespace, ready: asyncio.Event | None = No
     gateway = (Gateway(clients, settings, sink=sink, routes=routes) if args.pools_file
                else Gateway(next(iter(clients.values())), settings, sink=sink))
     await gateway.start()
+    following = (asyncio.get_running_loop().create_task(follow_pools_file(args, gateway, rid))
+                 if args.pools_file else None)
     print(f"CACHEROUTE_GATEWAY={gateway.url}", flush=True)
+
+    async def stop() -> None:
+        if following is not None:
+            following.cancel()
+        await gateway.stop()
+
     return await serve_until_signalled(
-        list(clients.values()), sink, gateway.stop,
+        gateway.clients, sink, stop,
         f"gateway {rid} (grace {settings.shutdown_grace_s:.0f} s)", ready)
+
+
+async def follow_pools_file(args: argparse.Namespace, gateway: Any, rid: str,
+                            period_s: float = 2.0) -> None:
+    """Re-read `--pools-file` when it changes: clients for new pools (and pools whose
+    namespace or destinations changed) are started, removed pools' clients stopped once
+    their requests in flight had the shutdown grace to finish. A file that does not parse,
+    or a pool whose client cannot be built, changes nothing (the error is logged)."""
+    from router_client.pools import PoolRoutes, PoolsError
+
+    path = Path(args.pools_file)
+    seen = _stat(path)
+    held = {s.name: s for s in served_pools(args, read_pools(args))}
+    while True:
+        await asyncio.sleep(period_s)
+        now = _stat(path)
+        if now == seen:
+            continue
+        seen = now
+        try:
+            specs = read_pools(args)
+            clients: dict[str, Any] = {}
+            fresh = []
+            for spec in served_pools(args, specs):
+                old = held.get(spec.name)
+                same = (old is not None and old.destinations == spec.destinations
+                        and old.namespace_of(args.redis_namespace)
+                        == spec.namespace_of(args.redis_namespace))
+                if same and spec.name in gateway.clients:
+                    clients[spec.name] = gateway.clients[spec.name]
+                else:
+                    clients[spec.name] = pool_client(args, spec, rid, "gateway")
+                    fresh.append(clients[spec.name])
+            for client in fresh:
+                await client.start()
+            gone = await gateway.set_pools(clients, PoolRoutes(specs))
+        except (OSError, PoolsError, ValueError, SystemExit) as exc:
+            log.error("pools file not applied (the gateway serves as before): %s", exc)
+            continue
+        held = {s.name: s for s in served_pools(args, specs)}
+        log.info("pools file %s applied: serving %s", path, ", ".join(clients))
+        for client in gone:
+            asyncio.get_running_loop().create_task(
+                _stop_after(client, gateway.settings.shutdown_grace_s))
+
+
+async def _stop_after(client: Any, grace_s: float) -> None:
+    await asyncio.sleep(grace_s)
+    await client.stop()
+
+
+def _stat(path: Path) -> tuple[int, int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size

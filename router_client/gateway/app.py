@@ -74,6 +74,33 @@ class Gateway:
                               for pool, c in self.clients.items()}
                              if self.settings.engine_load_period_s > 0 else {})
 
+    async def set_pools(self, clients: Mapping[str, AsyncRouterClient],
+                        routes: PoolRoutes) -> list[AsyncRouterClient]:
+        """The pools file changed: serve `clients` (started) with `routes` from now on.
+        Returns the clients no longer served, for the caller to stop once their requests in
+        flight are done (a request holds its client, so it finishes on it)."""
+        unknown = set(clients) - set(routes.pools)
+        if unknown or not clients:
+            raise ValueError(f"no routes to pool(s) {sorted(unknown)}" if unknown
+                             else "a gateway needs at least one pool")
+        gone = [c for pool, c in self.clients.items() if clients.get(pool) is not c]
+        for pool in [p for p in self.engine_loads if clients.get(p) is not self.clients[p]]:
+            await self.engine_loads.pop(pool).stop()
+        # One swap of the proxy's view; the dict objects the metrics read are edited in place.
+        self.clients.clear()
+        self.clients.update(clients)
+        self.routes = self.proxy.routes = routes
+        self.client = self.clients.get(DEFAULT_POOL) or next(iter(self.clients.values()))
+        self._models = None
+        if self.settings.engine_load_period_s > 0:
+            for pool, c in self.clients.items():
+                if pool not in self.engine_loads:
+                    poller = self.engine_loads[pool] = EngineLoadPoller(
+                        c, self.upstreams, self.settings.engine_load_period_s,
+                        self.settings.engine_load_timeout_s)
+                    poller.start()
+        return gone
+
     @property
     def engine_load(self) -> EngineLoadPoller | None:
         """The default pool's engine-load poller (None when engine load is off)."""

@@ -50,14 +50,14 @@ class _Routers(Collector):
     gateway without pools: its one client's, unlabelled, as before pools)."""
 
     def __init__(self, clients: Mapping[str, AsyncRouterClient], pools: bool) -> None:
-        self.parts = [(pool, RouterCollector(c)) for pool, c in clients.items()]
-        self.pools = pools
+        self.clients, self.pools = clients, pools  # the gateway's live view (pools change)
 
     def collect(self) -> Iterator[Metric]:
+        parts = [(pool, RouterCollector(c)) for pool, c in list(self.clients.items())]
         if self.pools:
-            yield from labelled_union(self.parts, "pool")
+            yield from labelled_union(parts, "pool")
         else:
-            for _, collector in self.parts:
+            for _, collector in parts:
                 yield from collector.collect()
 
 

@@ -151,3 +151,25 @@ def test_a_gateway_for_some_pools_sends_the_others_nowhere_else(
         # qwen is the code pool's: never sent to chat's engines, and the client is told why.
         with pytest.raises(openai.NotFoundError, match="served by other gateways"):
             ask(url, "qwen", "t1")
+
+
+def test_the_gateway_follows_the_pools_file_at_run_time(
+        planner: PlannerService, redis_server: RedisServer, pools_file: Path) -> None:
+    with gateway(planner, redis_server.url, pools_file) as url:
+        original = pools_file.read_text()
+        ask(url, "qwen", "t1")  # served by the code pool
+        pools_file.write_text(original.split("[pools.code]")[0])  # code removed
+
+        def qwen_refused() -> bool:
+            try:
+                ask(url, "qwen", "t1")
+            except openai.NotFoundError:
+                return True
+            return False
+
+        assert eventually(qwen_refused, 10.0)
+        assert ask(url, "llama", "t1")  # chat carries on throughout
+        pools_file.write_text(original)  # and back: served again, from its plan in Redis
+        assert eventually(lambda: not qwen_refused(), 10.0)
+        ready = httpx.get(url + "/readyz").json()
+        assert set(ready["pools"]) == {"chat", "code"}
