@@ -214,9 +214,11 @@ def run_one(spec: RouterSpec, replicas: int, scenario: Scenario, seed: int, setu
                        plan_measured_hit=delivered.get("hit_rate"),
                        plan_windows=delivered.get("windows", 0),
                        **decisions_since(stack, started_ms))
+        # (NaN, nothing measured answered, is the worst collapse of all: kept too)
         if (stack is not None and spec.kind == "cacheroute" and setup.logs_dir
-                and row["ttft_p99_s"] > 3 * setup.slo_ttft_s):
-            row["logs"] = keep_logs(stack, work, Path(setup.logs_dir) / _slug(label))
+                and not row["ttft_p99_s"] <= 3 * setup.slo_ttft_s):
+            row["logs"] = keep_logs(stack, work, Path(setup.logs_dir)
+                                    / _slug(f"{scenario.name} s{seed} {label}"))
         row.setdefault("scenario", scenario.name)
         row.update(router=spec.name, replicas=replicas, seed=seed,
                    rate_scale=rate_scale, cpu_s=routers.cpu_seconds() - cpu0,

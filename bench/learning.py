@@ -113,7 +113,7 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
     summary: dict[str, Any] = {}
     for knob in dict.fromkeys(r["knob"] for r in rows):
         mine = [r for r in rows if r["knob"] == knob]
-        top = {s: max(r[s] for r in mine) for s in seeds}
+        top = {s: max(r[s] for r in mine) or 1.0 for s in seeds}  # (all 0: no SLO met)
         for r in mine:
             r["relative_median"] = round(statistics.median(r[s] / top[s] for s in seeds), 4)
             r["capacity_median"] = round(statistics.median(r[s] for s in seeds), 4)

@@ -183,8 +183,8 @@ def isolation_case(multi: PlannerService, redis_url: str, workdir: Path) -> dict
 
     before = {u.spec.name: version(u) for u in multi.pools.units()}
     multi.pools.each("bench step", lambda u: replan(u.planner, dry_run=False)())
-    moved = sum(1 for u in multi.pools.units()
-                if before[u.spec.name] is None or version(u) > before[u.spec.name])
+    moved = sum(1 for u in multi.pools.units() if version(u) is not None
+                and (before[u.spec.name] is None or version(u) > before[u.spec.name]))
     failed = dict(multi.pools.failed)
     print(f"\nisolation: pool 'junk' (its namespace holds junk) not started: "
           f"{failed.get('junk', 'STARTED?')[:70]}; the other {moved} of {len(EIGHT)} pools "

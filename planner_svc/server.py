@@ -115,6 +115,7 @@ class PlannerService:
     leadership: Leadership | None = None
     signals: EngineSignalsConsumer | None = None
     pools_file: PoolsFile | None = None
+    _pools_thread: threading.Thread | None = None
 
     @property
     def planner(self) -> Planner:
@@ -134,8 +135,9 @@ class PlannerService:
         self._timer = threading.Thread(target=self._run_timer, name="planner-timer", daemon=True)
         self._timer.start()
         if self.pools_file is not None:
-            threading.Thread(target=self._run_pools_file, name="pools-file",
-                             daemon=True).start()
+            self._pools_thread = threading.Thread(target=self._run_pools_file,
+                                                  name="pools-file", daemon=True)
+            self._pools_thread.start()
         self._set_health(True)
         if self.settings.metrics_port:
             self.metrics = start_metrics_server(
@@ -207,7 +209,7 @@ class PlannerService:
                 unit.planner.follow()
 
             self.pools.each("follow", follow)
-        self._set_health(True)
+        self._set_health(bool(self.pools.units()))
         return lead.leader
 
     def _redis_ok(self) -> bool:
@@ -245,6 +247,8 @@ class PlannerService:
             self.signals.stop()
         if self._timer is not None:
             self._timer.join(5)
+        if self._pools_thread is not None:  # an apply under way ends before pools close
+            self._pools_thread.join(30)
         self.pools.close()
         self.publisher.close()
 

@@ -136,16 +136,16 @@ def build_client(args: argparse.Namespace, rid: str, command: str) -> Any:
 
 
 def build_pool_clients(args: argparse.Namespace, rid: str,
-                       command: str) -> tuple[dict[str, Any], Any]:
+                       command: str) -> tuple[dict[str, Any], Any, list[Any]]:
     """One router client per pool of `--pools-file` (only those `--pools` names, if given),
-    each on its pool's Redis namespace and destinations, and the routes from model to pool;
-    without a pools file, the one client of the flags and every model in it."""
+    each on its pool's Redis namespace and destinations, the routes from model to pool and
+    the pools read; without a pools file, the one client of the flags and every model."""
     from router_client.pools import DEFAULT_POOL, PoolRoutes, PoolsError
 
     if not args.pools_file:
         if args.pools:
             raise SystemExit(f"cacheroute {command}: --pools needs --pools-file")
-        return {DEFAULT_POOL: build_client(args, rid, command)}, PoolRoutes.single()
+        return {DEFAULT_POOL: build_client(args, rid, command)}, PoolRoutes.single(), []
     try:
         specs = read_pools(args)
     except (OSError, PoolsError) as exc:
@@ -158,7 +158,7 @@ def build_pool_clients(args: argparse.Namespace, rid: str,
     # the '*' pool's engines); clients for the wanted ones.
     clients = {spec.name: pool_client(args, spec, rid, command)
                for spec in served_pools(args, specs)}
-    return clients, PoolRoutes(specs)
+    return clients, PoolRoutes(specs), specs
 
 
 def read_pools(args: argparse.Namespace) -> Any:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 from pathlib import Path
 from typing import Any
@@ -89,7 +90,8 @@ async def run_gateway(args: argparse.Namespace, ready: asyncio.Event | None = No
             engine_load_period_s=args.engine_load_period_s)
     except ValueError as exc:
         raise SystemExit(f"cacheroute gateway: {exc}") from None
-    clients, routes = build_pool_clients(args, rid, "gateway")
+    seen = _stat(Path(args.pools_file)) if args.pools_file else None
+    clients, routes, specs = build_pool_clients(args, rid, "gateway")
     sink = build_sink(args, rid)
     for client in clients.values():
         await client.start()
@@ -97,67 +99,107 @@ async def run_gateway(args: argparse.Namespace, ready: asyncio.Event | None = No
     gateway = (Gateway(clients, settings, sink=sink, routes=routes) if args.pools_file
                else Gateway(next(iter(clients.values())), settings, sink=sink))
     await gateway.start()
-    following = (asyncio.get_running_loop().create_task(follow_pools_file(args, gateway, rid))
-                 if args.pools_file else None)
+    follower = PoolsFollower(args, gateway, rid, specs, seen) if args.pools_file else None
+    following = (asyncio.get_running_loop().create_task(follower.run())
+                 if follower is not None else None)
     print(f"CACHEROUTE_GATEWAY={gateway.url}", flush=True)
 
     async def stop() -> None:
         if following is not None:
             following.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await following
         await gateway.stop()
+        if follower is not None:
+            await follower.stop_retiring()
 
     return await serve_until_signalled(
         gateway.clients, sink, stop,
         f"gateway {rid} (grace {settings.shutdown_grace_s:.0f} s)", ready)
 
 
-async def follow_pools_file(args: argparse.Namespace, gateway: Any, rid: str,
-                            period_s: float = 2.0) -> None:
-    """Re-read `--pools-file` when it changes: clients for new pools (and pools whose
-    namespace or destinations changed) are started, removed pools' clients stopped once
-    their requests in flight had the shutdown grace to finish. A file that does not parse,
-    or a pool whose client cannot be built, changes nothing (the error is logged)."""
-    from router_client.pools import PoolRoutes, PoolsError
+class PoolsFollower:
+    """Re-reads `--pools-file` when it changes: clients for new pools (and pools whose
+    namespace changed) are started; a pool whose destinations changed keeps its client (its
+    plan brings the new list; its health and in-flight counts carry on); removed pools'
+    clients are stopped once their requests in flight had the shutdown grace to finish. A
+    file that does not parse, or a pool whose client cannot be built or started, changes
+    nothing: the error is logged (once per error) and the file read again next period."""
 
-    path = Path(args.pools_file)
-    seen = _stat(path)
-    held = {s.name: s for s in served_pools(args, read_pools(args))}
-    while True:
-        await asyncio.sleep(period_s)
-        now = _stat(path)
-        if now == seen:
-            continue
-        seen = now
+    def __init__(self, args: argparse.Namespace, gateway: Any, rid: str, specs: list[Any],
+                 seen: tuple[int, int] | None, period_s: float = 2.0) -> None:
+        self.args, self.gateway, self.rid, self.period_s = args, gateway, rid, period_s
+        self.path = Path(args.pools_file)
+        self.seen = seen  # the file as the running pools were built from it
+        self.held = {s.name: s for s in served_pools(args, specs)}
+        self.error = ""
+        self.retiring: dict[Any, asyncio.Task[None]] = {}
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.period_s)
+            now = _stat(self.path)
+            if now == self.seen:
+                continue
+            try:
+                await self.apply()
+                self.seen, self.error = now, ""
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the follower must outlive any one bad change
+                if str(exc) != self.error:
+                    log.error("pools file not applied (the gateway serves as before): %s", exc)
+                self.error = str(exc)
+
+    async def apply(self) -> None:
+        from router_client.pools import PoolRoutes
+
+        args, gateway = self.args, self.gateway
         try:
             specs = read_pools(args)
-            clients: dict[str, Any] = {}
-            fresh = []
+        except SystemExit as exc:  # a flag-level refusal from build_client, as an error
+            raise ValueError(str(exc)) from None
+        base = args.redis_namespace
+        clients: dict[str, Any] = {}
+        fresh: list[Any] = []
+        try:
             for spec in served_pools(args, specs):
-                old = held.get(spec.name)
-                same = (old is not None and old.destinations == spec.destinations
-                        and old.namespace_of(args.redis_namespace)
-                        == spec.namespace_of(args.redis_namespace))
-                if same and spec.name in gateway.clients:
+                old = self.held.get(spec.name)
+                if (old is not None and spec.name in gateway.clients
+                        and old.namespace_of(base) == spec.namespace_of(base)):
                     clients[spec.name] = gateway.clients[spec.name]
-                else:
-                    clients[spec.name] = pool_client(args, spec, rid, "gateway")
-                    fresh.append(clients[spec.name])
-            for client in fresh:
+                    continue
+                try:
+                    client = pool_client(args, spec, self.rid, "gateway")
+                except SystemExit as exc:
+                    raise ValueError(f"pool {spec.name}: {exc}") from None
+                fresh.append(client)
                 await client.start()
+                clients[spec.name] = client
             gone = await gateway.set_pools(clients, PoolRoutes(specs))
-        except (OSError, PoolsError, ValueError, SystemExit) as exc:
-            log.error("pools file not applied (the gateway serves as before): %s", exc)
-            continue
-        held = {s.name: s for s in served_pools(args, specs)}
-        log.info("pools file %s applied: serving %s", path, ", ".join(clients))
+        except BaseException:
+            for client in fresh:  # started for a change that did not happen
+                with contextlib.suppress(Exception):
+                    await client.stop()
+            raise
+        self.held = {s.name: s for s in served_pools(args, specs)}
+        log.info("pools file %s applied: serving %s", self.path, ", ".join(clients))
         for client in gone:
-            asyncio.get_running_loop().create_task(
-                _stop_after(client, gateway.settings.shutdown_grace_s))
+            self.retiring[client] = asyncio.get_running_loop().create_task(
+                self._retire(client, gateway.settings.shutdown_grace_s))
 
+    async def _retire(self, client: Any, grace_s: float) -> None:
+        await asyncio.sleep(grace_s)
+        self.retiring.pop(client, None)
+        await client.stop()
 
-async def _stop_after(client: Any, grace_s: float) -> None:
-    await asyncio.sleep(grace_s)
-    await client.stop()
+    async def stop_retiring(self) -> None:
+        """At shutdown: the clients still in their grace are stopped now."""
+        for client, task in list(self.retiring.items()):
+            task.cancel()
+            with contextlib.suppress(Exception):
+                await client.stop()
+        self.retiring.clear()
 
 
 def _stat(path: Path) -> tuple[int, int] | None:

@@ -367,10 +367,10 @@ class Planner:
             if durable is not None:
                 self._restore_durable(durable)
             self._adopt_current()
-            self._record_if_unrecorded(durable)
             held = self.installed.plan.version.epoch if self.installed else 0
             self._epoch = max(self._epoch, held + 1)
             self._last_tick_s = self._clock()  # a full interval before its first step
+            self._record_if_unrecorded(durable)
             log.warning("took over as leader at %s; installs continue in epoch %d",
                         self.installed.plan.version if self.installed else "no plan",
                         self._epoch)
@@ -408,7 +408,12 @@ class Planner:
         plan, digest = self.installed.plan, self.installed.digest
         if recorded is not None and plan.version <= recorded:
             return
-        self._history.record_install(plan.version, self._publisher.signed_plan(plan.version))
+        try:  # best effort: taking over or starting must not fail on the record
+            self._history.record_install(plan.version,
+                                         self._publisher.signed_plan(plan.version))
+        except Exception as exc:
+            log.error("plan %s serves but could not be recorded now: %s", plan.version, exc)
+            return
         self.events.publish("installed", self.version_info(plan, digest))
         log.warning("plan %s serves but was never recorded (its install's reply was lost, or "
                     "its planner stopped before recording it): recorded and announced now",

@@ -156,7 +156,12 @@ class PoolSet:
         does, and the standby takes the leader's recorded config when it takes over."""
         planner = unit.planner
         if planner.role == "standby":
-            return False
+            # The leader applies the edit and records the config; this replica restores that
+            # when it takes over, so it keeps its view of the file in step (a stale one would
+            # replay the edit over whatever operators changed since).
+            changed = unit.spec != spec
+            unit.spec = spec
+            return changed
         before = {**self._defaults, **unit.spec.settings}
         after = {**self._defaults, **spec.settings}
         tunables = {k: v for k, v in after.items() if before.get(k) != v}
@@ -198,9 +203,19 @@ class PoolSet:
 
     def _refresh_owners(self) -> None:
         """destination -> pool from what each planner plans now (an operator's or
-        discovery's additions included)."""
-        self._owner = {d.id: name for name, unit in self._units.items()
-                       for d in unit.planner.destinations}
+        discovery's additions included). A destination moving between pools is still
+        draining in the old one: the pool that plans it in service owns it."""
+        owner: dict[str, str] = {}
+        draining: set[str] = set()
+        for name, unit in self._units.items():
+            for d in unit.planner.destinations:
+                if d.id not in owner or (d.id in draining and not d.draining):
+                    owner[d.id] = name
+                    if d.draining:
+                        draining.add(d.id)
+                    else:
+                        draining.discard(d.id)
+        self._owner = owner
 
     def _close(self, unit: PoolUnit) -> None:
         try:

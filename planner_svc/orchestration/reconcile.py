@@ -43,7 +43,8 @@ def reconcile(current: Iterable[DestinationSpec], desired: Iterable[DestinationS
     edit = DestinationEdit()
     for ident, d in want.items():
         held = have.get(ident)
-        if held is None or held.draining or held.address != d.address:
+        # (an entry without an address has no opinion on it: one set at run time stands)
+        if held is None or held.draining or (d.address and held.address != d.address):
             edit.add.append(d)  # new, back in service, or at a new address
     for ident, held in have.items():
         if ident in want:

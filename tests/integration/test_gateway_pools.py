@@ -169,7 +169,11 @@ def test_the_gateway_follows_the_pools_file_at_run_time(
 
         assert eventually(qwen_refused, 10.0)
         assert ask(url, "llama", "t1")  # chat carries on throughout
-        pools_file.write_text(original)  # and back: served again, from its plan in Redis
+        pools_file.write_text(original)  # and back: served again, by its plan in Redis
         assert eventually(lambda: not qwen_refused(), 10.0)
-        ready = httpx.get(url + "/readyz").json()
-        assert set(ready["pools"]) == {"chat", "code"}
+
+        def code_planned() -> bool:
+            pools = httpx.get(url + "/readyz").json()["pools"]
+            return set(pools) == {"chat", "code"} and pools["code"]["plan_version"] == "1.1"
+
+        assert eventually(code_planned, 10.0)

@@ -140,6 +140,7 @@ def test_a_plan_its_leader_never_recorded_is_recorded_by_the_next_leader(
     b = replica("b", leader_lease_s=2.0, leader_id="b")
     log = InstallLog(b)
     try:
+        assert eventually(lambda: b.planner.events.watchers >= 1, 5)  # subscribed first
         landed = b.publisher.current().version
         assert landed.seq == 2
         history = KafkaHistory(broker.bootstrap, topic)
@@ -149,6 +150,8 @@ def test_a_plan_its_leader_never_recorded_is_recorded_by_the_next_leader(
         assert eventually(lambda: landed in log.published, 5)
         assert eventually(lambda: history.load().current == landed, 10)
         history.close()
+        b.planner.take_over("b")  # a second take-over finds it recorded: no second record
+        assert list(log.published) == [landed]
     finally:
         log.close()
         b.stop(0)

@@ -50,11 +50,11 @@ def test_q_cap_follows_the_engines_when_learning_is_on(service):
     assert config.learn_q_cap
     assert planned_q_cap(service) == 60.0  # coping at 50 says only "q_cap >= 50"
 
-    for s in range(0, 15, 5):  # a 10-s burst of queueing is no knee
+    for s in range(0, 15, 5):  # a 10-s burst of queueing is no knee (yet: not derated)
         report(service, now_ms + 1000 + s * 1000, waiting=12)
+    burst = stub.GetStatus(planner_pb2.GetStatusRequest(), timeout=10)
+    assert burst.measured_q_cap_source == "served" and burst.q_cap_in_use == 60.0
     report(service, now_ms + 16_000, waiting=0)
-    assert stub.GetStatus(planner_pb2.GetStatusRequest(),
-                          timeout=10).measured_q_cap_source == "served"
     for s in range(0, 30, 5):  # then all six queue for 25 s at 50 req/s
         report(service, now_ms + 20_000 + s * 1000, waiting=12)
     status = stub.GetStatus(planner_pb2.GetStatusRequest(), timeout=10)
