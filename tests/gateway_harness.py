@@ -13,6 +13,7 @@ import contextlib
 import json
 import subprocess
 import sys
+import tempfile
 import threading
 import urllib.request
 from collections.abc import Coroutine, Iterator
@@ -134,19 +135,24 @@ def last_request(fleet: EngineFleet, engine: str) -> Any:
 def gateway_process(*argv: str) -> Iterator[str]:
     """`cacheroute gateway --port 0 ARGV` as its own process (the console script's path):
     its URL once it prints it; stopped with SIGTERM at the end, which must exit cleanly."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "planner_svc.cli.main", "gateway", "--port", "0", *argv],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert line.startswith("CACHEROUTE_GATEWAY="), line
-        yield line.strip().split("=", 1)[1]
-    finally:
-        proc.terminate()
+    # Its log goes to a file, not the pipe: nobody reads the pipe after the first line, and
+    # a full pipe would block the gateway.
+    with tempfile.TemporaryFile(mode="w+") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "planner_svc.cli.main", "gateway", "--port", "0", *argv],
+            stdout=subprocess.PIPE, stderr=log, text=True)
         try:
-            code = proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            raise
+            assert proc.stdout is not None
+            line = proc.stdout.readline()
+            if not line.startswith("CACHEROUTE_GATEWAY="):
+                log.seek(0)
+                raise AssertionError(f"the gateway did not start:\n{line}{log.read()[-4000:]}")
+            yield line.strip().split("=", 1)[1]
+        finally:
+            proc.terminate()
+            try:
+                code = proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                raise
     assert code == 0  # a clean stop (checked only when the test itself got this far)
