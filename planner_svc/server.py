@@ -324,6 +324,7 @@ def pool_specs(settings: PlannerSettings) -> tuple[list[PoolSpec], PoolsFile | N
 
 
 def pool_factory(settings: PlannerSettings, key: signing.Ed25519PrivateKey, *,
+                 guard: tuple[GuardSettings, ValidatedRange],
                  durable: bool, leadership: Leadership | None,
                  resume: Callable[[Planner], None],
                  process_publisher: PlanPublisher) -> Callable[[PoolSpec], PoolUnit]:
@@ -356,7 +357,7 @@ def pool_factory(settings: PlannerSettings, key: signing.Ed25519PrivateKey, *,
         try:
             if durable and pool_settings.state_topic:
                 history = KafkaHistory(settings.bootstrap, pool_settings.state_topic)
-            planner = _planner(pool_settings, publisher, history)
+            planner = _planner(pool_settings, publisher, history, guard)
             if leadership is not None:
                 # Until the election says otherwise this pool is a standby: no install (the
                 # fence refuses it), no history writes, no operator changes.
@@ -374,8 +375,8 @@ def pool_factory(settings: PlannerSettings, key: signing.Ed25519PrivateKey, *,
     return build
 
 
-def _planner(settings: PlannerSettings, publisher: PlanPublisher,
-             history: KafkaHistory | None) -> Planner:
+def guard_config(settings: PlannerSettings) -> tuple[GuardSettings, ValidatedRange]:
+    """The process's guard and validated range (every pool's); ValueError if they are bad."""
     validated = ValidatedRange(
         active_keys_max=settings.validated_active_keys_max or None,
         p99_ms_max=settings.validated_p99_ms_max or None,
@@ -386,8 +387,15 @@ def _planner(settings: PlannerSettings, publisher: PlanPublisher,
                           resume_dwell_s=settings.guard_resume_dwell_s,
                           min_fallback_s=settings.guard_min_fallback_s,
                           p99_resume_margin=settings.guard_p99_resume_margin)
+    return guard, validated
+
+
+def _planner(settings: PlannerSettings, publisher: PlanPublisher,
+             history: KafkaHistory | None,
+             guard: tuple[GuardSettings, ValidatedRange]) -> Planner:
+    settings_of_guard, validated = guard
     return Planner(
-        loop=ControlLoop(LoopSettings(guard=guard, decision=DecisionSettings(
+        loop=ControlLoop(LoopSettings(guard=settings_of_guard, decision=DecisionSettings(
             hysteresis=settings.hysteresis, min_dwell_s=settings.min_dwell_s)),
             validated=validated),
         publisher=publisher,
@@ -408,10 +416,7 @@ def build_service(
     """
     specs, pools_file = pool_specs(settings)
     try:  # the guard's settings are the process's: refuse bad ones before anything starts
-        GuardSettings(enter_after_s=settings.guard_enter_after_s,
-                      resume_dwell_s=settings.guard_resume_dwell_s,
-                      min_fallback_s=settings.guard_min_fallback_s,
-                      p99_resume_margin=settings.guard_p99_resume_margin)
+        guard = guard_config(settings)
     except ValueError as exc:
         raise SystemExit(f"--guard-* settings: {exc}") from None
     key = signing_key(settings)
@@ -440,7 +445,7 @@ def build_service(
         def resume(planner: Planner) -> None:
             planner.resume()
 
-    pools = PoolSet(pool_factory(settings, key, durable=durable_history,
+    pools = PoolSet(pool_factory(settings, key, guard=guard, durable=durable_history,
                                  leadership=leadership, resume=resume,
                                  process_publisher=publisher),
                     defaults={k: getattr(settings, k) for k in POOL_SETTINGS},

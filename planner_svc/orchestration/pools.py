@@ -191,11 +191,13 @@ class PoolSet:
             planner.update_config(tunables=tunables, add=add, drain=drain, remove=remove,
                                   weights=weights)
         wanted = {d.id for d in desired}
-        for d in planner.destinations:  # every unwanted drained one gets its clock
+        planned = planner.destinations
+        for d in planned:  # every unwanted drained one gets its clock
             if d.draining and d.id not in wanted:
                 unit.drained_since.setdefault(d.id, now)
+        held = {d.id for d in planned}
         for ident in list(unit.drained_since):
-            if ident in wanted or ident not in {d.id for d in planner.destinations}:
+            if ident in wanted or ident not in held:
                 del unit.drained_since[ident]
         changed = unit.spec != spec
         unit.spec = spec
