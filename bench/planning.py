@@ -10,6 +10,10 @@ Run from the repo root:  .venv/bin/python bench/planning.py [--quick] [--seed N]
    the share of admitted traffic whose destination set changed (keys admitted before and after;
    entering and leaving admission shown separately) and max/mean imbalance, for a from-scratch
    LPT plan and for `repack` of the installed plan.
+4. The same walk planned for a hashed cold tail (`hashed_tail`, the planner's default): build
+   time beside the paper's P2C-tail LPT, and of the traffic entering (leaving) admission, the
+   share planned on (coming from) the key's ring owner, where the routers' tail sends it, so
+   its cache is already there (stays there); the paper's placement beside it.
 Last line: one JSON object of figures.
 """
 
@@ -29,6 +33,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from planner_svc.planning import PlanningConfig, build_plan, diff, repack
+from planner_svc.planning.placement import tail_ring
 from planner_svc.simulator.rates import (
     gini,
     lognormal_walk,
@@ -188,6 +193,68 @@ def hysteresis_case(keys: list[str], rates: np.ndarray, seed: int) -> dict[str, 
     }
 
 
+def _on_owner(plan: RoutingPlan, keys: set[str], owner: dict[str, str]) -> tuple[float, float]:
+    """(rate of `keys` in `plan`, the part of it whose set includes the key's ring owner)."""
+    table = plan.table.as_dict()
+    rates = dict(zip(plan.table.keys, plan.table.rates.tolist(), strict=True))
+    total = on = 0.0
+    for k in keys:
+        total += rates[k]
+        if owner[k] in {plan.destinations[m].id for m in table[k]}:
+            on += rates[k]
+    return total, on
+
+
+def hashed_tail_case(keys: list[str], rates: np.ndarray, seed: int, reps: int) -> dict[str, float]:
+    hashed = PlanningConfig.uniform(30, Q_CAP, 128, hashed_tail=True)
+    paper = PlanningConfig.uniform(30, Q_CAP, 128)
+    build_plan(keys, rates, hashed)  # warm up (and the key hashes' memo)
+    times: dict[str, list[float]] = {"hashed": [], "paper": []}
+    for _ in range(reps):
+        for name, config in (("hashed", hashed), ("paper", paper)):
+            t = time.perf_counter()
+            build_plan(keys, rates, config)
+            times[name].append(time.perf_counter() - t)
+    ring = tail_ring([d.id for d in hashed.destinations])
+    ids = [d.id for d in hashed.destinations]
+    owner = {k: ids[ring.owner_of(k)] for k in keys}
+    print(f"\nhashed cold tail: build {_median_ms(times['hashed']):.2f} ms median "
+          f"(P2C-tail LPT {_median_ms(times['paper']):.2f} ms); share of the traffic entering / "
+          f"leaving admission on the key's ring owner")
+    print(f"{'int':>3} | {'hashed enter':>12} {'leave':>6} {'moved':>7} {'imb gap':>7} | "
+          f"{'paper enter':>11} {'leave':>6}")
+    rng = np.random.default_rng(seed + 1)
+    installed = {"hashed": build_plan(keys, rates, hashed), "paper": build_plan(keys, rates, paper)}
+    rows = []
+    for interval in range(1, 7):
+        rates = lognormal_walk(rates, 0.3, rng)
+        row = []
+        for name, config in (("hashed", hashed), ("paper", paper)):
+            before = installed[name]
+            after = repack(before, keys, rates, config)
+            was, now = set(before.table.keys), set(after.table.keys)
+            t_in, on_in = _on_owner(after, now - was, owner)
+            t_out, on_out = _on_owner(before, was - now, owner)
+            fresh = build_plan(keys, rates, paper).stats.imbalance_max_over_mean
+            row += [on_in / max(t_in, 1e-12), on_out / max(t_out, 1e-12),
+                    diff(before, after).moved_traffic_share,
+                    after.stats.imbalance_max_over_mean - fresh]
+            installed[name] = after
+        rows.append(row)
+        print(f"{interval:>3} | {row[0]:>12.3f} {row[1]:>6.3f} {row[2]:>7.4f} {row[3]:>7.4f} | "
+              f"{row[4]:>11.3f} {row[5]:>6.3f}")
+    return {
+        "hashed_build_128k_ms": _median_ms(times["hashed"]),
+        "paper_build_128k_ms_same_run": _median_ms(times["paper"]),
+        "hashed_entering_on_owner_mean": float(np.mean([r[0] for r in rows])),
+        "hashed_leaving_from_owner_mean": float(np.mean([r[1] for r in rows])),
+        "hashed_moved_share_max": max(r[2] for r in rows),
+        "hashed_imbalance_gap_max": max(r[3] for r in rows),
+        "paper_entering_on_owner_mean": float(np.mean([r[4] for r in rows])),
+        "paper_leaving_from_owner_mean": float(np.mean([r[5] for r in rows])),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="skip the 10 M-key case")
@@ -198,6 +265,7 @@ def main() -> None:
     if not args.quick:
         figures |= large_case(10_000_000, args.seed, reps=3)
     figures |= churn_case(keys, rates, args.seed)
+    figures |= hashed_tail_case(keys, rates, args.seed, reps=9 if args.quick else 25)
     targets = {
         "target_128k_under_10ms": figures["build_128k_ms"] <= 10.0,
         "target_faster_than_sort": figures["ratio_vs_sort"] < 1.0,

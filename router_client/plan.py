@@ -111,6 +111,7 @@ class PlanConfig:
     imbalance_tolerance: float = 0.03
     built_by: str = BuiltBy.BUILD
     fallback: bool = False  # route everything by power-of-two-choices (see plan.proto)
+    hashed_tail: bool = False  # built for a consistent-hashed cold tail (see plan.proto)
 
     @property
     def is_fallback(self) -> bool:
@@ -242,6 +243,7 @@ def config_to_pb(c: PlanConfig) -> plan_pb2.PlanConfig:
         imbalance_tolerance=c.imbalance_tolerance,
         built_by=c.built_by,
         fallback=c.fallback,
+        hashed_tail=c.hashed_tail,
     )
 
 
@@ -254,6 +256,7 @@ def config_from_pb(c: plan_pb2.PlanConfig) -> PlanConfig:
         imbalance_tolerance=c.imbalance_tolerance,
         built_by=c.built_by,
         fallback=c.fallback,
+        hashed_tail=c.hashed_tail,
     )
 
 

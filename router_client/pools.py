@@ -64,6 +64,7 @@ POOL_SETTINGS: dict[str, tuple[type, float, float]] = {
     "rate_noise_z": (float, 0.0, 10.0),
     "learn_warm_slots": (bool, 0, 1),
     "learn_q_cap": (bool, 0, 1),
+    "hashed_tail": (bool, 0, 1),
 }
 
 

@@ -62,10 +62,9 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-import hashlib
 import random
 from collections import OrderedDict
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import NamedTuple
@@ -87,6 +86,7 @@ from router_client.plan import (
     version_from_pb,
 )
 from router_client.rebase import plan_edit
+from router_client.ring import Ring, mix, stable_hash
 
 # A router's routing mode (RouterCore.mode, the router status): by the plan, or all by P2C.
 PLANNED = "planned"
@@ -271,52 +271,11 @@ def translate_lookup(lookup: Mapping[str, Members], slot_of: Sequence[int]) -> d
     return out
 
 
-_MASK64 = 0xFFFFFFFFFFFFFFFF
-
-
-def _mix(x: int) -> int:
-    """splitmix64's finaliser: a well-spread 64-bit hash of an int."""
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9 & _MASK64
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EB & _MASK64
-    return x ^ (x >> 31)
-
-
 def _two_distinct(n: int, rand: Callable[[], float]) -> tuple[int, int]:
     """Two distinct indices below n (n >= 2), uniformly: two draws without replacement."""
     i = int(rand() * n)
     j = int(rand() * (n - 1))
     return i, (j + 1 if j >= i else j)
-
-
-def _stable_hash(text: str) -> int:
-    """A hash of `text` that is the same in every router process (Python's `hash` of a str
-    is salted per process, so two routers would disagree)."""
-    return int.from_bytes(hashlib.blake2b(text.encode("utf-8", "surrogatepass"),
-                                          digest_size=8).digest(), "little")
-
-
-class _Ring:
-    """A consistent-hash ring over slots: `VNODES` points per slot, sorted."""
-
-    VNODES = 64
-    __slots__ = ("owners", "points")
-
-    def __init__(self, slots: Sequence[int]) -> None:
-        pairs = sorted((_mix((s + 1) * 1_000_003 + v), s) for s in slots
-                       for v in range(self.VNODES))
-        self.points = [p for p, _ in pairs]
-        self.owners = [s for _, s in pairs]
-
-    def walk(self, h: int) -> Iterator[int]:
-        """Distinct owners clockwise from `h`."""
-        owners, n = self.owners, len(self.owners)
-        i = bisect.bisect_left(self.points, h)
-        seen: set[int] = set()
-        for k in range(n):
-            s = owners[(i + k) % n]
-            if s not in seen:
-                seen.add(s)
-                yield s
 
 
 class _Active:
@@ -344,7 +303,7 @@ class _Active:
         self.usable = usable  # per slot: healthy and not draining
         self.inv_weight = inv_weight  # per slot: 1 / capacity weight
         self.pool = pool  # the slots P2C draws from (usable ones, see the module doc)
-        self.ring: _Ring | None = None  # built on the first cold-tail hash decision
+        self.ring: Ring | None = None  # built on the first cold-tail hash decision
         self.total_weight = sum(1.0 / inv_weight[s] for s in pool) or 1.0
         # Unequal weights in the pool: the weighted decision, else the plain one.
         self.weighted = len({inv_weight[s] for s in pool}) > 1
@@ -404,7 +363,8 @@ class RouterCore:
     # --- state changes (rare) ------------------------------------------------
 
     def install(self, table: RoutingTable | None) -> None:
-        """Swap in a new table (None: no plan, route all by P2C). Maps destinations by id."""
+        """Swap in a new table (None: no plan: every key by the cold tail, P2C or hashed).
+        Maps destinations by id."""
         if table is None:
             slots = tuple(range(len(self.destination_ids)))
             self._active = self._build_active(None, {}, None, slots)
@@ -478,7 +438,8 @@ class RouterCore:
 
     @property
     def mode(self) -> str:
-        return FALLBACK if self._active.fallback else PLANNED
+        a = self._active
+        return FALLBACK if a.fallback or a.table is None else PLANNED
 
     def slot_of(self, destination_id: str) -> int:
         return self._slot[destination_id]
@@ -574,11 +535,12 @@ class RouterCore:
             return self._p2c(a)
         ring = a.ring
         if ring is None:
-            ring = a.ring = _Ring(a.pool)
+            ids = self.destination_ids
+            ring = a.ring = Ring([ids[s] for s in a.pool], a.pool)
         inflight, inv = self.load, a.inv_weight
         total = sum(inflight[s] for s in a.pool) + 1
         cap = (1.0 + self.tail_slack) * total / a.total_weight
-        for s in ring.walk(_stable_hash(key)):
+        for s in ring.walk(stable_hash(key)):
             if (inflight[s] + 1) * inv[s] <= cap + inv[s]:
                 return s
         return self._p2c(a)
@@ -586,12 +548,12 @@ class RouterCore:
     def _affine_member(self, members: tuple[int, ...], a: _Active, affinity: str) -> int:
         """The rendezvous-hash member for `affinity` unless it is too far ahead in load."""
         usable, inflight, inv = a.usable, self.load, a.inv_weight
-        h = _stable_hash(affinity)
+        h = stable_hash(affinity)
         best, best_score, loads, n = -1, -1, 0.0, 0
         for m in members:
             if not usable[m]:
                 continue
-            score = _mix(h ^ (m * 0x9E3779B97F4A7C15 & 0xFFFFFFFFFFFFFFFF))
+            score = mix(h ^ (m * 0x9E3779B97F4A7C15 & 0xFFFFFFFFFFFFFFFF))
             if score > best_score:
                 best, best_score = m, score
             loads += inflight[m] * inv[m]
@@ -768,5 +730,8 @@ class RouterCore:
         pool = (tuple(s for s in slots if usable[s])
                 or tuple(s for s in slots if healthy[s])
                 or slots)
-        fallback = table is None or table.planner_fallback or self._forced_fallback
+        # Without a plan, a hashed cold tail routes every key (the plan-less fleet keeps its
+        # locality, and the first plan finds keys where the tail put them); P2C otherwise.
+        fallback = ((table is None and self.cold_tail == "p2c")
+                    or (table is not None and table.planner_fallback) or self._forced_fallback)
         return _Active(table, lookup, overlay, slots, fallback, usable, tuple(inv_weight), pool)

@@ -146,6 +146,7 @@ def config_pb(t: Tunables, decision: DecisionSettings, destinations: list[Any],
         rate_noise_z=t.rate_noise_z,
         learn_warm_slots=t.learn_warm_slots,
         learn_q_cap=t.learn_q_cap,
+        hashed_tail=t.hashed_tail,
         destinations=destinations_to_pb(destinations),
     )
 

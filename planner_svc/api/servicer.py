@@ -376,6 +376,8 @@ def _tunable_changes(request: planner_pb2.UpdateConfigRequest) -> dict[str, Any]
         changes["learn_warm_slots"] = request.learn_warm_slots
     if request.HasField("learn_q_cap"):
         changes["learn_q_cap"] = request.learn_q_cap
+    if request.HasField("hashed_tail"):
+        changes["hashed_tail"] = request.hashed_tail
     if request.HasField("rate_noise_z"):
         if not (math.isfinite(request.rate_noise_z) and 0.0 <= request.rate_noise_z <= 10.0):
             raise InvalidRequest(f"rate_noise_z must be in [0, 10], got {request.rate_noise_z}")

@@ -134,6 +134,7 @@ def config_dict(pb: Any) -> dict[str, Any]:
         "rate_noise_z": pb.rate_noise_z,
         "learn_warm_slots": pb.learn_warm_slots,
         "learn_q_cap": pb.learn_q_cap,
+        "hashed_tail": pb.hashed_tail,
         "guard": {name: getattr(pb.guard, name) for name in (
             "active_keys_min", "active_keys_max", "p99_ms_max", "hit_rate_min",
             "hit_gap_max", "enter_after_s", "resume_dwell_s", "min_fallback_s",

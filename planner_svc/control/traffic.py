@@ -11,7 +11,9 @@ The functions below project a `RoutingPlan` onto that traffic:
   key's rate is split evenly over its members that are still live (dispatch
   picks the least-loaded member, which equalises them in expectation); a key
   with no live member left, and every unadmitted key, is cold tail, spread by
-  power-of-two choices, i.e. in proportion to capacity over live destinations.
+  power-of-two choices, i.e. in proportion to capacity over live destinations, or, for a
+  plan built for a hashed tail (`PlanConfig.hashed_tail`), where the routers' ring puts
+  each such key (`planning.placement.hashed_tail_loads`, the planner's own model).
   `fleet` is the current destination list (None = the plan's own), so a plan
   pinned to a drained or removed destination is priced as what it now is;
 - `new_member_share(installed, candidate)`: per candidate key, the share of its
@@ -30,6 +32,7 @@ from functools import cached_property
 
 import numpy as np
 
+from planner_svc.planning.placement import hashed_tail_loads, tail_ring
 from planner_svc.planning.stats import imbalance as stats_imbalance
 from router_client.plan import DestinationSpec, RoutingPlan
 
@@ -143,7 +146,9 @@ def served_mask(plan: RoutingPlan, fleet: Fleet | None = None) -> np.ndarray:
 
 def expected_loads(plan: RoutingPlan, traffic: Traffic, fleet: Fleet | None = None) -> np.ndarray:
     """Requests/s per destination (fleet order) if routers follow `plan` under `traffic`."""
-    return _loads(plan, aligned_rates(plan, traffic), traffic.total_rate, fleet_of(plan, fleet))
+    dests = fleet_of(plan, fleet)
+    return _loads(plan, aligned_rates(plan, traffic), traffic.total_rate, dests,
+                  traffic if plan.config.hashed_tail else None)
 
 
 def planned_loads(plan: RoutingPlan) -> np.ndarray:
@@ -159,7 +164,8 @@ def planned_loads(plan: RoutingPlan) -> np.ndarray:
 
 
 def _loads(
-    plan: RoutingPlan, rates: np.ndarray, total: float, dests: Sequence[DestinationSpec]
+    plan: RoutingPlan, rates: np.ndarray, total: float, dests: Sequence[DestinationSpec],
+    hashed: Traffic | None = None,
 ) -> np.ndarray:
     # A key's rate splits evenly over its live members; a key with none joins the cold tail.
     member, owner = _placement(plan, dests)
@@ -173,7 +179,26 @@ def _loads(
     # which destinations are live and, for ones the plan does not name, their weight.
     in_plan = {d.id: d.capacity_weight for d in plan.destinations}
     weights = [in_plan.get(d.id, d.capacity_weight) for d in dests]
+    if hashed is not None and cold_tail > 0.0:
+        return loads.astype(np.float64) + _hashed_tail(plan, served, hashed, dests, weights)
     return loads.astype(np.float64) + cold_tail * _fallback_shares(dests, weights)
+
+
+def _hashed_tail(plan: RoutingPlan, served: np.ndarray, traffic: Traffic,
+                 dests: Sequence[DestinationSpec], weights: Sequence[float]) -> np.ndarray:
+    """The cold tail on the routers' ring over the live destinations: every key of the
+    traffic the plan does not serve (unadmitted, or no live member left) at its rate."""
+    tail = np.asarray(traffic.rates, np.float64).copy()
+    pos = traffic.positions(plan.table.keys)
+    tail[pos[(pos >= 0) & served]] = 0.0
+    live = [i for i, d in enumerate(dests) if not d.draining]
+    out = np.zeros(len(dests))
+    if not live:
+        return out
+    w = np.array([weights[i] for i in live], np.float64)
+    ring = tail_ring([dests[i].id for i in live])
+    out[live] = hashed_tail_loads(traffic.keys, tail, traffic.total_rate, w, ring)
+    return out
 
 
 def imbalance(plan: RoutingPlan, loads: np.ndarray, fleet: Fleet | None = None) -> float:

@@ -208,6 +208,8 @@ class Tunables:
     # Plan with q_cap measured from the engines' saturation and served loads
     # (control.capacity), within [q/2, 2q] of `q_cap`.
     learn_q_cap: bool = False
+    # Plan for a consistent-hashed cold tail (planning.placement); False = the paper's.
+    hashed_tail: bool = False
 
 
 class Planner:
@@ -1092,6 +1094,7 @@ class Planner:
             byte_aware=t.byte_aware,
             admission_hysteresis=t.admission_hysteresis,
             balance_effort=t.balance_effort,
+            hashed_tail=t.hashed_tail,
         )
 
     def plan(self, version: Version | None = None) -> RoutingPlan:

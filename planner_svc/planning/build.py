@@ -10,8 +10,17 @@ import numpy as np
 from planner_svc.planning.admission import Admission, admit, check_rates
 from planner_svc.planning.config import PlanningConfig
 from planner_svc.planning.errors import PlanningError
-from planner_svc.planning.placement import cold_tail_loads, lpt_place
-from planner_svc.planning.stats import plan_stats, table_from_flat
+from planner_svc.planning.placement import (
+    affine_place,
+    cold_tail_loads,
+    hashed_tail_loads,
+    lpt_place,
+    rebalance,
+    ring_owners,
+    tail_ring,
+    unserved,
+)
+from planner_svc.planning.stats import imbalance, plan_stats, table_from_flat
 from router_client.plan import RoutingPlan
 
 
@@ -36,10 +45,44 @@ def build_plan(
     weights = config.weights
     total = float(r.sum())
     admitted_rate = float(r[adm.index].sum())
-    loads_h = cold_tail_loads(max(0.0, total - admitted_rate), weights[healthy])
-    members_h = lpt_place(r[adm.index] / adm.replicas, adm.replicas, loads_h, weights[healthy])
+    shares = r[adm.index] / adm.replicas
+    if config.hashed_tail:
+        members_h, loads_h = _place_affine(keys, r, config, adm, shares)
+    else:
+        loads_h = cold_tail_loads(max(0.0, total - admitted_rate), weights[healthy])
+        members_h = lpt_place(shares, adm.replicas, loads_h, weights[healthy])
     return assemble(keys, r, config, adm, healthy[members_h], loads_h, "build",
                     (clock() - started) if clock else 0.0)
+
+
+def _place_affine(
+    keys: Sequence[str], r: np.ndarray, config: PlanningConfig, adm: Admission,
+    shares: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Placement for a hashed cold tail: keys on their ring owners within the balance a fresh
+    LPT reaches (+ `imbalance_tolerance`), the rest by LPT, then rebalanced to that target."""
+    healthy = np.flatnonzero(config.active)
+    w = config.weights[healthy]
+    ring = tail_ring([config.destinations[i].id for i in healthy.tolist()])
+    base = hashed_tail_loads(keys, unserved(r, adm.index), float(r.sum()), w, ring)
+    goal = balance_goal(shares, adm.replicas, base, w, config)
+    loads = base.copy()
+    mean = float(r.sum()) / float(w.sum())
+    sets = affine_place(shares, adm.replicas, ring_owners(keys, adm.index, ring), loads, w,
+                        goal * mean)
+    rebalance(sets, shares, loads, w, goal)
+    flat = np.fromiter((m for s in sets for m in sorted(s)), np.int64, int(adm.replicas.sum()))
+    return flat, loads
+
+
+def balance_goal(
+    shares: np.ndarray, replicas: np.ndarray, base: np.ndarray, w: np.ndarray,
+    config: PlanningConfig,
+) -> float:
+    """The imbalance a fresh LPT plan reaches over `base`, plus `imbalance_tolerance`."""
+    fresh = base.copy()
+    lpt_place(shares, replicas, fresh, w)
+    return imbalance(fresh, w) + config.imbalance_tolerance
 
 
 def assemble(

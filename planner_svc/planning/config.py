@@ -31,6 +31,10 @@ class PlanningConfig:
     - `admission_hysteresis` (repack only, default 0 = exact top-rate admission): keys the
       installed plan admits rank at λ·(1 + h), so rate noise near the admission boundary does
       not swap keys in and out (each swap rewarms a prefix).
+    - `hashed_tail` (default off = the paper's P2C cold tail): the routers consistent-hash the
+      keys the plan does not admit (`cold_tail="hash"`, the gateway's default); the plan then
+      models that tail on the shared ring and places keys entering the plan on their ring
+      owner when balance allows, so admission moves no traffic (`planning.placement`).
     """
 
     destinations: tuple[DestinationSpec, ...]
@@ -42,6 +46,7 @@ class PlanningConfig:
     byte_aware: bool = False
     token_budget: float | None = None
     admission_hysteresis: float = 0.0
+    hashed_tail: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "destinations", tuple(self.destinations))
@@ -107,6 +112,7 @@ class PlanningConfig:
             byte_aware=self.byte_aware,
             imbalance_tolerance=self.imbalance_tolerance,
             built_by=built_by,
+            hashed_tail=self.hashed_tail,
         )
 
 

@@ -16,15 +16,24 @@ measured in traffic (λ_b / k_b), since that is what must rewarm.
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from planner_svc.planning.admission import Admission, admit, check_rates
-from planner_svc.planning.build import assemble
+from planner_svc.planning.build import assemble, balance_goal
 from planner_svc.planning.config import PlanningConfig
-from planner_svc.planning.placement import cold_tail_loads, least_loaded, lpt_place
+from planner_svc.planning.placement import (
+    affine_place,
+    cold_tail_loads,
+    hashed_tail_loads,
+    least_loaded,
+    lpt_place,
+    rebalance,
+    ring_owners,
+    tail_ring,
+    unserved,
+)
 from planner_svc.planning.stats import imbalance
 from router_client.plan import RoutingPlan
 
@@ -50,12 +59,20 @@ def repack(
     healthy = np.flatnonzero(config.active)
     weights = config.weights[healthy]
     shares = r[adm.index] / adm.replicas
-    base = cold_tail_loads(max(0.0, float(r.sum()) - float(r[adm.index].sum())), weights)
+    ring = (tail_ring([config.destinations[i].id for i in healthy.tolist()])
+            if config.hashed_tail else None)
+    base = (hashed_tail_loads(keys, unserved(r, adm.index), float(r.sum()), weights,
+                                  ring) if ring is not None else
+            cold_tail_loads(max(0.0, float(r.sum()) - float(r[adm.index].sum())), weights))
+    goal = balance_goal(shares, adm.replicas, base, weights, config)
     sets = _kept_sets(previous, keys, adm, config)
     loads = base + _set_loads(sets, shares, len(healthy))
     _release_extra(sets, adm.replicas, shares, loads, weights)
-    _fill_short(sets, adm.replicas, shares, loads, weights)
-    target = _target(adm, shares, base, weights, loads, config)
+    owners = ring_owners(keys, adm.index, ring) if ring is not None else None
+    _fill_short(sets, adm.replicas, shares, loads, weights, owners,
+                goal * float(r.sum()) / float(weights.sum()))
+    # Rebalance down to the goal, relaxed by (1 - balance_effort) towards where we are.
+    target = goal + (1.0 - config.balance_effort) * max(0.0, imbalance(loads, weights) - goal)
     rebalance(sets, shares, loads, weights, target)
     flat = np.fromiter((m for s in sets for m in sorted(s)), np.int64, int(adm.replicas.sum()))
     members = healthy[flat]
@@ -112,14 +129,21 @@ def _release_extra(
 
 
 def _fill_short(
-    sets: list[list[int]], k: np.ndarray, shares: np.ndarray, loads: np.ndarray, w: np.ndarray
+    sets: list[list[int]], k: np.ndarray, shares: np.ndarray, loads: np.ndarray, w: np.ndarray,
+    owners: np.ndarray | None, limit: float,
 ) -> None:
-    """Top up partial sets on the least-loaded unused destinations, then LPT-place new keys."""
+    """Top up partial sets on the least-loaded unused destinations, then place new keys: by
+    LPT, or (`owners` given: a hashed tail) on their ring owners within `limit` first."""
     fresh = [j for j, s in enumerate(sets) if not s]
     for j, s in enumerate(sets):
         if s and len(s) < k[j]:
             _add_members(s, int(k[j]) - len(s), shares[j], loads, w)
-    if fresh:
+    if fresh and owners is not None:
+        idx = np.array(fresh, np.int64)
+        placed = affine_place(shares[idx], k[idx], owners[idx], loads, w, limit)
+        for j, members in zip(fresh, placed, strict=True):
+            sets[j] = members
+    elif fresh:
         idx = np.array(fresh, np.int64)
         flat = lpt_place(shares[idx], k[idx], loads, w)
         offsets = np.concatenate([[0], np.cumsum(k[idx])]).tolist()
@@ -136,85 +160,3 @@ def _add_members(s: list[int], count: int, share: float, loads: np.ndarray, w: n
             s.append(m)
             loads[m] += share
             count -= 1
-
-
-def _target(
-    adm: Admission, shares: np.ndarray, base: np.ndarray, w: np.ndarray, loads: np.ndarray,
-    config: PlanningConfig,
-) -> float:
-    """Imbalance to rebalance down to: fresh LPT + tolerance, relaxed by (1 − balance_effort)."""
-    fresh_loads = base.copy()
-    lpt_place(shares, adm.replicas, fresh_loads, w)
-    goal = imbalance(fresh_loads, w) + config.imbalance_tolerance
-    now = imbalance(loads, w)
-    return goal + (1.0 - config.balance_effort) * max(0.0, now - goal)
-
-
-def rebalance(
-    sets: list[list[int]], shares: np.ndarray, loads: np.ndarray, w: np.ndarray, target: float
-) -> int:
-    """Move replicas off the most-loaded destination until imbalance <= target; return #moves.
-
-    Every move lowers the donor and keeps the receiver at or under the target load, so the total
-    excess above the target strictly falls; the loop also stops when no move can help.
-    """
-    limit = target * float(loads.sum()) / float(w.sum())
-    if imbalance(loads, w) <= target:
-        return 0
-    on = _per_destination(sets, shares, len(loads))
-    moves = 0
-    while moves < 4 * len(sets) + len(loads):
-        rel = loads / w
-        donor = int(np.argmax(rel))
-        if rel[donor] <= limit:
-            break
-        move = _best_move(on[donor], sets, rel, w, limit, (rel[donor] - limit) * w[donor])
-        if move is None:
-            break
-        share, j, receiver = move
-        _apply_move(on, sets, loads, donor, receiver, share, j)
-        moves += 1
-    return moves
-
-
-def _per_destination(
-    sets: list[list[int]], shares: np.ndarray, n: int
-) -> list[list[tuple[float, int]]]:
-    on: list[list[tuple[float, int]]] = [[] for _ in range(n)]
-    share_list = shares.tolist()
-    for j, s in enumerate(sets):
-        for m in s:
-            on[m].append((share_list[j], j))
-    for items in on:
-        items.sort()
-    return on
-
-
-def _best_move(
-    items: list[tuple[float, int]], sets: list[list[int]], rel: np.ndarray, w: np.ndarray,
-    limit: float, excess: float,
-) -> tuple[float, int, int] | None:
-    """(share, key, receiver): the smallest share >= excess that fits the receiver's room, else
-    the largest share that fits; receivers tried from the least loaded (a few at most)."""
-    for receiver in np.argsort(rel, kind="stable")[:8].tolist():
-        room = (limit - rel[receiver]) * w[receiver]
-        if room <= 0.0:
-            break
-        lo = bisect.bisect_left(items, (excess, -1))
-        hi = bisect.bisect_right(items, (room, len(sets)))
-        for pos in [*range(lo, hi), *range(min(lo, hi) - 1, -1, -1)]:
-            share, j = items[pos]
-            if receiver not in sets[j]:
-                return share, j, receiver
-    return None
-
-
-def _apply_move(
-    on: list[list[tuple[float, int]]], sets: list[list[int]], loads: np.ndarray,
-    donor: int, receiver: int, share: float, j: int,
-) -> None:
-    on[donor].remove((share, j))
-    bisect.insort(on[receiver], (share, j))
-    sets[j][sets[j].index(donor)] = receiver
-    loads[donor] -= share
-    loads[receiver] += share

@@ -65,6 +65,10 @@ class CacheRouteSettings:
     # Keys the plan does not admit: the paper's P2C, or the gateway's default, bounded-load
     # consistent hashing ("hash"; router_client.routing).
     cold_tail: str = "p2c"
+    # The plan models a hashed cold tail and places keys entering it on their ring owner
+    # (PlanningConfig.hashed_tail; the planner's default, as `cold_tail="hash"` is the
+    # gateway's).
+    hashed_tail: bool = False
 
     def label(self) -> str:
         names = {"full": "CacheRoute", "affinity": "+ affinity", "replication": "+ replication"}
@@ -75,7 +79,8 @@ class CacheRouteSettings:
 def planning_config(n_destinations: int, s: CacheRouteSettings) -> PlanningConfig:
     q_cap = s.q_cap if s.variant != "affinity" else _NO_REPLICATION_Q_CAP
     return PlanningConfig.uniform(
-        n_destinations, q_cap, s.warm_slots_per_destination, balance_effort=s.balance_effort
+        n_destinations, q_cap, s.warm_slots_per_destination, balance_effort=s.balance_effort,
+        hashed_tail=s.hashed_tail,
     )
 
 
@@ -238,14 +243,14 @@ class CacheRoutePolicy:
 
 
 def gateway_like(q_cap: float, warm_slots_per_destination: int, *,
-                 publish_delay_s: float = 0.5) -> PolicyFactory:
+                 publish_delay_s: float = 0.5, hashed_tail: bool = True) -> PolicyFactory:
     """CacheRoute as `cacheroute gateway` and the planner run it by default: conversations
     kept on their member and with their history, the cold tail consistent-hashed, replans
     through the production control loop, plans reaching the router after a publish delay."""
     return cacheroute(CacheRouteSettings(
         q_cap=q_cap, warm_slots_per_destination=warm_slots_per_destination,
         session_affinity=True, cold_tail="hash", control_loop=True,
-        publish_delay_s=publish_delay_s))
+        publish_delay_s=publish_delay_s, hashed_tail=hashed_tail))
 
 
 def cacheroute(settings: CacheRouteSettings) -> PolicyFactory:

@@ -64,4 +64,4 @@ def test_importing_the_planning_core_loads_no_client() -> None:
     assert set(loaded) <= {"router_client", "router_client.errors", "router_client.plan",
                            "router_client.routing", "router_client.layered",
                            "router_client.rebase", "router_client.layout",
-                           "router_client.delta"}, loaded
+                           "router_client.delta", "router_client.ring"}, loaded

@@ -16,7 +16,7 @@ class PlanVersion(_message.Message):
     def __init__(self, epoch: _Optional[int] = ..., seq: _Optional[int] = ...) -> None: ...
 
 class PlanConfig(_message.Message):
-    __slots__ = ("q_cap", "warm_slots_per_destination", "warm_slots", "byte_aware", "imbalance_tolerance", "built_by", "fallback")
+    __slots__ = ("q_cap", "warm_slots_per_destination", "warm_slots", "byte_aware", "imbalance_tolerance", "built_by", "fallback", "hashed_tail")
     Q_CAP_FIELD_NUMBER: _ClassVar[int]
     WARM_SLOTS_PER_DESTINATION_FIELD_NUMBER: _ClassVar[int]
     WARM_SLOTS_FIELD_NUMBER: _ClassVar[int]
@@ -24,6 +24,7 @@ class PlanConfig(_message.Message):
     IMBALANCE_TOLERANCE_FIELD_NUMBER: _ClassVar[int]
     BUILT_BY_FIELD_NUMBER: _ClassVar[int]
     FALLBACK_FIELD_NUMBER: _ClassVar[int]
+    HASHED_TAIL_FIELD_NUMBER: _ClassVar[int]
     q_cap: float
     warm_slots_per_destination: int
     warm_slots: int
@@ -31,7 +32,8 @@ class PlanConfig(_message.Message):
     imbalance_tolerance: float
     built_by: str
     fallback: bool
-    def __init__(self, q_cap: _Optional[float] = ..., warm_slots_per_destination: _Optional[int] = ..., warm_slots: _Optional[int] = ..., byte_aware: _Optional[bool] = ..., imbalance_tolerance: _Optional[float] = ..., built_by: _Optional[str] = ..., fallback: _Optional[bool] = ...) -> None: ...
+    hashed_tail: bool
+    def __init__(self, q_cap: _Optional[float] = ..., warm_slots_per_destination: _Optional[int] = ..., warm_slots: _Optional[int] = ..., byte_aware: _Optional[bool] = ..., imbalance_tolerance: _Optional[float] = ..., built_by: _Optional[str] = ..., fallback: _Optional[bool] = ..., hashed_tail: _Optional[bool] = ...) -> None: ...
 
 class Destination(_message.Message):
     __slots__ = ("id", "address", "capacity_weight", "draining")

@@ -335,7 +335,7 @@ class GuardConfig(_message.Message):
     def __init__(self, active_keys_min: _Optional[int] = ..., active_keys_max: _Optional[int] = ..., p99_ms_max: _Optional[float] = ..., hit_rate_min: _Optional[float] = ..., enter_after_s: _Optional[float] = ..., resume_dwell_s: _Optional[float] = ..., min_fallback_s: _Optional[float] = ..., p99_resume_margin: _Optional[float] = ..., hit_gap_max: _Optional[float] = ...) -> None: ...
 
 class PlannerConfig(_message.Message):
-    __slots__ = ("q_cap", "warm_slots_per_destination", "interval_s", "hysteresis", "min_dwell_s", "imbalance_tolerance", "max_plan_age_s", "destinations", "guard", "byte_aware", "admission_hysteresis", "balance_effort", "rate_noise_z", "learn_warm_slots", "learn_q_cap")
+    __slots__ = ("q_cap", "warm_slots_per_destination", "interval_s", "hysteresis", "min_dwell_s", "imbalance_tolerance", "max_plan_age_s", "destinations", "guard", "byte_aware", "admission_hysteresis", "balance_effort", "rate_noise_z", "learn_warm_slots", "learn_q_cap", "hashed_tail")
     Q_CAP_FIELD_NUMBER: _ClassVar[int]
     WARM_SLOTS_PER_DESTINATION_FIELD_NUMBER: _ClassVar[int]
     INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
@@ -351,6 +351,7 @@ class PlannerConfig(_message.Message):
     RATE_NOISE_Z_FIELD_NUMBER: _ClassVar[int]
     LEARN_WARM_SLOTS_FIELD_NUMBER: _ClassVar[int]
     LEARN_Q_CAP_FIELD_NUMBER: _ClassVar[int]
+    HASHED_TAIL_FIELD_NUMBER: _ClassVar[int]
     q_cap: float
     warm_slots_per_destination: int
     interval_s: float
@@ -366,10 +367,11 @@ class PlannerConfig(_message.Message):
     rate_noise_z: float
     learn_warm_slots: bool
     learn_q_cap: bool
-    def __init__(self, q_cap: _Optional[float] = ..., warm_slots_per_destination: _Optional[int] = ..., interval_s: _Optional[float] = ..., hysteresis: _Optional[float] = ..., min_dwell_s: _Optional[float] = ..., imbalance_tolerance: _Optional[float] = ..., max_plan_age_s: _Optional[float] = ..., destinations: _Optional[_Iterable[_Union[_plan_pb2.Destination, _Mapping]]] = ..., guard: _Optional[_Union[GuardConfig, _Mapping]] = ..., byte_aware: _Optional[bool] = ..., admission_hysteresis: _Optional[float] = ..., balance_effort: _Optional[float] = ..., rate_noise_z: _Optional[float] = ..., learn_warm_slots: _Optional[bool] = ..., learn_q_cap: _Optional[bool] = ...) -> None: ...
+    hashed_tail: bool
+    def __init__(self, q_cap: _Optional[float] = ..., warm_slots_per_destination: _Optional[int] = ..., interval_s: _Optional[float] = ..., hysteresis: _Optional[float] = ..., min_dwell_s: _Optional[float] = ..., imbalance_tolerance: _Optional[float] = ..., max_plan_age_s: _Optional[float] = ..., destinations: _Optional[_Iterable[_Union[_plan_pb2.Destination, _Mapping]]] = ..., guard: _Optional[_Union[GuardConfig, _Mapping]] = ..., byte_aware: _Optional[bool] = ..., admission_hysteresis: _Optional[float] = ..., balance_effort: _Optional[float] = ..., rate_noise_z: _Optional[float] = ..., learn_warm_slots: _Optional[bool] = ..., learn_q_cap: _Optional[bool] = ..., hashed_tail: _Optional[bool] = ...) -> None: ...
 
 class UpdateConfigRequest(_message.Message):
-    __slots__ = ("q_cap", "warm_slots_per_destination", "interval_s", "hysteresis", "min_dwell_s", "imbalance_tolerance", "add_destinations", "drain_destinations", "remove_destinations", "request_id", "guard", "set_weights", "byte_aware", "admission_hysteresis", "balance_effort", "rate_noise_z", "learn_warm_slots", "learn_q_cap", "pool")
+    __slots__ = ("q_cap", "warm_slots_per_destination", "interval_s", "hysteresis", "min_dwell_s", "imbalance_tolerance", "add_destinations", "drain_destinations", "remove_destinations", "request_id", "guard", "set_weights", "byte_aware", "admission_hysteresis", "balance_effort", "rate_noise_z", "learn_warm_slots", "learn_q_cap", "hashed_tail", "pool")
     class SetWeightsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -395,6 +397,7 @@ class UpdateConfigRequest(_message.Message):
     RATE_NOISE_Z_FIELD_NUMBER: _ClassVar[int]
     LEARN_WARM_SLOTS_FIELD_NUMBER: _ClassVar[int]
     LEARN_Q_CAP_FIELD_NUMBER: _ClassVar[int]
+    HASHED_TAIL_FIELD_NUMBER: _ClassVar[int]
     POOL_FIELD_NUMBER: _ClassVar[int]
     q_cap: float
     warm_slots_per_destination: int
@@ -414,8 +417,9 @@ class UpdateConfigRequest(_message.Message):
     rate_noise_z: float
     learn_warm_slots: bool
     learn_q_cap: bool
+    hashed_tail: bool
     pool: str
-    def __init__(self, q_cap: _Optional[float] = ..., warm_slots_per_destination: _Optional[int] = ..., interval_s: _Optional[float] = ..., hysteresis: _Optional[float] = ..., min_dwell_s: _Optional[float] = ..., imbalance_tolerance: _Optional[float] = ..., add_destinations: _Optional[_Iterable[_Union[_plan_pb2.Destination, _Mapping]]] = ..., drain_destinations: _Optional[_Iterable[str]] = ..., remove_destinations: _Optional[_Iterable[str]] = ..., request_id: _Optional[str] = ..., guard: _Optional[_Union[GuardConfig, _Mapping]] = ..., set_weights: _Optional[_Mapping[str, float]] = ..., byte_aware: _Optional[bool] = ..., admission_hysteresis: _Optional[float] = ..., balance_effort: _Optional[float] = ..., rate_noise_z: _Optional[float] = ..., learn_warm_slots: _Optional[bool] = ..., learn_q_cap: _Optional[bool] = ..., pool: _Optional[str] = ...) -> None: ...
+    def __init__(self, q_cap: _Optional[float] = ..., warm_slots_per_destination: _Optional[int] = ..., interval_s: _Optional[float] = ..., hysteresis: _Optional[float] = ..., min_dwell_s: _Optional[float] = ..., imbalance_tolerance: _Optional[float] = ..., add_destinations: _Optional[_Iterable[_Union[_plan_pb2.Destination, _Mapping]]] = ..., drain_destinations: _Optional[_Iterable[str]] = ..., remove_destinations: _Optional[_Iterable[str]] = ..., request_id: _Optional[str] = ..., guard: _Optional[_Union[GuardConfig, _Mapping]] = ..., set_weights: _Optional[_Mapping[str, float]] = ..., byte_aware: _Optional[bool] = ..., admission_hysteresis: _Optional[float] = ..., balance_effort: _Optional[float] = ..., rate_noise_z: _Optional[float] = ..., learn_warm_slots: _Optional[bool] = ..., learn_q_cap: _Optional[bool] = ..., hashed_tail: _Optional[bool] = ..., pool: _Optional[str] = ...) -> None: ...
 
 class UpdateConfigResponse(_message.Message):
     __slots__ = ("config",)
