@@ -8,7 +8,9 @@ object per edge router that sees only what that router sees:
   at dispatch, synchronously, before the next arrival (baselines.md §1);
 - `finished(i, dest, now)` when request `i`, which this router sent to `dest`, completes;
 - `control(now, window_keys, window_s)` once per control interval with the keys that
-  arrived in the interval (what the stream would have counted); most policies ignore it.
+  arrived in the interval (what the stream would have counted); most policies ignore it;
+- a policy that matches on content (`ContentPolicy`) is given each request's chain
+  through `route_chain` instead of `route`.
 
 Baselines follow `shared/reference/baselines.md`: Flat-LB is power-of-two-choices over two
 *distinct* replicas with random ties; Sticky is a 160-vnode md5 ring; CHWBL is KubeAI's
@@ -25,6 +27,7 @@ from typing import Protocol
 import numpy as np
 
 from planner_svc.simulator.hashring import HashRing
+from planner_svc.simulator.kvcache import Chain
 from planner_svc.simulator.replica import ReplicaModel
 
 
@@ -41,6 +44,17 @@ class Policy(Protocol):
 
     def control(self, now: float, window_keys: np.ndarray, window_s: float) -> None:
         """Once per control interval: the keys that arrived in the last `window_s` seconds."""
+        ...
+
+
+class ContentPolicy(Policy, Protocol):
+    """A policy that matches on content (a prefix tree over what it sent, as SGLang's and
+    llm-d's routers keep one): the simulators call `route_chain` instead of `route`, with
+    the request's chain (`kvcache.Chain`) and, for a length-only trace, the tokens of it
+    the request may share (None: all)."""
+
+    def route_chain(self, i: int, key: int, chain: Chain, prompt: int, output: int,
+                    now: float, limit_tokens: int | None = None) -> int:
         ...
 
 

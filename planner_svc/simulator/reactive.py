@@ -1,11 +1,13 @@
 """Reactive cache-aware baselines: SGLang `cache_aware` and a DualMap-like reconstruction.
 
-Prompts in the simulator are described by lengths, not token ids: a request of key b
-shares exactly its reusable prefix with the key's earlier prompts and nothing with other
-keys. A radix tree over such prompts degenerates into one chain per key, so "the longest
-prefix match on tenant d" is min(tokens of b's last prompt inserted for d, this request's
-reusable prefix). That is what these policies learn and match on: router-side estimates
-from their own traffic, as a real router has (no policy reads an engine's state).
+SGLang's `cache_aware` matches on content: the simulators hand it each request's chain
+(`route_chain`; the arena's text as blocks in `session_sim`), so a prefix shared across keys
+(a platform preamble, a document) is matched as the real router's text tree matches it.
+DualMap-like still matches by key and prefix length: a request of key b shares exactly its
+reusable prefix with the key's earlier prompts and nothing with other keys, so "the longest
+prefix match on d" is min(tokens of b's last prompt sent to d, this request's reusable
+prefix). Both learn only from their own traffic, as a real router does (no policy reads an
+engine's state, except where DualMap-like says so).
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from collections import OrderedDict
 import numpy as np
 
 from planner_svc.simulator.hashring import HashRing
+from planner_svc.simulator.kvcache import Chain
 from planner_svc.simulator.policies import Policy, PolicyContext, PolicyFactory, _KeyOwners
+from planner_svc.simulator.prefix_index import PrefixIndex, key_chain
 
 CHARS_PER_TOKEN = 4
 
@@ -23,8 +27,9 @@ CHARS_PER_TOKEN = 4
 class SGLangCacheAware:
     """sgl-router `cache_aware`: global least-load when imbalanced, else the tenant with the
     longest prefix match if it covers > `cache_threshold` of the prompt, else the tenant with
-    the smallest tree. Each router learns only from what it routed; the tree is LRU-trimmed
-    per tenant to `max_tree_size` characters every `eviction_interval_s`. CLI defaults."""
+    the smallest tree. Each router learns only from what it routed (a `PrefixIndex` over the
+    content it sent, as SGLang's tree holds the text it sent); the tree is LRU-trimmed per
+    tenant to `max_tree_size` characters every `eviction_interval_s`. CLI defaults."""
 
     def __init__(
         self,
@@ -40,54 +45,42 @@ class SGLangCacheAware:
         self.name = label
         self.n = ctx.n_destinations
         self.inflight = [0] * self.n
-        self.learned: dict[int, dict[int, int]] = {}  # key -> tenant -> tokens
-        self.tenant_lru: list[OrderedDict[int, int]] = [OrderedDict() for _ in range(self.n)]
-        self.tenant_tokens = [0] * self.n
+        self.bs = ctx.model.block_tokens
+        self.tree = PrefixIndex(self.n)
         self.threshold = cache_threshold
         self.abs_thr, self.rel_thr = balance_abs_threshold, balance_rel_threshold
         self.evict_every = eviction_interval_s
-        self.max_tokens = max_tree_size // CHARS_PER_TOKEN
+        self.max_blocks = max(1, max_tree_size // CHARS_PER_TOKEN // self.bs)
         self.next_evict = eviction_interval_s
 
     def route(self, i: int, key: int, prompt: int, prefix: int, output: int, now: float) -> int:
+        """A length-only request: its key's stream, sharing `prefix` tokens."""
+        return self._route(key_chain(key, prompt, self.bs), prompt, now, prefix // self.bs)
+
+    def route_chain(self, i: int, key: int, chain: Chain, prompt: int, output: int,
+                    now: float, limit_tokens: int | None = None) -> int:
+        return self._route(chain, prompt, now,
+                           None if limit_tokens is None else limit_tokens // self.bs)
+
+    def _route(self, chain: Chain, prompt: int, now: float, limit: int | None) -> int:
         if now >= self.next_evict:
-            self._evict()
+            self.tree.trim(self.max_blocks)
             self.next_evict = now + self.evict_every
         loads = self.inflight
         mx, mn = max(loads), min(loads)
         if mx - mn > self.abs_thr and mx > self.rel_thr * mn:
             d = loads.index(mn)
         else:
-            d = self._by_prefix(key, prompt, prefix)
-        self._insert(key, d, prompt)
+            matched = self.tree.match(chain, limit)
+            best = max(range(self.n), key=matched.__getitem__)
+            if matched[best] * self.bs / max(prompt, 1) > self.threshold:
+                d = best
+            else:
+                sizes = self.tree.blocks
+                d = sizes.index(min(sizes))
+        self.tree.insert(chain, d)
         loads[d] += 1
         return d
-
-    def _by_prefix(self, key: int, prompt: int, prefix: int) -> int:
-        best, matched = -1, 0
-        for tenant, tokens in self.learned.get(key, {}).items():
-            m = tokens if tokens < prefix else prefix
-            if m > matched:
-                best, matched = tenant, m
-        if best >= 0 and matched / prompt > self.threshold:
-            return best
-        sizes = self.tenant_tokens
-        return sizes.index(min(sizes))
-
-    def _insert(self, key: int, d: int, prompt: int) -> None:
-        per_key = self.learned.setdefault(key, {})
-        self.tenant_tokens[d] += prompt - per_key.get(d, 0)
-        per_key[d] = prompt
-        lru = self.tenant_lru[d]
-        lru[key] = prompt
-        lru.move_to_end(key)
-
-    def _evict(self) -> None:
-        for d, lru in enumerate(self.tenant_lru):
-            while self.tenant_tokens[d] > self.max_tokens and lru:
-                key, tokens = lru.popitem(last=False)
-                self.tenant_tokens[d] -= tokens
-                del self.learned[key][d]
 
     def finished(self, i: int, dest: int, now: float) -> None:
         self.inflight[dest] -= 1

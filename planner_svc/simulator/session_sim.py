@@ -64,6 +64,7 @@ def simulate_sessions(pop: Population, plan: Sequence[Session], factory: PolicyF
         conversations[first[k]:first[k + 1]] = s.sid
     policy: Policy = factory(PolicyContext(n_destinations, keys, model, seed=seed,
                                            extra={"conversations": conversations}))
+    on_content = getattr(policy, "route_chain", None)  # policies.ContentPolicy
     engines = [Replica(model) for _ in range(n_destinations)]
     transcripts = [Transcript(pop, s) for s in sessions]
     arrivals = [(s.start_s, k, 0) for k, s in enumerate(sessions)]
@@ -91,8 +92,11 @@ def simulate_sessions(pop: Population, plan: Sequence[Session], factory: PolicyF
         answer_ids = txt.answer_chain(prompt, answer.encode(), ids, model.block_tokens)
         prompt_tokens = txt.token_count(prompt)
         i = first[k] + j
-        d = policy.route(i, s.tenant, prompt_tokens, 0, turn.output_tokens, now)
-        served = engines[d].admit(txt.as_chain(ids), prompt_tokens, turn.output_tokens, now,
+        chain = txt.as_chain(ids)
+        d = (on_content(i, s.tenant, chain, prompt_tokens, turn.output_tokens, now)
+             if on_content else policy.route(i, s.tenant, prompt_tokens, 0, turn.output_tokens,
+                                             now))
+        served = engines[d].admit(chain, prompt_tokens, turn.output_tokens, now,
                                   txt.as_chain(answer_ids))
         window.append(s.tenant)
         heapq.heappush(running, (served.finish_time, i, d))

@@ -114,6 +114,8 @@ def _loop(
     single = routers[0] if n_routers == 1 else None
     admits = [e.admit for e in engines]
     chain_of = ChainBuilder(w, cluster.model.block_tokens).chain
+    # Policies that match on content (policies.ContentPolicy) get each request's chain.
+    by_content = {id(r): getattr(r, "route_chain", None) for r in routers}
     for i in range(n):
         now = ts[i]
         while pending and pending[0][0] <= now:
@@ -126,8 +128,11 @@ def _loop(
             window_start_i, window_start_t = i, next_control
             next_control = controls.pop(0) if controls else float("inf")
         k = keys[i]
-        d = (single or routers[router_of[i]]).route(i, k, prompts[i], prefixes[i], outputs[i], now)
         chain, answer, limit = chain_of(i)
+        r = single or routers[router_of[i]]
+        on_content = by_content[id(r)]
+        d = (on_content(i, k, chain, prompts[i], outputs[i], now, limit) if on_content
+             else r.route(i, k, prompts[i], prefixes[i], outputs[i], now))
         served = admits[d](chain, prompts[i], outputs[i], now, answer, limit)
         dest[i], cached[i], finish[i], first[i] = d, served[0], served[3], served[2]
         push(pending, (served[3], i))

@@ -109,3 +109,31 @@ def test_policies_route_every_request_to_a_valid_destination() -> None:
             d = p.route(i, int(rng.integers(200)), 500, 400, 10, float(i))
             assert 0 <= d < 4
             p.finished(i, d, float(i) + 0.5)
+
+
+def test_sglang_matches_content_shared_across_keys() -> None:
+    """A preamble every tenant shares is one prefix to the router's tree, as in its text
+    tree: a new tenant's first request goes where the preamble already is."""
+    p = SGLangCacheAware(ctx())
+    preamble, a, b = (7, 60), (100, 10), (200, 10)  # (segment, blocks)
+    d = p.route_chain(0, 1, [preamble, a], 70 * 16, 1, 0.0)
+    p.finished(0, d, 0.5)
+    assert p.route_chain(1, 2, [preamble, b], 70 * 16, 1, 1.0) == d  # 60/70 of it matches
+    p.finished(1, d, 1.5)
+    # A prompt sharing nothing goes to the smallest tree, not to d.
+    assert p.route_chain(2, 3, [(300, 70)], 70 * 16, 1, 2.0) != d
+
+
+def test_prefix_index_matches_under_the_parent_and_forgets_least_recent_first() -> None:
+    from planner_svc.simulator.prefix_index import PrefixIndex
+
+    idx = PrefixIndex(3)
+    idx.insert([(1, 4), (2, 6)], 0)
+    idx.insert([(1, 4), (3, 2)], 1)
+    assert idx.match([(1, 4), (2, 8)]) == [10, 4, 0]
+    assert idx.match([(9, 4), (2, 6)]) == [0, 0, 0]  # segment 2 under another parent
+    assert idx.match([(1, 4), (2, 8)], limit_blocks=5) == [5, 4, 0]
+    idx.insert([(5, 3)], 0)  # newer than (1, 4) and (2, 6) on destination 0
+    idx.trim(6)
+    assert idx.blocks == [3, 6, 0] and idx.match([(5, 3)]) == [3, 0, 0]
+    assert idx.match([(1, 4), (3, 2)]) == [0, 6, 0]  # destination 1 kept its 6 blocks
