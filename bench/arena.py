@@ -221,7 +221,10 @@ def run_one(spec: RouterSpec, replicas: int, scenario: Scenario, seed: int, setu
                                     / _slug(f"{scenario.name} s{seed} {label}"))
         row.setdefault("scenario", scenario.name)
         row.update(router=spec.name, replicas=replicas, seed=seed,
-                   rate_scale=rate_scale, cpu_s=routers.cpu_seconds() - cpu0,
+                   rate_scale=rate_scale, time_scale=setup.time_scale,
+                   warmup_s=setup.warmup_s, measure_s=setup.measure_s,
+                   kv_tokens=setup.kv_tokens, engine_kind=setup.engine_kind,
+                   cpu_s=routers.cpu_seconds() - cpu0,
                    control_cpu_s=sum(p.cpu_seconds() for p in control) - control0,
                    router_rss_mb=routers.peak_rss_mb())
         return row
@@ -479,7 +482,9 @@ def report(rows: list[dict], cap: dict[str, float], setup: Setup, out: Path,
     out.mkdir(parents=True, exist_ok=True)
     keys = ["scenario", "seed", "router", "replicas", "rate_scale", "requests", "errors", "hit",
             "ttft_p50_s", "ttft_p99_s", "ttft_p99_lo_s", "ttft_p99_hi_s", "e2e_p99_s",
-            "imbalance", "cpu_s", "control_cpu_s", "router_rss_mb"]
+            "imbalance", "cpu_s", "control_cpu_s", "router_rss_mb",
+            # the setup, so bench/sim_vs_arena.py can replay each row as it ran
+            "time_scale", "warmup_s", "measure_s", "kv_tokens", "engine_kind"]
     suffix = ("-llama" if setup.engine_kind == "llama" else "") + ("-quick" if quick else "")
     with open(out / f"arena{suffix}.csv", "w", newline="") as f:
         w = csv.DictWriter(f, keys)

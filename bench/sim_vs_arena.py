@@ -1,18 +1,26 @@
 """The simulator checked against the arena: the same conversations, the same engine model,
 in virtual time (planner_svc.simulator.session_sim) and live (bench/arena.py).
 
-For every scenario an arena CSV holds, this replays the arena's workload (its scenario,
-seed, rate, warm-up and measured stretch) through the simulator's CacheRoute as the gateway
-and planner run it (`gateway_like`: sessions kept with their history, the hashed cold
-tail, the production control loop) and through round robin (the cache-blind reference the
-arena runs as `sglang round_robin`), and prints the served hit rate and TTFT p99 of both
-sides with their difference. Simulated seeds 1-3 give the simulator's own spread.
+Every one-replica row of the arena CSVs given (comparison runs and capacity points alike)
+is replayed as it ran: its scenario, seed, offered load, time scale, warm-up and measured
+stretch (from the row; older CSVs without those columns take the command's flags), so the
+simulator plays exactly the arena's conversations. Routers, next to their arena
+counterparts:
+- `cacheroute`: the simulator's CacheRoute as the gateway and planner run it
+  (`gateway_like`: sessions kept with their history, the hashed cold tail, the production
+  control loop and placement);
+- `sglang cache_aware`: our SGLang-like baseline (reactive.SGLangCacheAware, its CLI
+  defaults, matching on the prompts' content) next to the real SGLang gateway;
+- `sglang round_robin`: round robin, the cache-blind reference;
+- `sglang power_of_two`: Flat-LB (power of two choices on the router's in-flight counts).
+
+Per row: served hit rate and TTFT p99, arena and simulated, and whether the simulator is
+within the issue's tolerances (3 pp of hit rate, 20 % of p99).
 
     .venv/bin/python bench/sim_vs_arena.py --arena-csv docs/results/arena/arena.csv \\
-        docs/results/arena/history-on/arena.csv docs/results/arena/history-on-2/arena.csv
+        docs/results/arena/capacity-seeds/arena-capacity.csv
 
-A later CSV's row replaces an earlier one's for the same scenario and router (the arena
-re-run with conversations kept with their history). Last line: one JSON object.
+Last line: one JSON object.
 """
 
 from __future__ import annotations
@@ -21,81 +29,120 @@ import argparse
 import csv
 import json
 import resource
+import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from planner_svc.simulator.cacheroute_policy import gateway_like  # noqa: E402
-from planner_svc.simulator.policies import round_robin  # noqa: E402
+from planner_svc.simulator.policies import PolicyFactory, flat_lb, round_robin  # noqa: E402
+from planner_svc.simulator.reactive import sglang_cache_aware  # noqa: E402
 from planner_svc.simulator.replica import ReplicaModel  # noqa: E402
 from planner_svc.simulator.session_sim import simulate_sessions  # noqa: E402
 from planner_svc.simulator.sessions import SCENARIOS, population, sessions  # noqa: E402
 
-ARENA_NAMES = {"cacheroute": "cacheroute", "round_robin": "sglang round_robin"}
+HIT_TOLERANCE_PP = 3.0
+P99_TOLERANCE = 0.20
 
 
-def arena_rows(paths: list[Path]) -> dict[tuple[str, str], dict[str, str]]:
-    rows: dict[tuple[str, str], dict[str, str]] = {}
+def policies(time_scale: float) -> dict[str, PolicyFactory]:
+    """Arena router name -> its simulated counterpart (q_cap and W as the arena sets them)."""
+    return {
+        "cacheroute": gateway_like(12.0 / time_scale, 12),
+        "sglang cache_aware": sglang_cache_aware(),
+        "sglang round_robin": round_robin,
+        "sglang power_of_two": flat_lb,
+    }
+
+
+def arena_rows(paths: list[Path]) -> list[dict[str, str]]:
+    """One-replica rows of known scenarios and routers; a later file's row replaces an
+    earlier one's for the same (scenario, router, seed, load)."""
+    rows: dict[tuple[str, ...], dict[str, str]] = {}
     for path in paths:
         with path.open() as f:
             for row in csv.DictReader(f):
-                if row["replicas"] == "1" and row["scenario"] in SCENARIOS:
-                    rows[(row["scenario"], row["router"])] = row
-    return rows
+                if row.get("replicas") != "1" or row.get("scenario") not in SCENARIOS:
+                    continue
+                if row.get("engine_kind", "emulator") != "emulator":
+                    continue
+                key = (row["scenario"], row["router"], row.get("seed") or "1", row["rate_scale"])
+                rows[key] = row
+    return list(rows.values())
+
+
+def simulate(row: dict[str, str], args: argparse.Namespace) -> tuple[float, float]:
+    ts = float(row.get("time_scale") or args.time_scale)
+    warmup = float(row.get("warmup_s") or args.warmup_s)
+    measure = float(row.get("measure_s") or args.measure_s)
+    kv = int(float(row.get("kv_tokens") or args.kv_tokens))
+    model = ReplicaModel(kv_capacity_tokens=kv).time_scaled(ts)
+    base = SCENARIOS[row["scenario"]]
+    sc = base.scaled(sessions_per_s=base.sessions_per_s * float(row["rate_scale"]) / ts)
+    pop = population(sc, int(row.get("seed") or 1))
+    total = warmup + measure
+    r = simulate_sessions(pop, sessions(pop, total), policies(ts)[row["router"]], model=model,
+                          n_destinations=args.engines, until_s=total,
+                          control_interval_s=4.0 * max(1.0, ts))
+    return r.hit_rate(warmup), r.ttft_p99(warmup)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--arena-csv", nargs="+", type=Path, required=True,
-                    help="arena result CSVs (later ones win)")
-    ap.add_argument("--time-scale", type=float, default=0.5, help="the arena's --time-scale")
-    ap.add_argument("--kv-tokens", type=int, default=60_000, help="the arena's --kv-tokens")
+                    help="arena result CSVs (later ones win for the same run)")
     ap.add_argument("--engines", type=int, default=4)
-    ap.add_argument("--warmup-s", type=float, default=18.0, help="the arena's warm-up")
-    ap.add_argument("--measure-s", type=float, default=12.0, help="the arena's measured time")
-    ap.add_argument("--seeds", default="1,2,3", help="simulated seeds (the first is the "
-                    "arena's)")
+    ap.add_argument("--time-scale", type=float, default=0.5,
+                    help="the arena's --time-scale, for CSVs that do not record it")
+    ap.add_argument("--kv-tokens", type=int, default=60_000)
+    ap.add_argument("--warmup-s", type=float, default=18.0)
+    ap.add_argument("--measure-s", type=float, default=12.0)
     args = ap.parse_args()
     t0 = time.perf_counter()
-    ts = args.time_scale
-    model = ReplicaModel(kv_capacity_tokens=args.kv_tokens).time_scaled(ts)
-    seeds = [int(s) for s in args.seeds.split(",")]
-    measured = arena_rows(args.arena_csv)
-    policies = {"cacheroute": gateway_like(12.0 / ts, 12), "round_robin": round_robin}
-    lines = [f"{'scenario':<22} {'router':<12} {'arena hit':>9} {'sim hit':>8} {'diff pp':>8} "
-             f"{'sim seeds':>15} {'arena TTFT p99':>14} {'sim TTFT p99':>12}"]
-    diffs: dict[str, float] = {}
-    for scenario in sorted({s for s, _ in measured}):
-        for label, factory in policies.items():
-            row = measured.get((scenario, ARENA_NAMES[label]))
-            if row is None:
-                continue
-            hits, p99s = [], []
-            for seed in seeds:
-                base = SCENARIOS[scenario]
-                sc = base.scaled(sessions_per_s=base.sessions_per_s
-                                 * float(row["rate_scale"]) / ts)
-                pop = population(sc, seed)
-                total = args.warmup_s + args.measure_s
-                r = simulate_sessions(pop, sessions(pop, total), factory, model=model,
-                                      n_destinations=args.engines, until_s=total,
-                                      control_interval_s=4.0 * max(1.0, ts))
-                hits.append(r.hit_rate(args.warmup_s))
-                p99s.append(r.ttft_p99(args.warmup_s))
-            arena_hit = float(row["hit"])
-            diff = (hits[0] - arena_hit) * 100
-            diffs[f"{scenario}/{label}"] = round(diff, 2)
-            lines.append(f"{scenario:<22} {label:<12} {arena_hit:>9.1%} {hits[0]:>8.1%} "
-                         f"{diff:>+8.1f} {min(hits):>7.1%}-{max(hits):<7.1%}"
-                         f"{float(row['ttft_p99_s']):>14.3f} {p99s[0]:>12.3f}")
+    known = policies(1.0)
+    rows = sorted((r for r in arena_rows(args.arena_csv) if r["router"] in known),
+                  key=lambda r: (r["scenario"], r["router"], float(r["rate_scale"]),
+                                 r.get("seed") or "1"))
+    lines = [f"{'scenario':<21} {'router':<20} {'load':>5} {'seed':>4} {'arena hit':>9} "
+             f"{'sim hit':>8} {'diff pp':>8} {'arena p99':>9} {'sim p99':>8} {'p99 ratio':>9}"
+             f"  within"]
+    results: list[dict[str, Any]] = []
+    for row in rows:
+        hit, p99 = simulate(row, args)
+        arena_hit, arena_p99 = float(row["hit"]), float(row["ttft_p99_s"])
+        diff = (hit - arena_hit) * 100
+        ratio = p99 / arena_p99 if arena_p99 > 0 else float("nan")
+        ok_hit, ok_p99 = abs(diff) <= HIT_TOLERANCE_PP, abs(ratio - 1) <= P99_TOLERANCE
+        results.append({"scenario": row["scenario"], "router": row["router"],
+                        "load": float(row["rate_scale"]), "seed": int(row.get("seed") or 1),
+                        "hit_diff_pp": round(diff, 2), "p99_ratio": round(ratio, 3),
+                        "hit_ok": ok_hit, "p99_ok": ok_p99})
+        lines.append(f"{row['scenario']:<21} {row['router']:<20} {float(row['rate_scale']):>5g} "
+                     f"{row.get('seed') or '1':>4} {arena_hit:>9.1%} {hit:>8.1%} {diff:>+8.1f} "
+                     f"{arena_p99:>9.3f} {p99:>8.3f} {ratio:>9.2f}  "
+                     f"{'hit' if ok_hit else '---'} {'p99' if ok_p99 else '---'}")
     print("\n".join(lines))
-    worst = max((abs(d) for d in diffs.values()), default=float("nan"))
+    by_router: dict[str, dict[str, Any]] = {}
+    for name in dict.fromkeys(r["router"] for r in results):
+        mine = [r for r in results if r["router"] == name]
+        by_router[name] = {
+            "rows": len(mine),
+            "worst_abs_hit_diff_pp": max(abs(r["hit_diff_pp"]) for r in mine),
+            "median_p99_ratio": round(statistics.median(r["p99_ratio"] for r in mine), 3),
+            "hit_within_3pp": sum(r["hit_ok"] for r in mine),
+            "p99_within_20pct": sum(r["p99_ok"] for r in mine),
+        }
+        print(f"{name}: {len(mine)} rows; hit within 3 pp on {by_router[name]['hit_within_3pp']}"
+              f", p99 within 20 % on {by_router[name]['p99_within_20pct']}; worst hit diff "
+              f"{by_router[name]['worst_abs_hit_diff_pp']:.1f} pp, median p99 ratio "
+              f"{by_router[name]['median_p99_ratio']:.2f}")
     print(json.dumps({
-        "hit_diff_pp": diffs, "worst_abs_hit_diff_pp": round(worst, 2),
+        "routers": by_router, "rows": results,
         "elapsed_s": round(time.perf_counter() - t0, 1),
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
     }))
