@@ -86,7 +86,7 @@ from router_client.plan import (
     version_from_pb,
 )
 from router_client.rebase import plan_edit
-from router_client.ring import Ring, mix, stable_hash
+from router_client.ring import Ring, key_hash, mix, stable_hash
 
 # A router's routing mode (RouterCore.mode, the router status): by the plan, or all by P2C.
 PLANNED = "planned"
@@ -540,7 +540,7 @@ class RouterCore:
         inflight, inv = self.load, a.inv_weight
         total = sum(inflight[s] for s in a.pool) + 1
         cap = (1.0 + self.tail_slack) * total / a.total_weight
-        for s in ring.walk(stable_hash(key)):
+        for s in ring.walk(key_hash(key)):
             if (inflight[s] + 1) * inv[s] <= cap + inv[s]:
                 return s
         return self._p2c(a)

@@ -147,8 +147,10 @@ def served_mask(plan: RoutingPlan, fleet: Fleet | None = None) -> np.ndarray:
 def expected_loads(plan: RoutingPlan, traffic: Traffic, fleet: Fleet | None = None) -> np.ndarray:
     """Requests/s per destination (fleet order) if routers follow `plan` under `traffic`."""
     dests = fleet_of(plan, fleet)
+    # A fallback plan sends everything by P2C, whatever tail it was built for.
+    hashed = plan.config.hashed_tail and not plan.config.is_fallback
     return _loads(plan, aligned_rates(plan, traffic), traffic.total_rate, dests,
-                  traffic if plan.config.hashed_tail else None)
+                  traffic if hashed else None)
 
 
 def planned_loads(plan: RoutingPlan) -> np.ndarray:
@@ -180,14 +182,17 @@ def _loads(
     in_plan = {d.id: d.capacity_weight for d in plan.destinations}
     weights = [in_plan.get(d.id, d.capacity_weight) for d in dests]
     if hashed is not None and cold_tail > 0.0:
-        return loads.astype(np.float64) + _hashed_tail(plan, served, hashed, dests, weights)
+        planned = loads.astype(np.float64)
+        return planned + _hashed_tail(plan, served, hashed, dests, weights, planned)
     return loads.astype(np.float64) + cold_tail * _fallback_shares(dests, weights)
 
 
 def _hashed_tail(plan: RoutingPlan, served: np.ndarray, traffic: Traffic,
-                 dests: Sequence[DestinationSpec], weights: Sequence[float]) -> np.ndarray:
+                 dests: Sequence[DestinationSpec], weights: Sequence[float],
+                 planned: np.ndarray) -> np.ndarray:
     """The cold tail on the routers' ring over the live destinations: every key of the
-    traffic the plan does not serve (unadmitted, or no live member left) at its rate."""
+    traffic the plan does not serve (unadmitted, or no live member left) at its rate,
+    bounded against the `planned` load as the routers bound it."""
     tail = np.asarray(traffic.rates, np.float64).copy()
     pos = traffic.positions(plan.table.keys)
     tail[pos[(pos >= 0) & served]] = 0.0
@@ -197,7 +202,8 @@ def _hashed_tail(plan: RoutingPlan, served: np.ndarray, traffic: Traffic,
         return out
     w = np.array([weights[i] for i in live], np.float64)
     ring = tail_ring([dests[i].id for i in live])
-    out[live] = hashed_tail_loads(traffic.keys, tail, traffic.total_rate, w, ring)
+    out[live] = hashed_tail_loads(traffic.keys, tail, traffic.total_rate, w, ring,
+                                  planned=planned[live])
     return out
 
 

@@ -11,9 +11,9 @@ from planner_svc.planning.admission import Admission, admit, check_rates
 from planner_svc.planning.config import PlanningConfig
 from planner_svc.planning.errors import PlanningError
 from planner_svc.planning.placement import (
+    TailModel,
     affine_place,
     cold_tail_loads,
-    hashed_tail_loads,
     lpt_place,
     rebalance,
     ring_owners,
@@ -64,7 +64,8 @@ def _place_affine(
     healthy = np.flatnonzero(config.active)
     w = config.weights[healthy]
     ring = tail_ring([config.destinations[i].id for i in healthy.tolist()])
-    base = hashed_tail_loads(keys, unserved(r, adm.index), float(r.sum()), w, ring)
+    tail = TailModel(keys, unserved(r, adm.index), float(r.sum()), w, ring)
+    base = tail.before_placement()
     goal = balance_goal(shares, adm.replicas, base, w, config)
     loads = base.copy()
     mean = float(r.sum()) / float(w.sum())
@@ -72,7 +73,7 @@ def _place_affine(
                         goal * mean)
     rebalance(sets, shares, loads, w, goal)
     flat = np.fromiter((m for s in sets for m in sorted(s)), np.int64, int(adm.replicas.sum()))
-    return flat, loads
+    return flat, tail.with_planned(loads - base)
 
 
 def balance_goal(

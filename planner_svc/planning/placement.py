@@ -58,32 +58,71 @@ def unserved(rates: np.ndarray, admitted: np.ndarray) -> np.ndarray:
     return tail
 
 
-def hashed_tail_loads(
-    keys: Sequence[str], tail: np.ndarray, total_rate: float, weights: np.ndarray,
-    ring: Ring, slack: float = DEFAULT_TAIL_SLACK,
-) -> np.ndarray:
-    """The hashed cold tail's expected load per healthy destination, `tail[i]` being key i's
-    rate if the plan does not serve it (else 0): every such rate on the key's ring owner (the
-    heaviest `TAIL_KEYS_EXACT` exactly, the rest by capacity), then the routers' bound: what
-    exceeds (1 + slack) × the fleet's mean load (`total_rate` over all traffic) on a
-    destination walks on to the others, which take it in proportion to their room."""
+def ring_tail_loads(keys: Sequence[str], tail: np.ndarray, ring: Ring) -> np.ndarray:
+    """Where the ring puts the cold tail before any load bound: `tail[i]` is key i's rate if
+    the plan does not serve it (else 0); the heaviest `TAIL_KEYS_EXACT` keys go to their
+    owners exactly, the rest (many small keys) by each owner's share of the ring (not by
+    capacity: with 64 points per destination the arcs differ by ±12 % or so)."""
+    loads = np.zeros(ring.size)
     total_tail = float(tail.sum())
-    loads = np.zeros(len(weights))
     if total_tail <= 0.0:
         return loads
     heavy = np.flatnonzero(tail > 0.0)
     if len(heavy) > TAIL_KEYS_EXACT:
         heavy = heavy[np.argpartition(-tail[heavy], TAIL_KEYS_EXACT)[:TAIL_KEYS_EXACT]]
     np.add.at(loads, ring_owners(keys, heavy, ring), tail[heavy])
-    loads += (total_tail - float(tail[heavy].sum())) * weights / weights.sum()
-    cap = (1.0 + slack) * total_rate * weights / weights.sum()
-    excess = np.maximum(loads - cap, 0.0)
-    if excess.sum() > 0.0:
-        loads -= excess
-        room = np.maximum(cap - loads, 0.0)
-        spread = room if room.sum() > 0.0 else weights
-        loads += float(excess.sum()) * spread / spread.sum()
+    loads += (total_tail - float(tail[heavy].sum())) * ring.shares()
     return loads
+
+
+def bound_tail(tail: np.ndarray, planned: np.ndarray, weights: np.ndarray,
+               slack: float = DEFAULT_TAIL_SLACK) -> np.ndarray:
+    """The routers' bound on the hashed tail: a destination whose whole load (planned and
+    tail) would pass (1 + slack) × the fleet's mean relative load sends the tail beyond it on
+    to the others, which take it in proportion to the room they have under the same bound."""
+    total = float(tail.sum() + planned.sum())
+    if total <= 0.0:
+        return tail.copy()
+    cap = np.maximum((1.0 + slack) * total * weights / weights.sum() - planned, 0.0)
+    excess = np.maximum(tail - cap, 0.0)
+    spill = float(excess.sum())
+    if spill <= 0.0:
+        return tail.copy()
+    out = tail - excess
+    room = np.maximum(cap - out, 0.0)
+    spread = room if room.sum() > 0.0 else weights
+    return out + spill * spread / spread.sum()
+
+
+def hashed_tail_loads(
+    keys: Sequence[str], tail: np.ndarray, total_rate: float, weights: np.ndarray,
+    ring: Ring, planned: np.ndarray | None = None, slack: float = DEFAULT_TAIL_SLACK,
+) -> np.ndarray:
+    """The hashed cold tail's expected load per healthy destination (`ring_tail_loads`, then
+    `bound_tail`). `planned`: the admitted traffic's load per destination; before placement
+    (None) it is taken as spread by capacity over the rest of `total_rate`."""
+    if planned is None:
+        planned = max(0.0, total_rate - float(tail.sum())) * weights / weights.sum()
+    return bound_tail(ring_tail_loads(keys, tail, ring), planned, weights, slack)
+
+
+class TailModel:
+    """One plan's hashed cold tail: where the ring puts it (computed once), bounded against
+    the planned load before placement (taken as even) and after it (as placed)."""
+
+    def __init__(self, keys: Sequence[str], tail: np.ndarray, total_rate: float,
+                 weights: np.ndarray, ring: Ring) -> None:
+        self.unbounded = ring_tail_loads(keys, tail, ring)
+        self.weights = weights
+        self.planned_total = max(0.0, total_rate - float(tail.sum()))
+
+    def before_placement(self) -> np.ndarray:
+        w = self.weights
+        return bound_tail(self.unbounded, self.planned_total * w / w.sum(), w)
+
+    def with_planned(self, planned: np.ndarray) -> np.ndarray:
+        """Whole expected load per destination: `planned` plus the tail bounded against it."""
+        return planned + bound_tail(self.unbounded, planned, self.weights)
 
 
 def affine_place(

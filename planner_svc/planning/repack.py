@@ -24,9 +24,9 @@ from planner_svc.planning.admission import Admission, admit, check_rates
 from planner_svc.planning.build import assemble, balance_goal
 from planner_svc.planning.config import PlanningConfig
 from planner_svc.planning.placement import (
+    TailModel,
     affine_place,
     cold_tail_loads,
-    hashed_tail_loads,
     least_loaded,
     lpt_place,
     rebalance,
@@ -61,8 +61,9 @@ def repack(
     shares = r[adm.index] / adm.replicas
     ring = (tail_ring([config.destinations[i].id for i in healthy.tolist()])
             if config.hashed_tail else None)
-    base = (hashed_tail_loads(keys, unserved(r, adm.index), float(r.sum()), weights,
-                                  ring) if ring is not None else
+    tail = (TailModel(keys, unserved(r, adm.index), float(r.sum()), weights, ring)
+            if ring is not None else None)
+    base = (tail.before_placement() if tail is not None else
             cold_tail_loads(max(0.0, float(r.sum()) - float(r[adm.index].sum())), weights))
     goal = balance_goal(shares, adm.replicas, base, weights, config)
     sets = _kept_sets(previous, keys, adm, config)
@@ -76,6 +77,8 @@ def repack(
     rebalance(sets, shares, loads, weights, target)
     flat = np.fromiter((m for s in sets for m in sorted(s)), np.int64, int(adm.replicas.sum()))
     members = healthy[flat]
+    if tail is not None:  # the tail's bound against the planned load as placed
+        loads = tail.with_planned(loads - base)
     return assemble(keys, r, config, adm, members, loads, "repack",
                     (clock() - started) if clock else 0.0)
 

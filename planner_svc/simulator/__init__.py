@@ -55,6 +55,7 @@ def _load_sources(here: Path) -> None:
         module = importlib.util.module_from_spec(spec)
         sys.modules[full] = module
         spec.loader.exec_module(module)
+        setattr(sys.modules[__name__], name, module)
 
 
 def _choose() -> bool:

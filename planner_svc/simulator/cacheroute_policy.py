@@ -73,6 +73,8 @@ class CacheRouteSettings:
     def label(self) -> str:
         names = {"full": "CacheRoute", "affinity": "+ affinity", "replication": "+ replication"}
         return (names[self.variant] + (" + sessions" if self.session_affinity else "")
+                + (" + hashed tail" if self.cold_tail == "hash" else "")
+                + (" + tail placement" if self.hashed_tail else "")
                 + (" (control loop)" if self.control_loop else ""))
 
 

@@ -131,7 +131,9 @@ def policy_factory(name: str, cfg: ReplayConfig, w: Workload) -> PolicyFactory:
     if name in simple:
         return simple[name]()
     variants = {"cacheroute": "full", "affinity": "affinity", "replication": "replication",
-                "cacheroute-sessions": "full", "cacheroute-loop": "full"}
+                "cacheroute-sessions": "full", "cacheroute-loop": "full",
+                "cacheroute-tail": "full", "cacheroute-hashed": "full",
+                "cacheroute-gateway": "full"}
     if name not in variants and name != "cacheroute-known":
         raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICY_NAMES)}")
     q_cap, slots = calibrate(w, cfg.model, cfg.warmup_fraction)
@@ -141,9 +143,14 @@ def policy_factory(name: str, cfg: ReplayConfig, w: Workload) -> PolicyFactory:
         variant=variants.get(name, "full"),
         rates="known" if name == "cacheroute-known" else cfg.cacheroute_rates,
         replan=cfg.replan,
-        session_affinity=name == "cacheroute-sessions",
-        control_loop=name == "cacheroute-loop",
+        session_affinity=name in ("cacheroute-sessions", "cacheroute-gateway"),
+        control_loop=name in ("cacheroute-loop", "cacheroute-gateway"),
         publish_delay_s=cfg.publish_delay_s,
+        # The cold tail consistent-hashed (the gateway's default), and the plan placing keys
+        # where that tail sends them (the planner's default).
+        cold_tail="hash" if name in ("cacheroute-tail", "cacheroute-hashed",
+                                     "cacheroute-gateway") else "p2c",
+        hashed_tail=name in ("cacheroute-hashed", "cacheroute-gateway"),
     )
     return cacheroute(settings)
 
@@ -161,6 +168,9 @@ POLICY_NAMES = (
     "cacheroute-known",
     "cacheroute-sessions",
     "cacheroute-loop",
+    "cacheroute-tail",
+    "cacheroute-hashed",
+    "cacheroute-gateway",
     "affinity",
     "replication",
 )

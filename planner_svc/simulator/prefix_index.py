@@ -62,18 +62,25 @@ class PrefixIndex:
     def insert(self, chain: Chain, d: int) -> None:
         """`d` now holds all of `chain` (the router sent it the whole prompt)."""
         lru, parent = self._lru[d], _ROOT
+        path = []
         for seg, count in chain:
+            if count <= 0:  # nothing of it is a block: nothing to hold (nor to match)
+                break
             node = (parent, seg)
             held = self._held.setdefault(node, {})
             old = held.get(d, 0)
             if count > old:
                 held[d] = count
                 self.blocks[d] += count - old
+            path.append(node)
+            parent = seg
+        # Deepest first, so a prefix is always more recent than what extends it: trimming
+        # takes leaves before the prefixes they hang from, as SGLang's tree evicts leaves.
+        for node in reversed(path):
             if node in lru:
                 lru.move_to_end(node)
             else:
                 lru[node] = None
-            parent = seg
 
     def trim(self, max_blocks: int) -> None:
         """Forget each destination's least recently sent segments until it holds at most
@@ -81,7 +88,9 @@ class PrefixIndex:
         for d, lru in enumerate(self._lru):
             while self.blocks[d] > max_blocks and lru:
                 node, _ = lru.popitem(last=False)
-                held = self._held[node]
+                held = self._held.get(node)
+                if held is None:
+                    continue
                 self.blocks[d] -= held.pop(d, 0)
                 if not held:
                     del self._held[node]

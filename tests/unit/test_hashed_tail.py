@@ -151,3 +151,34 @@ def test_hashed_tail_plans_are_valid_and_deterministic(
     assert np.isclose(sum(again.stats.expected_load_per_s), r.sum() * 1.1)
     loads = np.asarray(plan.stats.expected_load_per_s)
     assert np.isclose(imbalance(loads, np.ones(n)), plan.stats.imbalance_max_over_mean)
+
+
+def test_the_tail_model_follows_the_rings_arcs_for_many_small_keys() -> None:
+    """Beyond the heaviest keys the model spreads the tail by each owner's arc, which is
+    where hashing really puts many small keys (the arcs are not even)."""
+    from planner_svc.planning.placement import TAIL_KEYS_EXACT, ring_tail_loads
+
+    keys = [f"small-{i}" for i in range(TAIL_KEYS_EXACT * 10)]
+    rates = np.ones(len(keys))
+    ring = tail_ring(IDS)
+    model = ring_tail_loads(keys, rates, ring)
+    truth = np.bincount(ring.owners_of(keys), minlength=len(IDS)).astype(float)
+    assert np.abs(model - truth).max() / truth.mean() < 0.03
+    even = np.full(len(IDS), truth.mean())
+    assert np.abs(even - truth).max() > 2 * np.abs(model - truth).max()
+
+
+def test_a_fallback_plan_is_priced_as_p2c_whatever_tail_it_was_built_for() -> None:
+    import dataclasses
+
+    from planner_svc.control.traffic import Traffic, expected_loads
+
+    keys = [f"tenant-{i}" for i in range(400)]
+    rates = paper_like_rates(len(keys), 300.0, seed=2)
+    plan = build_plan(keys, rates, _config())
+    fallback = dataclasses.replace(plan, config=dataclasses.replace(plan.config, fallback=True))
+    traffic = Traffic(keys, rates)
+    paper = dataclasses.replace(plan, config=dataclasses.replace(
+        plan.config, fallback=True, hashed_tail=False))
+    assert np.allclose(expected_loads(fallback, traffic), expected_loads(paper, traffic))
+    assert not np.allclose(expected_loads(plan, traffic), expected_loads(paper, traffic))

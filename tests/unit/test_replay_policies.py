@@ -137,3 +137,15 @@ def test_prefix_index_matches_under_the_parent_and_forgets_least_recent_first() 
     idx.trim(6)
     assert idx.blocks == [3, 6, 0] and idx.match([(5, 3)]) == [3, 0, 0]
     assert idx.match([(1, 4), (3, 2)]) == [0, 6, 0]  # destination 1 kept its 6 blocks
+
+
+def test_prefix_index_ignores_empty_segments_and_trims_leaves_before_their_prefix() -> None:
+    from planner_svc.simulator.prefix_index import PrefixIndex
+
+    idx = PrefixIndex(2)
+    idx.insert([(5, 0)], 0)  # less than a block: nothing held
+    idx.insert([(1, 4), (2, 6)], 0)
+    idx.insert([(1, 4), (3, 1)], 1)
+    idx.trim(4)  # destination 0 drops its leaf, keeps the shared prefix
+    assert idx.blocks == [4, 4]  # destination 1 dropped its leaf (3) too
+    assert idx.match([(1, 4), (2, 6)])[0] == 4
