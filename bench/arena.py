@@ -475,6 +475,11 @@ def _best_peer(rows: list[dict], scenario: str, replicas: int) -> str:
                                           replicas=replicas))
 
 
+def _csv_row(r: dict[str, Any], keys: list[str]) -> dict[str, Any]:
+    """One CSV row (floats to 4 places; a column the row lacks stays empty)."""
+    return {k: (round(r[k], 4) if isinstance(r.get(k), float) else r.get(k, "")) for k in keys}
+
+
 def report(rows: list[dict], cap: dict[str, float], setup: Setup, out: Path,
            missing: list[str], elapsed_s: float, quick: bool,
            cap_rows: list[dict] | None = None,
@@ -490,15 +495,14 @@ def report(rows: list[dict], cap: dict[str, float], setup: Setup, out: Path,
         w = csv.DictWriter(f, keys)
         w.writeheader()
         for r in rows:
-            w.writerow({k: (round(r[k], 4) if isinstance(r[k], float) else r[k]) for k in keys})
+            w.writerow(_csv_row(r, keys))
     if cap_rows:
         plot_capacity(cap_rows, out, suffix, setup.slo_ttft_s)
         with open(out / f"arena-capacity{suffix}.csv", "w", newline="") as f:
             w = csv.DictWriter(f, keys)
             w.writeheader()
             for r in cap_rows:
-                w.writerow({k: (round(r[k], 4) if isinstance(r[k], float) else r[k])
-                            for k in keys})
+                w.writerow(_csv_row(r, keys))
     lines = [f"# Arena results{' (quick)' if quick else ''}", "",
              "Command: `" + " ".join([".venv/bin/python bench/arena.py", *sys.argv[1:]]) + "`; "
              + (f"{setup.engines} llama.cpp llama-server processes (tiny random model, one "

@@ -62,11 +62,11 @@ class PlannerSettings:
     # Plan with q_cap measured from the engines' /metrics (saturation knees, served loads),
     # bounded to [q/2, 2q] of `q_cap`; the configured q_cap while nothing was measured.
     learn_q_cap: bool = False
-    # The routers consistent-hash the keys the plan does not admit (`cacheroute gateway`'s
-    # default `--cold-tail hash`): model that tail on the shared ring and place keys entering
-    # the plan where the tail already sends them (no rewarm on admission). False = the
-    # paper's P2C tail and plain LPT (for routers run with `--cold-tail p2c`).
-    hashed_tail: bool = True
+    # Model the routers' consistent-hashed cold tail on the shared ring and place keys
+    # entering the plan where that tail already sends them (no rewarm on admission). Off by
+    # default: in the paper-like replay at the knee it cost capacity (150 against 210 QPS at
+    # 3.5 s; docs/replay.md, the hashed-tail ablation); plain LPT balances tighter.
+    hashed_tail: bool = False
     # The range the plan was validated for (shadow replay / canary, checklist step 5):
     # outside it the guard falls back to Flat-LB, and resumes when telemetry returns.
     # 0 = unchecked.

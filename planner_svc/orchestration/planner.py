@@ -209,7 +209,7 @@ class Tunables:
     # (control.capacity), within [q/2, 2q] of `q_cap`.
     learn_q_cap: bool = False
     # Plan for a consistent-hashed cold tail (planning.placement); False = the paper's.
-    hashed_tail: bool = True
+    hashed_tail: bool = False
 
 
 class Planner:

@@ -66,8 +66,7 @@ class CacheRouteSettings:
     # consistent hashing ("hash"; router_client.routing).
     cold_tail: str = "p2c"
     # The plan models a hashed cold tail and places keys entering it on their ring owner
-    # (PlanningConfig.hashed_tail; the planner's default, as `cold_tail="hash"` is the
-    # gateway's).
+    # (PlanningConfig.hashed_tail, the planner's `--hashed-tail`; off by default).
     hashed_tail: bool = False
 
     def label(self) -> str:
@@ -245,7 +244,7 @@ class CacheRoutePolicy:
 
 
 def gateway_like(q_cap: float, warm_slots_per_destination: int, *,
-                 publish_delay_s: float = 0.5, hashed_tail: bool = True) -> PolicyFactory:
+                 publish_delay_s: float = 0.5, hashed_tail: bool = False) -> PolicyFactory:
     """CacheRoute as `cacheroute gateway` and the planner run it by default: conversations
     kept on their member and with their history, the cold tail consistent-hashed, replans
     through the production control loop, plans reaching the router after a publish delay."""
