@@ -86,7 +86,7 @@ from router_client.plan import (
     version_from_pb,
 )
 from router_client.rebase import plan_edit
-from router_client.ring import Ring, key_hash, mix, stable_hash
+from router_client.ring import DEFAULT_TAIL_SLACK, Ring, key_hash, mix, stable_hash
 
 # A router's routing mode (RouterCore.mode, the router status): by the plan, or all by P2C.
 PLANNED = "planned"
@@ -326,7 +326,7 @@ class RouterCore:
     """In-flight counts, health and the decision; no I/O, no clock, no locks."""
 
     def __init__(self, destination_ids: Sequence[str], *, seed: int | None = None,
-                 cold_tail: str = "p2c", tail_slack: float = 0.25,
+                 cold_tail: str = "p2c", tail_slack: float = DEFAULT_TAIL_SLACK,
                  set_slack: float = 0.5, history_slack: float | None = None,
                  history_capacity: int = HISTORY_CAPACITY) -> None:
         if cold_tail not in ("p2c", "hash"):

@@ -17,8 +17,6 @@ from planner_svc.planning.placement import (
     lpt_place,
     rebalance,
     ring_owners,
-    tail_ring,
-    unserved,
 )
 from planner_svc.planning.stats import imbalance, plan_stats, table_from_flat
 from router_client.plan import RoutingPlan
@@ -63,9 +61,9 @@ def _place_affine(
     LPT reaches (+ `imbalance_tolerance`), the rest by LPT, then rebalanced to that target."""
     healthy = np.flatnonzero(config.active)
     w = config.weights[healthy]
-    ring = tail_ring([config.destinations[i].id for i in healthy.tolist()])
-    tail = TailModel(keys, unserved(r, adm.index), float(r.sum()), w, ring)
-    base = tail.before_placement()
+    tail, ring = TailModel.of_plan(keys, r, adm.index,
+                                   [config.destinations[i].id for i in healthy.tolist()], w)
+    base = tail.loads()
     goal = balance_goal(shares, adm.replicas, base, w, config)
     loads = base.copy()
     mean = float(r.sum()) / float(w.sum())

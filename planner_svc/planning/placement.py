@@ -18,6 +18,7 @@ Two cold tails (`PlanningConfig.hashed_tail`):
 from __future__ import annotations
 
 import bisect
+import functools
 import operator
 from collections.abc import Sequence
 
@@ -39,7 +40,13 @@ def cold_tail_loads(unadmitted_rate: float, weights: np.ndarray) -> np.ndarray:
 
 
 def tail_ring(destination_ids: Sequence[str]) -> Ring:
-    """The routers' cold-tail ring over these (healthy) destinations, owners 0..H-1."""
+    """The routers' cold-tail ring over these (healthy) destinations, owners 0..H-1; one per
+    fleet (the control loop prices plans several times a step on the same destinations)."""
+    return _ring_of(tuple(destination_ids))
+
+
+@functools.lru_cache(maxsize=32)
+def _ring_of(destination_ids: tuple[str, ...]) -> Ring:
     return Ring(list(destination_ids))
 
 
@@ -94,21 +101,11 @@ def bound_tail(tail: np.ndarray, planned: np.ndarray, weights: np.ndarray,
     return out + spill * spread / spread.sum()
 
 
-def hashed_tail_loads(
-    keys: Sequence[str], tail: np.ndarray, total_rate: float, weights: np.ndarray,
-    ring: Ring, planned: np.ndarray | None = None, slack: float = DEFAULT_TAIL_SLACK,
-) -> np.ndarray:
-    """The hashed cold tail's expected load per healthy destination (`ring_tail_loads`, then
-    `bound_tail`). `planned`: the admitted traffic's load per destination; before placement
-    (None) it is taken as spread by capacity over the rest of `total_rate`."""
-    if planned is None:
-        planned = max(0.0, total_rate - float(tail.sum())) * weights / weights.sum()
-    return bound_tail(ring_tail_loads(keys, tail, ring), planned, weights, slack)
-
-
 class TailModel:
-    """One plan's hashed cold tail: where the ring puts it (computed once), bounded against
-    the planned load before placement (taken as even) and after it (as placed)."""
+    """One plan's hashed cold tail over the healthy destinations of `ring` (owners 0..H-1):
+    where the ring puts it (computed once), then the routers' bound against the planned
+    load, given as placed, or before placement taken as spread by capacity over the rest of
+    `total_rate`."""
 
     def __init__(self, keys: Sequence[str], tail: np.ndarray, total_rate: float,
                  weights: np.ndarray, ring: Ring) -> None:
@@ -116,13 +113,31 @@ class TailModel:
         self.weights = weights
         self.planned_total = max(0.0, total_rate - float(tail.sum()))
 
-    def before_placement(self) -> np.ndarray:
+    @classmethod
+    def of_plan(cls, keys: Sequence[str], rates: np.ndarray, admitted: np.ndarray,
+                destination_ids: Sequence[str], weights: np.ndarray) -> tuple[TailModel, Ring]:
+        """The tail of a plan admitting `admitted` out of `keys` at `rates`, and its ring."""
+        ring = tail_ring(destination_ids)
+        return cls(keys, unserved(rates, admitted), float(rates.sum()), weights, ring), ring
+
+    def loads(self, planned: np.ndarray | None = None) -> np.ndarray:
+        """The tail's expected load per destination beside `planned` (None: before placement)."""
         w = self.weights
-        return bound_tail(self.unbounded, self.planned_total * w / w.sum(), w)
+        if planned is None:
+            planned = self.planned_total * w / w.sum()
+        return bound_tail(self.unbounded, planned, w)
 
     def with_planned(self, planned: np.ndarray) -> np.ndarray:
         """Whole expected load per destination: `planned` plus the tail bounded against it."""
-        return planned + bound_tail(self.unbounded, planned, self.weights)
+        return planned + self.loads(planned)
+
+
+def hashed_tail_loads(
+    keys: Sequence[str], tail: np.ndarray, total_rate: float, weights: np.ndarray,
+    ring: Ring, planned: np.ndarray | None = None,
+) -> np.ndarray:
+    """The hashed cold tail's expected load per healthy destination (`TailModel.loads`)."""
+    return TailModel(keys, tail, total_rate, weights, ring).loads(planned)
 
 
 def affine_place(

@@ -31,8 +31,6 @@ from planner_svc.planning.placement import (
     lpt_place,
     rebalance,
     ring_owners,
-    tail_ring,
-    unserved,
 )
 from planner_svc.planning.stats import imbalance
 from router_client.plan import RoutingPlan
@@ -59,11 +57,10 @@ def repack(
     healthy = np.flatnonzero(config.active)
     weights = config.weights[healthy]
     shares = r[adm.index] / adm.replicas
-    ring = (tail_ring([config.destinations[i].id for i in healthy.tolist()])
-            if config.hashed_tail else None)
-    tail = (TailModel(keys, unserved(r, adm.index), float(r.sum()), weights, ring)
-            if ring is not None else None)
-    base = (tail.before_placement() if tail is not None else
+    tail, ring = (TailModel.of_plan(keys, r, adm.index,
+                                    [config.destinations[i].id for i in healthy.tolist()],
+                                    weights) if config.hashed_tail else (None, None))
+    base = (tail.loads() if tail is not None else
             cold_tail_loads(max(0.0, float(r.sum()) - float(r[adm.index].sum())), weights))
     goal = balance_goal(shares, adm.replicas, base, weights, config)
     sets = _kept_sets(previous, keys, adm, config)

@@ -115,7 +115,7 @@ def _loop(
     admits = [e.admit for e in engines]
     chain_of = ChainBuilder(w, cluster.model.block_tokens).chain
     # Policies that match on content (policies.ContentPolicy) get each request's chain.
-    by_content = {id(r): getattr(r, "route_chain", None) for r in routers}
+    by_content = [getattr(r, "route_chain", None) for r in routers]
     for i in range(n):
         now = ts[i]
         while pending and pending[0][0] <= now:
@@ -129,8 +129,8 @@ def _loop(
             next_control = controls.pop(0) if controls else float("inf")
         k = keys[i]
         chain, answer, limit = chain_of(i)
-        r = single or routers[router_of[i]]
-        on_content = by_content[id(r)]
+        which = 0 if single else router_of[i]
+        r, on_content = routers[which], by_content[which]
         d = (on_content(i, k, chain, prompts[i], outputs[i], now, limit) if on_content
              else r.route(i, k, prompts[i], prefixes[i], outputs[i], now))
         served = admits[d](chain, prompts[i], outputs[i], now, answer, limit)
