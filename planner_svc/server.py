@@ -383,6 +383,7 @@ def guard_config(settings: PlannerSettings) -> tuple[GuardSettings, ValidatedRan
         p99_ms_max=settings.validated_p99_ms_max or None,
         hit_rate_min=settings.validated_hit_rate_min or None,
         hit_gap_max=settings.validated_hit_gap_max or None,
+        affinity_gain_min=settings.validated_affinity_gain_min or None,
     )
     guard = GuardSettings(enter_after_s=settings.guard_enter_after_s,
                           resume_dwell_s=settings.guard_resume_dwell_s,

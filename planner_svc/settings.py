@@ -13,6 +13,8 @@ import os
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from planner_svc.control.guard import DEFAULT_AFFINITY_GAIN_MIN
+
 
 @dataclass(frozen=True)
 class PlannerSettings:
@@ -75,6 +77,10 @@ class PlannerSettings:
     validated_hit_rate_min: float = 0.0
     # Fall back when the served hit rate stays this far below the plan's prediction.
     validated_hit_gap_max: float = 0.0
+    # Serve Flat-LB while affinity's predicted gain over it on the current traffic is below
+    # this (a fraction of prompt tokens; planning.affinity; why this default: control.guard).
+    # 0 = never.
+    validated_affinity_gain_min: float = DEFAULT_AFFINITY_GAIN_MIN
     # The guard's clocks (planner_svc/control/guard.py): out of range this long before
     # falling back; back in range this long (doubling when a resumed plan fails again at
     # once) and at least `guard_min_fallback_s` in fallback before resuming; resuming also

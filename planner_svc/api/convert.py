@@ -102,19 +102,19 @@ def guard_pb(g: Guard) -> planner_pb2.GuardConfig:
     return planner_pb2.GuardConfig(
         active_keys_min=v.active_keys_min, active_keys_max=v.active_keys_max or 0,
         p99_ms_max=v.p99_ms_max or 0.0, hit_rate_min=v.hit_rate_min or 0.0,
-        hit_gap_max=v.hit_gap_max or 0.0,
+        hit_gap_max=v.hit_gap_max or 0.0, affinity_gain_min=v.affinity_gain_min or 0.0,
         enter_after_s=s.enter_after_s, resume_dwell_s=s.resume_dwell_s,
         min_fallback_s=s.min_fallback_s, p99_resume_margin=s.p99_resume_margin)
 
 
 def guard_from_pb(pb: planner_pb2.GuardConfig) -> Guard:
     """ValueError (with the field's name) for a value no guard can use."""
-    for name in ("p99_ms_max", "hit_rate_min", "hit_gap_max", "enter_after_s", "resume_dwell_s",
-                 "min_fallback_s", "p99_resume_margin"):
+    for name in ("p99_ms_max", "hit_rate_min", "hit_gap_max", "affinity_gain_min",
+                 "enter_after_s", "resume_dwell_s", "min_fallback_s", "p99_resume_margin"):
         value = getattr(pb, name)
         if not (math.isfinite(value) and value >= 0):
             raise ValueError(f"guard {name} must be a finite number >= 0, got {value}")
-    for name in ("hit_rate_min", "hit_gap_max"):
+    for name in ("hit_rate_min", "hit_gap_max", "affinity_gain_min"):
         if getattr(pb, name) > 1:
             raise ValueError(f"guard {name} must be in [0, 1], got {getattr(pb, name)}")
     if pb.active_keys_max and pb.active_keys_max < pb.active_keys_min:
@@ -122,7 +122,7 @@ def guard_from_pb(pb: planner_pb2.GuardConfig) -> Guard:
     validated = ValidatedRange(
         active_keys_min=pb.active_keys_min, active_keys_max=pb.active_keys_max or None,
         p99_ms_max=pb.p99_ms_max or None, hit_rate_min=pb.hit_rate_min or None,
-        hit_gap_max=pb.hit_gap_max or None)
+        hit_gap_max=pb.hit_gap_max or None, affinity_gain_min=pb.affinity_gain_min or None)
     settings = GuardSettings(enter_after_s=pb.enter_after_s, resume_dwell_s=pb.resume_dwell_s,
                              min_fallback_s=pb.min_fallback_s,
                              p99_resume_margin=pb.p99_resume_margin)

@@ -74,6 +74,7 @@ SETTABLE: dict[str, Callable[[str], Any]] = {  # `config set` keys and how value
     "guard.p99_ms_max": float,
     "guard.hit_rate_min": float,
     "guard.hit_gap_max": float,
+    "guard.affinity_gain_min": float,
     "guard.enter_after_s": float,
     "guard.resume_dwell_s": float,
     "guard.min_fallback_s": float,

@@ -22,7 +22,8 @@ from router_client.plan import RoutingPlan
 # The planner's modes by their wire value; "auto" (unspecified) clears an operator's override.
 MODE_NAMES = {0: "auto", **{int(pb): mode.value for mode, pb in MODE_TO_PB.items()}}
 BAR_WIDTH = 40
-_RANGE = {"active_keys_max", "p99_ms_max", "hit_rate_min", "hit_gap_max"}  # 0 = not checked
+_RANGE = {"active_keys_max", "p99_ms_max", "hit_rate_min", "hit_gap_max",
+          "affinity_gain_min"}  # 0 = not checked
 _EIGHTHS = " ▏▎▍▌▋▊▉"
 
 
@@ -137,7 +138,7 @@ def config_dict(pb: Any) -> dict[str, Any]:
         "hashed_tail": pb.hashed_tail,
         "guard": {name: getattr(pb.guard, name) for name in (
             "active_keys_min", "active_keys_max", "p99_ms_max", "hit_rate_min",
-            "hit_gap_max", "enter_after_s", "resume_dwell_s", "min_fallback_s",
+            "hit_gap_max", "affinity_gain_min", "enter_after_s", "resume_dwell_s", "min_fallback_s",
             "p99_resume_margin")},
         "destinations": [
             {

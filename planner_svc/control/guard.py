@@ -4,7 +4,9 @@ A plan is only trusted inside the range it was validated for (shadow replay /
 canary): an active-set size, a p99 ceiling, a hit-rate floor, and a largest shortfall
 of the served hit rate below what the installed plan predicted (a plan that does not
 deliver was built on a wrong model: a q_cap, a cache size or a reuse pattern that
-is not the fleet's). When fresh
+is not the fleet's), and a floor on the hit rate affinity is predicted to win over
+Flat-LB on the current traffic (`planning.affinity`: where almost nothing is reusable,
+planned routing loses capacity to Flat-LB, so the product serves Flat-LB). When fresh
 telemetry leaves that range for `enter_after_s` the guard sends routers to
 Flat-LB; when it is back for `resume_dwell_s` (and the fleet has been in fallback
 for `min_fallback_s`) the guard resumes the plan.
@@ -18,7 +20,9 @@ used to flip fallback <-> resume every ~70 s, because fallback ignored the p99):
   rate, lower by construction, and would pin the fleet there. So does the prediction
   gap: a Flat-LB table predicts nothing, and the gap counts only once the plan has
   been measured for `GAP_MIN_WINDOWS` windows after its rewarm dip (persistence). The
-  active set counts in both modes (it does not depend on routing).
+  active set counts in both modes (it does not depend on routing), and so does the
+  predicted affinity gain (a property of the traffic: keys, rates, prefix and prompt sizes,
+  cache size), so traffic with too little to win stays on Flat-LB until that changes.
 - Each fallback entered within `2 x` the dwell of the last resume doubles the next
   dwell (up to `max_resume_dwell_s`): a plan that fails again as soon as it resumes
   waits longer each time.
@@ -42,6 +46,12 @@ from planner_svc.control.telemetry import Telemetry
 # Windows measured after the rewarm dip before a prediction gap counts: one window can be
 # a burst; the report's figure is the mean over these.
 GAP_MIN_WINDOWS = 3
+
+
+# The product's default floor on the predicted affinity gain (planner setting
+# `validated_affinity_gain_min`): the low-reuse replay predicts 6 pp, where planned routing has
+# 22 % less capacity than Flat-LB; paper-like predicts 77 pp and whales 26 pp (docs/replay.md).
+DEFAULT_AFFINITY_GAIN_MIN = 0.10
 
 
 class Mode(StrEnum):
@@ -77,6 +87,9 @@ class ValidatedRange:
     p99_ms_max: float | None = None
     hit_rate_min: float | None = None
     hit_gap_max: float | None = None  # largest tolerated (predicted − served) hit rate
+    # Smallest predicted affinity gain (Telemetry.affinity_gain) worth planning for: below
+    # it pinning keys costs more balance than the prefill it saves, so Flat-LB serves.
+    affinity_gain_min: float | None = None
 
     def violations(self, telemetry: Telemetry, mode: Mode,
                    p99_resume_margin: float = 0.0,
@@ -86,6 +99,7 @@ class ValidatedRange:
         limit by `p99_resume_margin`, and neither the hit rate nor the prediction gap is
         checked (see the module docstring)."""
         found = _active_set_violations(self, telemetry.active_keys)
+        found += _gain_violations(self, telemetry)
         if mode is Mode.PLANNED:
             found += _p99_violations(self, telemetry, 0.0)
             found += _hit_violations(self, telemetry)
@@ -104,6 +118,15 @@ def _active_set_violations(r: ValidatedRange, active: int) -> list[str]:
     if r.active_keys_max is not None and active > r.active_keys_max:
         return [f"active set {active} keys is above the validated {r.active_keys_max}"]
     return []
+
+
+def _gain_violations(r: ValidatedRange, t: Telemetry) -> list[str]:
+    if r.affinity_gain_min is None or t.affinity_gain is None:
+        return []
+    if t.affinity_gain >= r.affinity_gain_min:
+        return []
+    return [f"predicted affinity gain {t.affinity_gain * 100:.1f} pp of prompt tokens is "
+            f"below the {r.affinity_gain_min * 100:.1f} pp worth planning for"]
 
 
 def _p99_violations(r: ValidatedRange, t: Telemetry, margin: float) -> list[str]:

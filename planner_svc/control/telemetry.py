@@ -18,7 +18,10 @@ The planner service fills a `Telemetry` from the newest complete
 - `key_hit_rates`: optional, admitted key -> its hit rate on its planned set
   (only keys with enough requests to mean something); feeds the per-key Δh.
   Not kept in snapshots (the loop only learns from it);
-- `requests`: requests in the window (how much evidence the ratios rest on).
+- `requests`: requests in the window (how much evidence the ratios rest on);
+- `affinity_gain`: the served hit rate affinity is predicted to win over Flat-LB on this
+  window's keys (`planning.affinity`, a fraction of prompt tokens), None if not estimated.
+  It depends on the traffic, not on how it was routed.
 
 Pure data; no I/O.
 """
@@ -49,6 +52,7 @@ class Telemetry:
     # The window's length: a window that began before an install still mixes in traffic
     # routed by the previous plan, so it says nothing yet about the new plan's dip.
     window_s: float = 0.0
+    affinity_gain: float | None = None
 
     @property
     def window_start_s(self) -> float:
@@ -72,6 +76,7 @@ class Telemetry:
             "active_keys": self.active_keys,
             "recovering": self.recovering,
             "window_s": self.window_s,
+            "affinity_gain": self.affinity_gain,
         }
 
     @classmethod

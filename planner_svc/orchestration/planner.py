@@ -491,7 +491,9 @@ class Planner:
                 # The first plan waits for a full window of traffic after the first one that
                 # had any: windows of an idle fleet would plan nothing.
                 self._first_window_end_ms = int(window.window_end_ms)
-            self.telemetry = telemetry_from_window(window, self._admitted_keys())
+            self.telemetry = telemetry_from_window(
+                window, self._admitted_keys(), sum(not d.draining for d in self._fleet()),
+                self._warm_slots_in_use())
             self._realize(self.telemetry)
             self._note_served_loads(int(window.window_end_ms))
 

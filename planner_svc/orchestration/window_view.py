@@ -12,6 +12,7 @@ import numpy as np
 
 from planner_svc.control.telemetry import Telemetry
 from planner_svc.control.traffic import Traffic
+from planner_svc.planning.affinity import fleet_gain
 from streams.assembly import KEY_COLUMNS
 
 
@@ -26,8 +27,11 @@ def traffic_from_window(window: Any, rate_column: str = "rate") -> Traffic:
     )
 
 
-def telemetry_from_window(window: Any, admitted: set[str]) -> Telemetry:
-    """The control loop's view of a stream window (see planner_svc.control.telemetry)."""
+def telemetry_from_window(window: Any, admitted: set[str], n_destinations: int = 0,
+                          warm_slots_per_destination: int = 0) -> Telemetry:
+    """The control loop's view of a stream window (see planner_svc.control.telemetry).
+    With the serving destinations' count and W it also predicts affinity's gain over
+    Flat-LB on the window's keys (`planning.affinity.fleet_gain`)."""
     span_s = max(1e-9, (window.window_end_ms - window.window_start_ms) / 1000.0)
     prompt = np.asarray(window.prompt_tokens, np.float64)
     cached = np.asarray(window.cached_tokens, np.float64)
@@ -49,7 +53,20 @@ def telemetry_from_window(window: Any, admitted: set[str]) -> Telemetry:
         destination_p99_ms=p99s,
         active_keys=int(window.active_keys),
         recovering=bool(window.recovering),
+        affinity_gain=window_affinity_gain(window, n_destinations, warm_slots_per_destination),
     )
+
+
+def window_affinity_gain(window: Any, n_destinations: int,
+                         warm_slots_per_destination: int) -> float | None:
+    """`planning.affinity.fleet_gain` on a window's keys; None without prompt tokens."""
+    requests = np.asarray(window.requests, np.float64)
+    prompt = np.divide(np.asarray(window.prompt_tokens, np.float64), requests,
+                       out=np.zeros(len(requests)), where=requests > 0)
+    gain = fleet_gain(np.asarray(window.rate_per_s, np.float64),
+                      np.asarray(window.reusable_prefix_tokens, np.float64), prompt, requests,
+                      n_destinations, warm_slots_per_destination)
+    return None if gain is None else gain.gain
 
 
 def _ratio(num: float, den: float) -> float:

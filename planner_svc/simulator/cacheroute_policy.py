@@ -28,9 +28,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner_svc.control.decision import Action
+from planner_svc.control.guard import DEFAULT_AFFINITY_GAIN_MIN, ValidatedRange
 from planner_svc.control.loop import ControlLoop
+from planner_svc.control.telemetry import Telemetry
 from planner_svc.control.traffic import Traffic
 from planner_svc.planning import PlanningConfig, admit, build_plan, repack
+from planner_svc.planning.affinity import fleet_gain
 from planner_svc.planning.build import assemble
 from planner_svc.planning.placement import cold_tail_loads
 from planner_svc.simulator.hashring import HashRing
@@ -68,13 +71,18 @@ class CacheRouteSettings:
     # The plan models a hashed cold tail and places keys entering it on their ring owner
     # (PlanningConfig.hashed_tail, the planner's `--hashed-tail`; off by default).
     hashed_tail: bool = False
+    # The guard's floor on affinity's predicted gain over Flat-LB (planning.affinity), as the
+    # planner runs it by default: below it the routers serve Flat-LB. None = never (the
+    # paper's: always plan).
+    affinity_gain_min: float | None = DEFAULT_AFFINITY_GAIN_MIN
 
     def label(self) -> str:
         names = {"full": "CacheRoute", "affinity": "+ affinity", "replication": "+ replication"}
         return (names[self.variant] + (" + sessions" if self.session_affinity else "")
                 + (" + hashed tail" if self.cold_tail == "hash" else "")
                 + (" + tail placement" if self.hashed_tail else "")
-                + (" (control loop)" if self.control_loop else ""))
+                + (" (control loop)" if self.control_loop else "")
+                + (" without guard" if self.affinity_gain_min is None else ""))
 
 
 def planning_config(n_destinations: int, s: CacheRouteSettings) -> PlanningConfig:
@@ -140,11 +148,18 @@ class CacheRoutePolicy:
         self.installs = 0
         # The production control loop (one per router: every router of a run decides alike
         # on the same counts) and a decided plan on its way to the routers.
-        self.loop = ControlLoop() if settings.control_loop else None
+        validated = ValidatedRange(affinity_gain_min=settings.affinity_gain_min)
+        self.loop = ControlLoop(validated=validated) if settings.control_loop else None
+        # Without the control loop, a loop for its guard alone (as a pinned plan has).
+        self.guard = self.loop or (ControlLoop(validated=validated)
+                                   if settings.affinity_gain_min is not None else None)
         self._published: tuple[float, RoutingPlan] | None = None
         self.decisions: dict[str, int] = {}
-        # reusable prefix tokens per key in the current window (the stream's token column)
-        self._prefix_sum = np.zeros(len(self.keys)) if self.loop is not None else None
+        # Reusable prefix and prompt tokens per key in the current window (the stream's
+        # token columns; lists: cheaper per request than numpy item updates).
+        self._prefix_sum = [0.0] * len(self.keys)
+        self._prompt_sum = [0.0] * len(self.keys)
+        self.gains: list[float] = []  # the predicted affinity gain at each control step
         if settings.rates == "known" and isinstance(self._known, np.ndarray):
             self._install(0.0, self._known[0])
         elif isinstance(self._warmup, np.ndarray) and isinstance(warmup_s, float) and warmup_s > 0:
@@ -156,8 +171,8 @@ class CacheRoutePolicy:
         if published is not None and now >= published[0]:
             self._published = None
             self._use(published[1])
-        if self._prefix_sum is not None:
-            self._prefix_sum[key] += prefix
+        self._prefix_sum[key] += prefix
+        self._prompt_sum[key] += prompt
         core = self.core
         sessions = self._sessions
         slot = core.route_index(self.keys[key],
@@ -172,10 +187,13 @@ class CacheRoutePolicy:
         if window_s <= 0:
             return
         counts = np.bincount(window_keys, minlength=len(self.keys)).astype(np.float64)
-        tokens = np.zeros(len(counts))
-        if self._prefix_sum is not None:  # the window's mean reusable prefix per key
-            np.divide(self._prefix_sum, counts, out=tokens, where=counts > 0)
-            self._prefix_sum[:] = 0.0
+        tokens = np.zeros(len(counts))  # the window's mean reusable prefix per key
+        np.divide(np.asarray(self._prefix_sum), counts, out=tokens, where=counts > 0)
+        prompts = np.zeros(len(counts))
+        np.divide(np.asarray(self._prompt_sum), counts, out=prompts, where=counts > 0)
+        self._prefix_sum = [0.0] * len(self.keys)
+        self._prompt_sum = [0.0] * len(self.keys)
+        self._guard_step(now, counts, window_s, tokens, prompts)
         s = self.settings
         if s.rates == "known":
             if s.replan != "once" and isinstance(self._known, np.ndarray):
@@ -191,6 +209,28 @@ class CacheRoutePolicy:
                 self._install(now, self._rates())
             else:
                 self._decide(now, counts / window_s, tokens)
+
+    def _guard_step(self, now: float, counts: np.ndarray, window_s: float,
+                    prefix: np.ndarray, prompt: np.ndarray) -> None:
+        """The production guard on what this window predicts affinity can win (the only
+        range it is given here); its fallback routes everything by P2C, as a fallback plan
+        makes the routers do."""
+        if self.guard is None:
+            return
+        gain = fleet_gain(counts / window_s, prefix, prompt, counts, self.config.n_active,
+                          self.settings.warm_slots_per_destination)
+        if gain is None:
+            return
+        self.gains.append(gain.gain)
+        telemetry = Telemetry(window_end_s=now, window_s=window_s, hit_rate=0.0,
+                              prompt_tokens_per_s=float(np.dot(prompt, counts)) / window_s,
+                              requests=int(counts.sum()), active_keys=int((counts > 0).sum()),
+                              affinity_gain=gain.gain)
+        decision = self.guard.guard_only(now, telemetry)
+        if decision is None:
+            return
+        self.decisions[decision.action.value] = self.decisions.get(decision.action.value, 0) + 1
+        self.core.set_fallback(decision.action is Action.FALLBACK)
 
     def _decide(self, now: float, window_rates: np.ndarray, tokens: np.ndarray) -> None:
         """One production control step on the window's counts: price the repack against

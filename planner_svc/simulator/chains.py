@@ -79,3 +79,35 @@ class ChainBuilder:
             chain.append((_HASHED + (h & ((1 << 59) - 1)), tokens // bs))
             left -= tokens
         return chain
+
+
+def affine_uncached_tokens(w: Workload, block_tokens: int, n: int) -> list[int]:
+    """The prompt tokens each of the first `n` requests of `w` must compute when every request
+    of its key went to one destination with an unbounded cache: what a warm destination's
+    prefill costs under affinity. The content-level counterpart of `prompt - prefix` (the
+    trace's claim), which overstates reuse where a key's conversations do not share their
+    histories (a whale's conversations share only the system prompt). An upper bound on reuse:
+    an answer counts as computed by the next request of its conversation, however soon it
+    comes; a full hit still computes its last block, as on the engine."""
+    builder = ChainBuilder(w, block_tokens)
+    computed: dict[int, int] = {}  # segment -> blocks computed
+    prompts = w.prompt.tolist()
+    out = []
+    for i in range(min(n, len(prompts))):
+        chain, answer, limit = builder.chain(i)
+        blocks = 0
+        for seg, k in chain:
+            have = computed.get(seg, 0)
+            blocks += min(have, k)
+            if have < k:
+                break
+        if limit is not None:
+            blocks = min(blocks, limit // block_tokens)
+        cached = blocks * block_tokens
+        if cached >= prompts[i] > 0:
+            cached = max(0, cached - block_tokens)
+        out.append(prompts[i] - cached)
+        for seg, k in (*chain, *answer):
+            if computed.get(seg, 0) < k:
+                computed[seg] = k
+    return out

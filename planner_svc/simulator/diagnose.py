@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from planner_svc.planning.affinity import characteristic_time
 from planner_svc.simulator.workload import Workload
 
 WIN_GAIN, LOSE_GAIN = 0.15, 0.05
@@ -73,22 +74,6 @@ class Diagnosis:
             + ("" if self.verdict != "undecided" else
                f" (below {CONFIDENCE:.0%}: record a longer trace)"),
         ]
-
-
-def characteristic_time(rates: np.ndarray, sizes: np.ndarray, capacity: float) -> float:
-    """Che's T for an LRU of `capacity` tokens; inf if every key fits."""
-    if float(sizes.sum()) <= capacity:
-        return float("inf")
-    lo, hi = 0.0, 1.0
-    while float(np.dot(sizes, -np.expm1(-rates * hi))) < capacity and hi < 1e12:
-        hi *= 2.0
-    for _ in range(60):
-        mid = 0.5 * (lo + hi)
-        if float(np.dot(sizes, -np.expm1(-rates * mid))) < capacity:
-            lo = mid
-        else:
-            hi = mid
-    return 0.5 * (lo + hi)
 
 
 def recent_counts(key: np.ndarray, t: np.ndarray, window_s: float) -> np.ndarray:

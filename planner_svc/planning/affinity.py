@@ -1,0 +1,98 @@
+"""How much affinity can win on this traffic: the served hit rate it predicts against Flat-LB's,
+from per-key rates and sizes alone (pure).
+
+The eviction window of an LRU cache of C tokens is its characteristic time T (Che's
+approximation): the T at which the keys touched within T fill the cache,
+Σ_b s_b·(1 − exp(−λ_b·T)) = C, with λ_b the key's rate *at that cache* and s_b its prompt
+size. Under a cache-blind balancer each of the R replicas sees every key at λ_b / R; under
+affinity the R caches split the keys, so T solves the same equation fleet-wide with R·C.
+A key's request finds its prefix warm with probability 1 − exp(−λ·T) (its rate at that
+cache), and what it can find is its reusable prefix P_b, so the predicted served hit rate is
+
+    h = Σ_b λ_b·P_b·(1 − exp(−λ'_b·T)) / Σ_b λ_b·s_b.
+
+The gain (affinity − Flat-LB, a fraction of prompt tokens) does not depend on how traffic is
+routed now, so the guard can read it in either mode. Where it is small, pinning keys costs
+more balance than the prefill it saves (the low-reuse replay: a 5.7-point gain, and planned
+routing 22 % below Flat-LB's capacity; docs/replay.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+def characteristic_time(rates: np.ndarray, sizes: np.ndarray, capacity: float) -> float:
+    """Che's T for an LRU of `capacity` tokens; inf if every key fits."""
+    if float(sizes.sum()) <= capacity:
+        return float("inf")
+    lo, hi = 0.0, 1.0
+    while float(np.dot(sizes, -np.expm1(-rates * hi))) < capacity and hi < 1e12:
+        hi *= 2.0
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        if float(np.dot(sizes, -np.expm1(-rates * mid))) < capacity:
+            lo = mid
+        else:
+            hi = mid
+    return 0.5 * (lo + hi)
+
+
+@dataclass(frozen=True, slots=True)
+class AffinityGain:
+    """Predicted served hit rates (fractions of prompt tokens) and their inputs' summary."""
+
+    hit_flat: float
+    hit_affinity: float
+    reusable_share: float  # Σ λ·P / Σ λ·s: what affinity could recover at best
+
+    @property
+    def gain(self) -> float:
+        return self.hit_affinity - self.hit_flat
+
+
+def predicted_gain(rates: np.ndarray, prefix_tokens: np.ndarray, prompt_tokens: np.ndarray,
+                   n_destinations: int, cache_tokens_per_destination: float) -> AffinityGain:
+    """The module's prediction for keys at `rates` (req/s) with mean reusable prefixes and mean
+    prompts (tokens) on `n_destinations` caches of the given size. Prefixes are clipped to
+    their prompts; keys with no rate or no prompt count for nothing."""
+    lam = np.asarray(rates, np.float64)
+    size = np.asarray(prompt_tokens, np.float64)
+    ok = (lam > 0) & (size > 0) & np.isfinite(lam) & np.isfinite(size)
+    lam, size = lam[ok], size[ok]
+    prefix = np.clip(np.nan_to_num(np.asarray(prefix_tokens, np.float64)[ok]), 0.0, size)
+    work = float(np.dot(lam, size))
+    if work <= 0 or n_destinations < 1 or not cache_tokens_per_destination > 0:
+        return AffinityGain(0.0, 0.0, 0.0)
+    r = float(n_destinations)
+    t_flat = characteristic_time(lam / r, size, cache_tokens_per_destination)
+    t_aff = characteristic_time(lam, size, cache_tokens_per_destination * r)
+    warm_flat = 1.0 if np.isinf(t_flat) else -np.expm1(-lam / r * t_flat)
+    warm_aff = 1.0 if np.isinf(t_aff) else -np.expm1(-lam * t_aff)
+    saved = lam * prefix
+    return AffinityGain(
+        hit_flat=float(np.sum(saved * warm_flat)) / work,
+        hit_affinity=float(np.sum(saved * warm_aff)) / work,
+        reusable_share=float(saved.sum()) / work,
+    )
+
+
+def fleet_gain(rates: np.ndarray, prefix_tokens: np.ndarray, prompt_tokens: np.ndarray,
+               requests: np.ndarray, n_destinations: int,
+               warm_slots_per_destination: int) -> AffinityGain | None:
+    """`predicted_gain` for a fleet planned with W warm slots per destination: each cache
+    holds W x the mean prompt (W is how many keys' prompts one destination holds; the replay
+    calibrates W as cache tokens / mean prompt). Per key: its rate, mean reusable prefix and
+    mean prompt, and its requests (the weights of the mean). None with no prompt measured."""
+    n = np.asarray(requests, np.float64)
+    prompt = np.asarray(prompt_tokens, np.float64)
+    total = float(n.sum())
+    if total <= 0 or n_destinations < 1 or warm_slots_per_destination < 1:
+        return None
+    mean_prompt = float(np.dot(n, np.nan_to_num(prompt))) / total
+    if not mean_prompt > 0:
+        return None
+    return predicted_gain(rates, prefix_tokens, prompt, n_destinations,
+                          warm_slots_per_destination * mean_prompt)
