@@ -59,12 +59,21 @@ def telemetry_from_window(window: Any, admitted: set[str], n_destinations: int =
 
 def window_affinity_gain(window: Any, n_destinations: int,
                          warm_slots_per_destination: int) -> float | None:
-    """`planning.affinity.fleet_gain` on a window's keys; None without prompt tokens."""
+    """`planning.affinity.fleet_gain` on a window's keys; None without prompt tokens.
+
+    A key's reusable prefix is the larger of what the routers reported (the part of the
+    prompt its key covers) and what the engines served it from cache per request: history a
+    conversation reuses beyond its key's prefix, and keys named by a header (no prefix
+    reported), count as far as they were measured."""
     requests = np.asarray(window.requests, np.float64)
+    per_request = np.zeros(len(requests))
     prompt = np.divide(np.asarray(window.prompt_tokens, np.float64), requests,
-                       out=np.zeros(len(requests)), where=requests > 0)
-    gain = fleet_gain(np.asarray(window.rate_per_s, np.float64),
-                      np.asarray(window.reusable_prefix_tokens, np.float64), prompt, requests,
+                       out=per_request.copy(), where=requests > 0)
+    cached = np.divide(np.asarray(window.cached_tokens, np.float64), requests,
+                       out=per_request.copy(), where=requests > 0)
+    prefix = np.maximum(np.nan_to_num(np.asarray(window.reusable_prefix_tokens, np.float64)),
+                        np.nan_to_num(cached))
+    gain = fleet_gain(np.asarray(window.rate_per_s, np.float64), prefix, prompt, requests,
                       n_destinations, warm_slots_per_destination)
     return None if gain is None else gain.gain
 

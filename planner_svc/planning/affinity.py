@@ -40,6 +40,11 @@ def characteristic_time(rates: np.ndarray, sizes: np.ndarray, capacity: float) -
     return 0.5 * (lo + hi)
 
 
+# The share of requests whose keys must have a reported reusable prefix before the fleet's
+# gain is judged at all.
+KNOWN_SHARE_MIN = 0.5
+
+
 @dataclass(frozen=True, slots=True)
 class AffinityGain:
     """Predicted served hit rates (fractions of prompt tokens) and their inputs' summary."""
@@ -54,16 +59,21 @@ class AffinityGain:
 
 
 def predicted_gain(rates: np.ndarray, prefix_tokens: np.ndarray, prompt_tokens: np.ndarray,
-                   n_destinations: int, cache_tokens_per_destination: float) -> AffinityGain:
+                   n_destinations: int, cache_tokens_per_destination: float,
+                   known: np.ndarray | None = None) -> AffinityGain:
     """The module's prediction for keys at `rates` (req/s) with mean reusable prefixes and mean
     prompts (tokens) on `n_destinations` caches of the given size. Prefixes are clipped to
-    their prompts; keys with no rate or no prompt count for nothing."""
+    their prompts; keys with no rate or no prompt count for nothing. `known` (default: all)
+    marks the keys whose prefix was measured: the others fill the caches but are left out of
+    the hit rates, since 0 tokens there means "not reported", not "nothing to reuse"."""
     lam = np.asarray(rates, np.float64)
     size = np.asarray(prompt_tokens, np.float64)
     ok = (lam > 0) & (size > 0) & np.isfinite(lam) & np.isfinite(size)
     lam, size = lam[ok], size[ok]
     prefix = np.clip(np.nan_to_num(np.asarray(prefix_tokens, np.float64)[ok]), 0.0, size)
-    work = float(np.dot(lam, size))
+    seen = np.ones(len(lam), bool) if known is None else np.asarray(known, bool)[ok]
+    # Every key takes cache space; only keys whose prefix is known count in the hit rates.
+    work = float(np.dot(lam[seen], size[seen]))
     if work <= 0 or n_destinations < 1 or not cache_tokens_per_destination > 0:
         return AffinityGain(0.0, 0.0, 0.0)
     r = float(n_destinations)
@@ -71,7 +81,7 @@ def predicted_gain(rates: np.ndarray, prefix_tokens: np.ndarray, prompt_tokens: 
     t_aff = characteristic_time(lam, size, cache_tokens_per_destination * r)
     warm_flat = 1.0 if np.isinf(t_flat) else -np.expm1(-lam / r * t_flat)
     warm_aff = 1.0 if np.isinf(t_aff) else -np.expm1(-lam * t_aff)
-    saved = lam * prefix
+    saved = np.where(seen, lam * prefix, 0.0)
     return AffinityGain(
         hit_flat=float(np.sum(saved * warm_flat)) / work,
         hit_affinity=float(np.sum(saved * warm_aff)) / work,
@@ -85,14 +95,22 @@ def fleet_gain(rates: np.ndarray, prefix_tokens: np.ndarray, prompt_tokens: np.n
     """`predicted_gain` for a fleet planned with W warm slots per destination: each cache
     holds W x the mean prompt (W is how many keys' prompts one destination holds; the replay
     calibrates W as cache tokens / mean prompt). Per key: its rate, mean reusable prefix and
-    mean prompt, and its requests (the weights of the mean). None with no prompt measured."""
+    mean prompt, and its requests (the weights of the mean).
+
+    A prefix of 0 is "not reported" (a key named by a header, a router that does not derive
+    prefixes): such keys fill the caches but are not judged. None (no verdict: the guard
+    lets the plan stand) with no prompt measured, or when the keys with a reported prefix
+    carry less than `KNOWN_SHARE_MIN` of the requests: the guard does not judge traffic it
+    cannot see."""
     n = np.asarray(requests, np.float64)
     prompt = np.asarray(prompt_tokens, np.float64)
+    prefix = np.nan_to_num(np.asarray(prefix_tokens, np.float64))
     total = float(n.sum())
     if total <= 0 or n_destinations < 1 or warm_slots_per_destination < 1:
         return None
     mean_prompt = float(np.dot(n, np.nan_to_num(prompt))) / total
-    if not mean_prompt > 0:
+    known = prefix > 0
+    if not mean_prompt > 0 or float(n[known].sum()) < KNOWN_SHARE_MIN * total:
         return None
-    return predicted_gain(rates, prefix_tokens, prompt, n_destinations,
-                          warm_slots_per_destination * mean_prompt)
+    return predicted_gain(rates, prefix, prompt, n_destinations,
+                          warm_slots_per_destination * mean_prompt, known)

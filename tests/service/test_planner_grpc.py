@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from cacheroute.v1 import plan_pb2, planner_pb2, planner_pb2_grpc
+from planner_svc.control.guard import DEFAULT_AFFINITY_GAIN_MIN
 from planner_svc.server import PlannerService, build_service
 from planner_svc.simulator.rates import paper_like_keys, paper_like_rates
 from router_client import signing
@@ -505,6 +506,45 @@ def test_guard_falls_back_outside_the_validated_range_and_resumes(redis_server, 
         assert len(live.table) > 0
         actions = [d.action for d in svc.planner.decisions]
         assert "fallback" in actions and "resume" in actions
+    finally:
+        svc.stop(0)
+
+
+def test_guard_gain_floor_serves_flat_lb_where_affinity_cannot_win_and_resumes(
+        redis_server, tmp_path):
+    """The default floor on affinity's predicted gain, in the planner: windows whose keys
+    share 30 of 1000 prompt tokens send the fleet to Flat-LB (a fallback plan published),
+    windows of 900-token prefixes on caches that hold the hot keys bring the plan back."""
+    settings = planner_settings(redis_server.url, tmp_path, interval_s=5.0,
+                                validated_affinity_gain_min=DEFAULT_AFFINITY_GAIN_MIN,
+                                warm_slots_per_destination=60, guard_resume_dwell_s=10.0)
+    svc = build_service(settings, consume=False)
+    try:
+        keys = paper_like_keys(400)
+        rates = paper_like_rates(400, 300.0, seed=1)
+        start = int(time.time() * 1000)
+
+        def window_at(step: int, prefix: float, hit: float) -> None:
+            end = start + step * 5_000
+            svc.planner.on_window(make_window(
+                keys, rates, window_end_ms=end, window_s=5.0, hit_rate=hit,
+                destinations=list(DESTS), prefix_tokens=prefix))
+            svc.planner.tick(now_s=end / 1000.0 + 0.1)
+
+        for step in range(3):
+            window_at(step, 900.0, 0.8)
+        assert svc.planner.mode == "planned"
+        for step in range(3, 6):
+            window_at(step, 30.0, 0.02)  # little to reuse: pinning buys nothing
+        assert svc.planner.mode == "fallback"
+        live = svc.publisher.load(svc.publisher.current().version)
+        assert live.config.is_fallback
+        reasons = [d.reason for d in svc.planner.decisions if d.action == "fallback"]
+        assert reasons and "predicted affinity gain" in reasons[-1]
+        for step in range(6, 20):
+            window_at(step, 900.0, 0.3)  # measured under Flat-LB; the gain is back
+        assert svc.planner.mode == "planned"
+        assert len(svc.publisher.load(svc.publisher.current().version).table) > 0
     finally:
         svc.stop(0)
 

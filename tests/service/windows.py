@@ -19,6 +19,7 @@ def make_window(
     hit_rate: float | np.ndarray = 0.5,
     recovering: bool = False,
     p99_ms: Mapping[str, float] | None = None,
+    prefix_tokens: float = 800.0,
 ) -> CompleteWindow:
     rates = np.asarray(rates, np.float64)
     requests = np.maximum(0, np.round(rates * window_s)).astype(np.int64)
@@ -34,7 +35,7 @@ def make_window(
         cached_tokens=prompt * np.asarray(hit_rate, np.float64),
         reuse_fraction=np.full(len(keys), 0.5),
         interarrival_cv=np.ones(len(keys)),
-        reusable_prefix_tokens=np.full(len(keys), 800.0),
+        reusable_prefix_tokens=np.full(len(keys), prefix_tokens),
         requests=requests,
         destinations={
             d: DestinationStats(d, per_dest, 0.0, 0.0, float("nan"),

@@ -66,6 +66,21 @@ def test_fleet_gain_sizes_each_cache_as_w_mean_prompts() -> None:
     assert fleet_gain(rates, prefix, prompt, np.zeros(2), 4, 3) is None
 
 
+def test_an_unreported_prefix_is_unknown_not_nothing_to_reuse() -> None:
+    rates, prompt = np.array([2.0, 1.0, 1.0]), np.array([1e3, 1e3, 1e3])
+    n = np.array([20.0, 10.0, 10.0])
+    # Keys named by a header report no prefix: no verdict, the plan stands.
+    assert fleet_gain(rates, np.zeros(3), prompt, n, 4, 3) is None
+    # Under half the requests reported: still none.
+    assert fleet_gain(rates, np.array([0.0, 900.0, 0.0]), prompt, n, 4, 3) is None
+    # A key with no report fills the caches but is not judged as "reuses nothing".
+    part = fleet_gain(rates, np.array([900.0, 900.0, 0.0]), prompt, n, 4, 1)
+    every = fleet_gain(rates, np.array([900.0, 900.0, 900.0]), prompt, n, 4, 1)
+    assert part is not None and every is not None
+    assert part.reusable_share == every.reusable_share == 0.9
+    assert part.hit_affinity >= every.hit_affinity  # judged on the hotter keys it knows
+
+
 def window(t: float, gain: float | None) -> Telemetry:
     return Telemetry(window_end_s=t, hit_rate=0.5, prompt_tokens_per_s=1e5, requests=10_000,
                      active_keys=500, affinity_gain=gain)

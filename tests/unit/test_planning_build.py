@@ -237,7 +237,7 @@ def test_public_api_is_exactly_what_all_lists() -> None:
     import planner_svc.planning as planning
 
     public = {n for n in dir(planning) if not n.startswith("_")}
-    modules = {"admission", "build", "config", "diff", "errors", "explain", "placement",
+    modules = {"admission", "affinity", "build", "config", "diff", "errors", "explain", "placement",
                "repack", "stats"}
     assert set(planning.__all__) <= public and public - set(planning.__all__) <= modules
     assert {"PlanningConfig", "PlanningError", "build_plan", "repack",
