@@ -44,6 +44,10 @@ ROUTING_FLAGS: Flags = {
                       "a conversation's next turn goes back to where its last turn went (its "
                       "history is cached there) until that destination's load is more than "
                       "(1 + this) x the mean; < 0 turns this off"),
+    "idle-rehome-s": (float, 0.0, "a key not planned on several destinations and idle this "
+                      "long is cold wherever it was: it goes to the least-loaded destination "
+                      "and stays there while it comes back sooner (set it to the fleet's "
+                      "eviction window; 0 = off, the paper's)"),
     "tail-slack": (float, 0.25, "a cold-tail key stays on its hash owner until its load is more "
                    "than (1 + this) x the mean"),
     "max-inflight": (int, 256, "requests in flight per destination before it counts as full"),
@@ -107,6 +111,8 @@ def build_client(args: argparse.Namespace, rid: str, command: str) -> Any:
             raise ValueError("--set-slack and --tail-slack must be >= 0")
         if args.history_slack != args.history_slack:
             raise ValueError("--history-slack must be a number")
+        if not args.idle_rehome_s >= 0:
+            raise ValueError("--idle-rehome-s must be >= 0 (0 = off)")
     except ValueError as exc:
         raise SystemExit(f"cacheroute {command}: {exc}") from None
     source: Any
@@ -132,6 +138,7 @@ def build_client(args: argparse.Namespace, rid: str, command: str) -> Any:
         health=health, probe=probe, cold_tail=args.cold_tail)
     client.core.set_slack, client.core.tail_slack = args.set_slack, args.tail_slack
     client.core.history_slack = args.history_slack if args.history_slack >= 0 else None
+    client.core.idle_rehome_s = args.idle_rehome_s or None
     return client
 
 

@@ -283,7 +283,7 @@ def _notes(cfg: ReplayConfig) -> list[str]:
     m = cfg.model
     return [
         f"{cfg.n_requests} requests per load point, first {cfg.warmup_fraction:.0%} unscored "
-        f"(warm-up); {cfg.n_keys} keys; seeds {', '.join(map(str, cfg.seeds))}; "
+        f"(warm-up); {_key_count(cfg)} keys; seeds {', '.join(map(str, cfg.seeds))}; "
         f"{cfg.n_routers} router(s)",
         f"engine: KV cache {m.kv_capacity_tokens} tokens in {m.block_tokens}-token blocks, "
         f"prefill {m.prefill_overhead_s} s + {m.prefill_s_per_token * 1e3:g} ms/token "
@@ -293,6 +293,15 @@ def _notes(cfg: ReplayConfig) -> list[str]:
         f"CacheRoute: rates {cfg.cacheroute_rates}, replan {cfg.replan}",
         *_whale_note(cfg),
     ]
+
+
+def _key_count(cfg: ReplayConfig) -> int:
+    """The keys the scenario really has (wide-active-set uses half of `n_keys`)."""
+    if cfg.trace is not None:
+        return len(cfg.trace.keys)
+    probe = replace(cfg, n_requests=min(cfg.n_requests, 1_000))
+    return len(make_workload(probe, cfg.loads[0] if cfg.loads else 1.0,
+                             cfg.seeds[0] if cfg.seeds else 1).keys)
 
 
 def _whale_note(cfg: ReplayConfig) -> list[str]:

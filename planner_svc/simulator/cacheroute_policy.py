@@ -75,6 +75,7 @@ class CacheRouteSettings:
     # planner runs it by default: below it the routers serve Flat-LB. None = never (the
     # paper's: always plan).
     affinity_gain_min: float | None = DEFAULT_AFFINITY_GAIN_MIN
+    idle_rehome_s: float | None = None
 
     def label(self) -> str:
         names = {"full": "CacheRoute", "affinity": "+ affinity", "replication": "+ replication"}
@@ -82,7 +83,8 @@ class CacheRouteSettings:
                 + (" + hashed tail" if self.cold_tail == "hash" else "")
                 + (" + tail placement" if self.hashed_tail else "")
                 + (" (control loop)" if self.control_loop else "")
-                + (" without guard" if self.affinity_gain_min is None else ""))
+                + (" without guard" if self.affinity_gain_min is None else "")
+                + (" + idle re-homing" if self.idle_rehome_s is not None else ""))
 
 
 def planning_config(n_destinations: int, s: CacheRouteSettings) -> PlanningConfig:
@@ -131,7 +133,8 @@ class CacheRoutePolicy:
         self.core = RouterCore([d.id for d in self.config.destinations], seed=ctx.seed,
                                cold_tail=settings.cold_tail,
                                history_slack=(DEFAULT_HISTORY_SLACK if settings.session_affinity
-                                              else None))
+                                              else None),
+                               idle_rehome_s=settings.idle_rehome_s)
         conversations = ctx.extra.get("conversations") if settings.session_affinity else None
         # Per request: its conversation (the gateway's session key), when the workload has it.
         self._sessions = (conversations.tolist()
@@ -176,7 +179,8 @@ class CacheRoutePolicy:
         core = self.core
         sessions = self._sessions
         slot = core.route_index(self.keys[key],
-                                str(sessions[i]) if sessions is not None else None)
+                                str(sessions[i]) if sessions is not None else None,
+                                now if self.settings.idle_rehome_s is not None else None)
         core.started(slot)
         return slot
 

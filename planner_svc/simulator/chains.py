@@ -13,7 +13,8 @@ grows; its blocks are evicted from the end, as vLLM evicts a request's tail firs
 
 so turns hit what earlier turns of the same conversation *computed* (an answer is cached
 when its request finishes; a turn sent before that finds only what was there), and every
-conversation of a key shares the key's system prompt. A length-only trace (key, prompt,
+conversation of a key shares the key's system prompt (and keys of one `system_group` share
+one system prompt's content). A length-only trace (key, prompt,
 prefix tokens) has no conversations: its key is one growing stream of content, and the
 trace's prefix says how much of it a request shares (`reuse limit`). A trace that records
 its prompts' block hashes (Mooncake's `hash_ids`) is content already: a request's chain is
@@ -43,6 +44,10 @@ class ChainBuilder:
         self.bs = block_tokens
         self._conv = w.conv.tolist() if w.conv is not None else None
         self._system = w.system.tolist() if w.system is not None else None
+        # The system prompt segment of each key: its own, or its group's (shared content).
+        groups = w.system_group
+        self._system_seg = (groups.tolist() if groups is not None
+                            else list(range(len(w.keys))))
         self._keys = w.key.tolist()
         self._prompt = w.prompt.tolist()
         self._prefix = w.prefix.tolist()
@@ -60,7 +65,7 @@ class ChainBuilder:
         conv = self._conv[i]
         system = self._system[key]
         spoken = self._prompt[i] - system  # the conversation so far, this question included
-        head = [(_SYSTEM + key, system // bs)] if system >= bs else []
+        head = [(_SYSTEM + self._system_seg[key], system // bs)] if system >= bs else []
         if spoken < bs:
             return head, (), None
         conv_seg = _CONVERSATION + conv

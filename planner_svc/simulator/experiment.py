@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from planner_svc.control.guard import DEFAULT_AFFINITY_GAIN_MIN
+from planner_svc.planning.affinity import characteristic_time
 from planner_svc.simulator.arrivals import ArrivalSpec
 from planner_svc.simulator.cacheroute_policy import CacheRouteSettings, cacheroute
 from planner_svc.simulator.chains import affine_uncached_tokens
@@ -122,6 +123,22 @@ def calibrate(w: Workload, model: ReplicaModel, warmup_fraction: float) -> tuple
     return q_cap, max(1, int(model.kv_capacity_tokens / prompt))
 
 
+def eviction_window_s(w: Workload, model: ReplicaModel, warmup_fraction: float,
+                      n_destinations: int) -> float:
+    """How long a key's prefix stays in its home's cache under affinity (Che's characteristic
+    time of the fleet's caches on the warm-up window's per-key rates and mean prompts): what
+    an operator sets `--idle-rehome-s` to."""
+    n = max(1, int(len(w) * warmup_fraction))
+    span = max(1e-9, float(w.t[n - 1] - w.t[0]))
+    keys = w.key[:n]
+    counts = np.bincount(keys, minlength=len(w.keys)).astype(np.float64)
+    sizes = np.bincount(keys, weights=w.prompt[:n], minlength=len(w.keys))
+    seen = counts > 0
+    t = characteristic_time(counts[seen] / span, sizes[seen] / counts[seen],
+                            float(model.kv_capacity_tokens) * n_destinations)
+    return t if np.isfinite(t) else span
+
+
 def policy_factory(name: str, cfg: ReplayConfig, w: Workload) -> PolicyFactory:
     """The policy called `name` (see `POLICY_NAMES`), calibrated for workload `w`."""
     simple: dict[str, Callable[[], PolicyFactory]] = {
@@ -139,7 +156,8 @@ def policy_factory(name: str, cfg: ReplayConfig, w: Workload) -> PolicyFactory:
     variants = {"cacheroute": "full", "affinity": "affinity", "replication": "replication",
                 "cacheroute-sessions": "full", "cacheroute-loop": "full",
                 "cacheroute-tail": "full", "cacheroute-hashed": "full",
-                "cacheroute-gateway": "full", "cacheroute-no-guard": "full"}
+                "cacheroute-gateway": "full", "cacheroute-no-guard": "full",
+                "cacheroute-rehome": "full"}
     if name not in variants and name != "cacheroute-known":
         raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICY_NAMES)}")
     q_cap, slots = calibrate(w, cfg.model, cfg.warmup_fraction)
@@ -149,14 +167,18 @@ def policy_factory(name: str, cfg: ReplayConfig, w: Workload) -> PolicyFactory:
         variant=variants.get(name, "full"),
         rates="known" if name == "cacheroute-known" else cfg.cacheroute_rates,
         replan=cfg.replan,
-        session_affinity=name in ("cacheroute-sessions", "cacheroute-gateway"),
-        control_loop=name in ("cacheroute-loop", "cacheroute-gateway"),
+        session_affinity=name in ("cacheroute-sessions", "cacheroute-gateway",
+                                  "cacheroute-rehome"),
+        control_loop=name in ("cacheroute-loop", "cacheroute-gateway", "cacheroute-rehome"),
         publish_delay_s=cfg.publish_delay_s,
-        # The cold tail consistent-hashed (the gateway's default), and the plan placing keys
-        # where that tail sends them (the planner's default).
+        # The cold tail consistent-hashed (the gateway's default); the plan placing keys
+        # where that tail sends them only for `cacheroute-hashed` (the planner's
+        # `--hashed-tail`, off by default: `cacheroute-gateway` is the defaults as shipped).
         cold_tail="hash" if name in ("cacheroute-tail", "cacheroute-hashed",
-                                     "cacheroute-gateway") else "p2c",
-        hashed_tail=name in ("cacheroute-hashed", "cacheroute-gateway"),
+                                     "cacheroute-gateway", "cacheroute-rehome") else "p2c",
+        hashed_tail=name == "cacheroute-hashed",  # off in the planner by default
+        idle_rehome_s=(eviction_window_s(w, cfg.model, cfg.warmup_fraction, cfg.n_destinations)
+                       if name == "cacheroute-rehome" else None),
         # `cacheroute-no-guard`: the paper's CacheRoute, planning whatever affinity can win.
         affinity_gain_min=None if name == "cacheroute-no-guard" else DEFAULT_AFFINITY_GAIN_MIN,
     )
@@ -180,6 +202,7 @@ POLICY_NAMES = (
     "cacheroute-hashed",
     "cacheroute-gateway",
     "cacheroute-no-guard",
+    "cacheroute-rehome",
     "affinity",
     "replication",
 )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import warnings
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -142,8 +143,15 @@ def write_csv(results: Sequence[RunMetrics], path: Path) -> None:
 def plot_all(
     summaries: Sequence[PolicySummary], ref: float, out_dir: Path, stem: str
 ) -> list[Path]:
-    """capacity bars, p99-vs-load curves, hit-vs-imbalance scatter; returns the PNG paths."""
-    import matplotlib
+    """capacity bars, p99-vs-load curves, hit-vs-imbalance scatter; returns the PNG paths.
+    Without matplotlib (the `plots` extra) none, with a warning: minutes of runs must not be
+    lost to a missing plotting library after the tables are written."""
+    try:
+        import matplotlib
+    except ImportError:
+        warnings.warn("matplotlib is not installed (pip install 'cacheroute[plots]'): "
+                      "tables and CSV written, no plots", RuntimeWarning, stacklevel=2)
+        return []
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

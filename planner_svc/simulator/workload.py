@@ -12,7 +12,8 @@ E[prefix]/E[prompt]; what the engines reach depends on what earlier turns had co
 then (arrivals are open-loop here; the session workloads of
 planner_svc.simulator.sessions are closed-loop).
 
-Scenario builders (`SCENARIOS`): paper-like, whales, low-reuse, drifting; recorded traces
+Scenario builders (`SCENARIOS`): paper-like, whales, low-reuse, drifting,
+shared-system-prompt, wide-active-set; recorded traces
 come from `planner_svc.simulator.trace`. All are deterministic for a seed.
 """
 
@@ -61,6 +62,9 @@ class Workload:
     # conversation ids; None for length-only traces (each key one stream of content).
     system: np.ndarray | None = None
     conv: np.ndarray | None = None
+    # Per key, which shared system prompt it uses (keys of one group share its content and
+    # its size); None = every key its own.
+    system_group: np.ndarray | None = None
     # Recorded content (Mooncake-style traces): per request, the hash of each block of its
     # prompt, `hash_block_tokens` tokens a block; None when the trace gives only lengths.
     blocks: Sequence[tuple[int, ...]] | None = None
@@ -121,12 +125,16 @@ class Shaped:
 
 
 def shape_requests(
-    key: np.ndarray, n_keys: int, shape: PromptShape, rng: np.random.Generator
+    key: np.ndarray, n_keys: int, shape: PromptShape, rng: np.random.Generator,
+    system_group: np.ndarray | None = None,
 ) -> Shaped:
-    """Token columns and content for a key sequence, per the multi-turn model."""
+    """Token columns and content for a key sequence, per the multi-turn model; with
+    `system_group`, the keys of a group share one system prompt (its size drawn once)."""
     log_median = np.log(shape.system_tokens_median)
     system = np.exp(rng.normal(log_median, shape.system_tokens_sigma, n_keys))
     system = np.clip(system, 1, shape.max_prompt_tokens // 2).astype(np.int64)
+    if system_group is not None:
+        system = system[system_group]  # a group's size is its first draws' (any will do)
     T = max(1, shape.turns_per_conversation)
     phase = rng.integers(0, T, n_keys)
     pos = turn_index(key) + phase[key]
@@ -148,7 +156,8 @@ def shape_requests(
 
 
 def _stream(
-    name: str, spec: ScenarioSpec, shares_per_interval: np.ndarray, rng: np.random.Generator
+    name: str, spec: ScenarioSpec, shares_per_interval: np.ndarray, rng: np.random.Generator,
+    system_group: np.ndarray | None = None,
 ) -> Workload:
     """Draw arrival times, then each request's key from its interval's rate shares."""
     t = spec.arrivals.times(spec.load_qps, spec.n_requests, rng)
@@ -161,7 +170,7 @@ def _stream(
         for i in range(n_int):
             sel = np.nonzero(interval == i)[0]
             key[sel] = rng.choice(spec.n_keys, size=len(sel), p=shares_per_interval[i])
-    shaped = shape_requests(key, spec.n_keys, spec.shape, rng)
+    shaped = shape_requests(key, spec.n_keys, spec.shape, rng, system_group)
     return Workload(
         name=name,
         t=t,
@@ -175,6 +184,7 @@ def _stream(
         notes={"arrivals": spec.arrivals.label(), "keys": str(spec.n_keys)},
         system=shaped.system,
         conv=shaped.conv,
+        system_group=system_group,
     )
 
 
@@ -233,6 +243,42 @@ def low_reuse(spec: ScenarioSpec) -> Workload:
     return _stream("low-reuse", low, _shares(low)[None, :], rng)
 
 
+SHARED_PROMPTS = 32  # the shared-system-prompt scenario's applications (see below)
+
+
+def shared_system_prompt(spec: ScenarioSpec, *, n_prompts: int = SHARED_PROMPTS) -> Workload:
+    """Paper-like keys (tenants) running `n_prompts` applications: every key of an
+    application starts with the application's system prompt (2,000 tokens median), so only
+    its conversations are its own. Shares are Zipf over applications. Every cache soon holds
+    every system prompt, so Flat-LB and the content-aware routers find most of each prompt
+    warm anywhere; what affinity can still win is the conversations' history."""
+    rng = np.random.default_rng(spec.seed)
+    popularity = 1.0 / np.arange(1, n_prompts + 1)
+    group = rng.choice(n_prompts, size=spec.n_keys, p=popularity / popularity.sum())
+    w = _stream("shared-system-prompt", spec, _shares(spec)[None, :], rng,
+                system_group=group.astype(np.int64))
+    w.notes["system prompts"] = f"{n_prompts} shared by {spec.n_keys} keys"
+    return w
+
+
+WIDE_SHAPE = PromptShape(system_tokens_median=4_000, system_tokens_sigma=0.3)
+WIDE_KEYS_SHARE = 0.5  # of the spec's key count (8,051 at the replay's default 16,103)
+
+
+def wide_active_set(spec: ScenarioSpec) -> Workload:
+    """Equally hot keys with long prefixes (4,000-token system prompts): half the replay's
+    key count, a working set about 1.3x the fleet's cache (30 x 1 M tokens) and ~8 x what
+    one cache holds. No key is hot enough to replicate, the admitted set is bounded by W,
+    and the keys outside it are as hot as the keys in it: where planned routing's
+    admit-the-hottest rule has nothing to choose by, and the cold tail's routing decides."""
+    n_keys = max(1, int(spec.n_keys * WIDE_KEYS_SHARE))
+    wide = replace(spec, n_keys=n_keys, shape=WIDE_SHAPE)
+    rng = np.random.default_rng(spec.seed)
+    w = _stream("wide-active-set", wide, np.full((1, n_keys), 1.0 / n_keys), rng)
+    w.notes["keys"] = f"{n_keys} equally hot"
+    return w
+
+
 def drifting(spec: ScenarioSpec, *, sigma: float = 0.3, interval_s: float = 60.0) -> Workload:
     """Paper-like rates that take a lognormal random walk (σ per `interval_s`, which is also
     the control interval of this scenario)."""
@@ -255,4 +301,6 @@ SCENARIOS: dict[str, Callable[[ScenarioSpec], Workload]] = {
     "whales": whales,
     "low-reuse": low_reuse,
     "drifting": drifting,
+    "shared-system-prompt": shared_system_prompt,
+    "wide-active-set": wide_active_set,
 }

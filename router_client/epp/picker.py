@@ -10,6 +10,7 @@ what is in flight. Single-threaded by design: the EPP serves on one asyncio loop
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -104,7 +105,8 @@ class EndpointPicker:
         cap = self.max_inflight
         avoid.update(s for s, n in enumerate(core.inflight) if n >= cap)
         # No constraint: the hot path, the plan's own choice; else the retry path's.
-        primary = (core.route_index(key, affinity) if not avoid
+        now = time.monotonic() if core.idle_rehome_s is not None else None
+        primary = (core.route_index(key, affinity, now) if not avoid
                    else core.route_avoiding(key, avoid))
         if primary is None:
             return None

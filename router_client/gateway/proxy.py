@@ -185,7 +185,9 @@ class Proxy:
               tried: list[int]) -> int | None:
         cap = self.settings.max_inflight_per_destination
         if not tried:
-            slot = core.route_index(key, affinity)
+            # Idle re-homing needs a clock; the core has none of its own.
+            slot = core.route_index(key, affinity, time.monotonic()
+                                    if core.idle_rehome_s is not None else None)
             if core.inflight[slot] < cap:
                 return slot
         full = {s for s, n in enumerate(core.inflight) if n >= cap}

@@ -18,6 +18,7 @@ from planner_svc.simulator.experiment import (
     MODEL_8B,
     SIM_MODEL,
     ReplayConfig,
+    calibrate,
     make_workload,
     policy_factory,
     run_experiment,
@@ -384,3 +385,50 @@ def test_cacheroute_loop_replans_through_the_production_control_loop_and_a_publi
     assert loop.installs == 1 + loop.decisions.get("install", 0)  # first plan + decided ones
     assert never.decisions == loop.decisions and never.installs == 1  # never published
     assert loop.name.endswith("(control loop)")
+
+
+def test_keys_of_one_application_share_its_system_prompt_and_only_that() -> None:
+    from planner_svc.simulator.chains import ChainBuilder
+    from planner_svc.simulator.workload import SCENARIOS
+
+    w = SCENARIOS["shared-system-prompt"](ScenarioSpec(50.0, 4_000, 1, n_keys=400))
+    assert w.system_group is not None and w.system is not None
+    chains = ChainBuilder(w, 16)
+    group = w.system_group
+    heads: dict[int, set[int]] = {}
+    for i in range(len(w)):
+        chain, _, _ = chains.chain(i)
+        heads.setdefault(int(group[w.key[i]]), set()).add(chain[0][0])
+        if len(chain) > 1:  # the conversation is the key's own
+            assert chain[1][0] != chain[0][0]
+    # One system segment per application, different across applications.
+    assert all(len(h) == 1 for h in heads.values())
+    assert len({next(iter(h)) for h in heads.values()}) == len(heads) > 1
+    keys_of = {g: np.flatnonzero(group == g) for g in heads}
+    assert all(len(set(w.system[k].tolist())) == 1 for k in keys_of.values())
+
+
+def test_a_wide_active_set_is_equally_hot_keys_outgrowing_the_warm_slots() -> None:
+    from planner_svc.simulator.workload import SCENARIOS
+
+    w = SCENARIOS["wide-active-set"](ScenarioSpec(100.0, 20_000, 1, n_keys=16_103))
+    assert len(w.keys) == 8_051 and w.interval_rates is not None
+    assert np.ptp(w.interval_rates) == 0.0  # every key as hot as any other
+    _, slots = calibrate(w, SIM_MODEL, 0.3)
+    assert slots * 30 < len(w.keys)  # the admitted set cannot hold them all
+    assert float(np.median(w.system)) > 3_000
+
+
+def test_a_report_without_matplotlib_keeps_its_tables(tmp_path: Path, monkeypatch) -> None:
+    import sys
+
+    from planner_svc.simulator.report import write_report
+
+    cfg = ReplayConfig(policies=("flat",), loads=(20.0,), seeds=(1,), n_requests=2_000,
+                       n_keys=200, n_destinations=4, workers=1)
+    results = run_experiment(cfg, progress=False)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import fails as if not installed
+    with pytest.warns(RuntimeWarning, match="matplotlib"):
+        text = write_report(results, tmp_path, "r", title="t")
+    assert "Flat-LB" in text and (tmp_path / "r.md").exists() and (tmp_path / "r.csv").exists()
+    assert not list(tmp_path.glob("*.png"))

@@ -1,0 +1,79 @@
+"""Idle re-homing: a key idle longer than the eviction window is cold wherever it was, so it
+goes to the least-loaded destination and stays there while it keeps coming back."""
+
+from __future__ import annotations
+
+from router_client.routing import RouterCore, RoutingTable
+from tests.unit.test_router_routing import plan_of
+
+
+def _core(window: float | None = 100.0) -> RouterCore:
+    core = RouterCore(["d0", "d1", "d2", "d3"], seed=3, cold_tail="hash", idle_rehome_s=window)
+    core.install(RoutingTable.from_plan(plan_of({"app": (2,), "hot": (0, 1)})))
+    return core
+
+
+def _load(core: RouterCore, loads: list[int]) -> None:
+    for slot, n in enumerate(loads):
+        for _ in range(n):
+            core.started(slot)
+
+
+def test_a_planned_key_follows_the_plan_until_it_goes_idle_then_finds_the_least_loaded():
+    core = _core()
+    _load(core, [3, 3, 3, 1])
+    assert core.route_index("app", now=0.0) == 2  # first sight: the plan's member
+    assert core.route_index("app", now=90.0) == 2  # back within the window: still warm there
+    assert core.route_index("app", now=300.0) == 3  # idle 210 s: cold anywhere, least loaded
+    assert core.counters()["rehomed"] == 1
+    _load(core, [0, 0, 0, 2])  # 3, 3, 3, 3 now: its new home is not over twice the mean
+    assert core.route_index("app", now=350.0) == 3  # stays with its new home while warm
+
+
+def test_a_new_unplanned_key_goes_least_loaded_and_a_hot_replicated_key_by_the_plan():
+    core = _core()
+    _load(core, [2, 0, 2, 2])
+    assert core.route_index("tail-key", now=0.0) == 1
+    _load(core, [0, 5, 0, 0])
+    assert core.route_index("hot", now=1_000.0) == 0  # replicated: least loaded of its set
+
+
+def test_a_warm_home_over_twice_the_mean_is_left_and_without_a_clock_nothing_changes():
+    core = _core()
+    assert core.route_index("app", now=0.0) == 2
+    _load(core, [1, 1, 12, 1])  # 12 against a mean of under 4
+    assert core.route_index("app", now=10.0) != 2
+    off, on = _core(None), _core()
+    _load(off, [0, 0, 9, 0])
+    _load(on, [0, 0, 9, 0])
+    assert off.route_index("app", now=1e6) == 2 == on.route_index("app")  # the paper's rule
+    assert off.counters()["rehomed"] == on.counters()["rehomed"] == 0
+
+
+def test_re_homing_keeps_a_conversation_with_its_history():
+    core = RouterCore(["d0", "d1", "d2", "d3"], seed=3, cold_tail="hash", idle_rehome_s=100.0,
+                      history_slack=1.0)
+    core.install(RoutingTable.from_plan(plan_of({"app": (2,)})))
+    _load(core, [1, 1, 1, 0])
+    first = core.route_index("app", "conv-1", now=0.0)
+    assert first == 2
+    assert core.route_index("app", "conv-1", now=500.0) == 2  # its history outranks re-homing
+    assert core.route_index("app", "conv-2", now=501.0) == 2  # the key was just seen there
+
+
+def test_the_gateway_flag_reaches_the_core_and_refuses_a_negative_window():
+    import argparse
+
+    import pytest
+
+    from planner_svc.cli.edge_args import ROUTING_FLAGS, add_flags, build_client
+
+    parser = argparse.ArgumentParser()
+    add_flags(parser, ROUTING_FLAGS, "CACHEROUTE_TEST_")
+    on = build_client(parser.parse_args(["--destinations", "a,b", "--idle-rehome-s", "180"]),
+                      "r", "gateway")
+    off = build_client(parser.parse_args(["--destinations", "a,b"]), "r", "gateway")
+    assert on.core.idle_rehome_s == 180.0 and off.core.idle_rehome_s is None
+    with pytest.raises(SystemExit, match="idle-rehome-s"):
+        build_client(parser.parse_args(["--destinations", "a,b", "--idle-rehome-s", "-1"]),
+                     "r", "gateway")
