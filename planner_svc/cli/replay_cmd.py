@@ -327,18 +327,23 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
         _report_refusal(fidelity, "diagnose")
         return 3
     w = make_workload(cfg, args.load, 1)
-    d = diagnose(w, args.destinations, cfg.model.kv_capacity_tokens)
+    d = diagnose(w, args.destinations, cfg.model.kv_capacity_tokens,
+                 warm_slots_per_destination=cfg.warm_slots_per_destination)
     if args.json:
         extra = {"fidelity": fidelity.__dict__ if fidelity is not None else None}
-        print(json.dumps({**d.__dict__, "gain": d.gain, **extra}, default=float))
+        print(json.dumps({**d.__dict__, "gain": d.gain, "affinity_gain": d.affinity_gain,
+                          **extra}, default=float))
     else:
         for line in fidelity.lines() if fidelity is not None else []:
             print(line)
         if d.verdict == "undecided":
-            print(f"affinity against Flat-LB: UNDECIDED (leaning {d.point_verdict}, "
+            print(f"CacheRoute against Flat-LB: UNDECIDED (leaning {d.point_verdict}, "
                   f"{d.confidence:.0%} sure)")
+        elif d.falls_back:
+            print("CacheRoute is predicted to TIE with Flat-LB: its guard would serve "
+                  "Flat-LB on this traffic")
         else:
-            print(f"affinity is predicted to {d.verdict.upper()} against Flat-LB "
+            print(f"CacheRoute is predicted to {d.verdict.upper()} against Flat-LB "
                   f"({d.confidence:.0%} of resamples agree)")
         for line in d.evidence(args.destinations):
             print(f"  - {line}")

@@ -1,4 +1,4 @@
-"""A cheap win / tie / lose prediction for affinity routing, from a trace alone.
+"""A cheap win / tie / lose prediction for CacheRoute (and affinity routing), from a trace alone.
 
 The statistic the paper's notes ask for: the fraction of requests whose key reappears within
 the eviction window. The eviction window of an LRU cache of C tokens is its characteristic
@@ -11,8 +11,11 @@ From the trace (measured gaps, not the model): a request is reusable under affin
 key's previous request came within T_affinity; under Flat-LB, with n same-key requests in
 the last T_flat, the chance one of them went to the same replica is 1 − (1 − 1/R)^n. Both are
 weighted by the request's reusable prefix tokens, giving predicted served hit rates. The
-verdict: win if affinity recovers ≥ 15 pp more prompt tokens, lose if < 5 pp (too little
-prefix work to pay for the imbalance affinity brings), tie between.
+verdict is CacheRoute's as it would run: its top R x W keys recover as under affinity, the
+rest as under Flat-LB; win if that recovers ≥ 15 pp more prompt tokens than Flat-LB, lose if
+< 5 pp (too little prefix work to pay for the imbalance affinity brings), tie between; and a
+tie whenever the product's guard would serve Flat-LB (its floor on the predicted affinity gain,
+`planning.affinity.fleet_gain`, the planner's default 10 pp).
 
 How sure: a trace is a sample, and a short one can carry a verdict that a longer one of the
 same traffic flips. The gain is re-estimated on bootstrap resamples of the trace's *keys*
@@ -27,7 +30,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner_svc.planning.affinity import characteristic_time
+from planner_svc.control.guard import DEFAULT_AFFINITY_GAIN_MIN
+from planner_svc.planning.affinity import characteristic_time, fleet_gain
 from planner_svc.simulator.workload import Workload
 
 WIN_GAIN, LOSE_GAIN = 0.15, 0.05
@@ -51,9 +55,21 @@ class Diagnosis:
     gain_interval: tuple[float, float] = (0.0, 0.0)  # 5th and 95th percentile, bootstrap
     confidence: float = 1.0  # share of resamples whose verdict is the point estimate's
     point_verdict: str = ""  # the verdict of the whole trace, before the confidence check
+    # CacheRoute as it would run: W warm slots per destination (the top R x W keys admitted,
+    # the rest served as by Flat-LB), and the guard's floor on affinity's predicted gain.
+    warm_slots_per_destination: int = 0
+    admitted_keys: int = 0
+    predicted_hit_cacheroute: float = 0.0
+    guard_gain: float | None = None  # planning.affinity.fleet_gain on the trace
+    falls_back: bool = False  # the guard would serve Flat-LB: CacheRoute ties it
 
     @property
     def gain(self) -> float:
+        """CacheRoute's predicted gain over Flat-LB (0 where its guard falls back)."""
+        return self.predicted_hit_cacheroute - self.predicted_hit_flat
+
+    @property
+    def affinity_gain(self) -> float:
         return self.predicted_hit_affinity - self.predicted_hit_flat
 
     def evidence(self, n_destinations: int) -> list[str]:
@@ -65,7 +81,15 @@ class Diagnosis:
             f"requests whose key reappears within the affinity window: "
             f"{self.reuse_within_window:.1%}",
             f"predicted served hit rate: Flat-LB {self.predicted_hit_flat:.1%}, "
-            f"affinity {self.predicted_hit_affinity:.1%} (gain {self.gain * 100:+.1f} pp)",
+            f"affinity on every key {self.predicted_hit_affinity:.1%} "
+            f"(gain {self.affinity_gain * 100:+.1f} pp), CacheRoute "
+            f"{self.predicted_hit_cacheroute:.1%} (W = {self.warm_slots_per_destination}: "
+            f"{self.admitted_keys} keys admitted; gain {self.gain * 100:+.1f} pp)",
+            "guard: " + ("no verdict on the gain (prefixes not reported)"
+                         if self.guard_gain is None else
+                         f"predicted affinity gain {self.guard_gain * 100:.1f} pp, "
+                         + ("below the floor: CacheRoute serves Flat-LB (a tie)"
+                            if self.falls_back else "above the floor: CacheRoute plans")),
             f"hottest key: {self.hottest_key_share:.2%} of requests "
             f"(one replica's fair share is {1 / n_destinations:.2%})",
             f"confidence: {self.confidence:.0%} of {BOOTSTRAP_DRAWS} resamples of the keys "
@@ -114,8 +138,14 @@ def bootstrap_gains(recovered_affinity: np.ndarray, recovered_flat: np.ndarray,
     return out
 
 
-def diagnose(w: Workload, n_destinations: int, cache_capacity_tokens: int) -> Diagnosis:
-    """Predict whether affinity wins on `w` with R destinations of the given cache size."""
+def diagnose(w: Workload, n_destinations: int, cache_capacity_tokens: int,
+             warm_slots_per_destination: int | None = None,
+             affinity_gain_min: float | None = DEFAULT_AFFINITY_GAIN_MIN) -> Diagnosis:
+    """Predict whether CacheRoute wins on `w` with R destinations of the given cache size:
+    W warm slots per destination (default: the replay's calibration, cache / mean prompt),
+    so the top R x W keys are planned and the rest served as Flat-LB serves them, and the
+    guard's floor on affinity's predicted gain (below it CacheRoute serves Flat-LB: a tie).
+    Affinity on every key is reported beside it."""
     duration = max(float(w.t[-1] - w.t[0]), 1e-9)
     n_keys = len(w.keys)
     counts = np.bincount(w.key, minlength=n_keys).astype(np.float64)
@@ -129,14 +159,32 @@ def diagnose(w: Workload, n_destinations: int, cache_capacity_tokens: int) -> Di
     p_flat = 1.0 - (1.0 - 1.0 / n_destinations) ** n_flat
     hit_aff = float(prefix[aff_reuse].sum() / prompt)
     hit_flat = float(np.dot(prefix, p_flat) / prompt)
-    gain = hit_aff - hit_flat
-    point = str(verdict_of(gain))
+    slots = warm_slots_per_destination or max(1, int(cache_capacity_tokens
+                                                     / max(1.0, float(w.prompt.mean()))))
+    admitted = np.zeros(n_keys, bool)
+    admitted[np.argsort(-counts, kind="stable")[:min(int((counts > 0).sum()),
+                                                     slots * n_destinations)]] = True
+    planned = admitted[w.key]
+    guard = fleet_gain(rates, np.bincount(w.key, weights=prefix, minlength=n_keys)
+                       / np.maximum(counts, 1), sizes, counts, n_destinations, slots)
+    falls_back = (affinity_gain_min is not None and guard is not None
+                  and guard.gain < affinity_gain_min)
+    recovered_cr = (prefix * p_flat if falls_back
+                    else np.where(planned, np.where(aff_reuse, prefix, 0.0), prefix * p_flat))
+    hit_cr = float(recovered_cr.sum() / prompt)
+    point = "tie" if falls_back else str(verdict_of(hit_cr - hit_flat))
     gains = bootstrap_gains(
-        np.bincount(w.key, weights=np.where(aff_reuse, prefix, 0.0), minlength=n_keys),
+        np.bincount(w.key, weights=recovered_cr, minlength=n_keys),
         np.bincount(w.key, weights=prefix * p_flat, minlength=n_keys),
         np.bincount(w.key, weights=w.prompt.astype(np.float64), minlength=n_keys))
-    confidence = float((verdict_of(gains) == point).mean())
+    # Where the guard falls back the answer is the product's rule, not a sample's estimate.
+    confidence = 1.0 if falls_back else float((verdict_of(gains) == point).mean())
     return Diagnosis(
+        warm_slots_per_destination=slots,
+        admitted_keys=int(admitted.sum()),
+        predicted_hit_cacheroute=hit_cr,
+        guard_gain=None if guard is None else guard.gain,
+        falls_back=falls_back,
         verdict=point if confidence >= CONFIDENCE else "undecided",
         point_verdict=point,
         confidence=confidence,

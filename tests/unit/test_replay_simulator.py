@@ -432,3 +432,18 @@ def test_a_report_without_matplotlib_keeps_its_tables(tmp_path: Path, monkeypatc
         text = write_report(results, tmp_path, "r", title="t")
     assert "Flat-LB" in text and (tmp_path / "r.md").exists() and (tmp_path / "r.csv").exists()
     assert not list(tmp_path.glob("*.png"))
+
+
+def test_diagnose_answers_for_cacheroute_with_its_w_and_its_guard() -> None:
+    cfg = ReplayConfig(n_requests=20_000, n_keys=2_000)
+    low = diagnose(make_workload(replace(cfg, scenario="low-reuse"), 100.0, 1), 30, 300_000)
+    assert low.falls_back and low.verdict == "tie" and low.gain == pytest.approx(0.0, abs=1e-12)
+    assert low.guard_gain is not None and low.guard_gain < 0.10
+    paper = make_workload(replace(cfg, scenario="paper-like"), 100.0, 1)
+    every = diagnose(paper, 30, 300_000)
+    few = diagnose(paper, 30, 300_000, warm_slots_per_destination=2)
+    assert not every.falls_back and every.admitted_keys == every.keys  # W holds them all
+    assert few.admitted_keys == 60 and few.warm_slots_per_destination == 2
+    assert few.predicted_hit_flat <= few.predicted_hit_cacheroute < every.predicted_hit_cacheroute
+    assert every.predicted_hit_cacheroute == pytest.approx(every.predicted_hit_affinity)
+    assert diagnose(paper, 30, 300_000, affinity_gain_min=None).verdict == every.verdict
