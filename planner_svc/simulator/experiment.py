@@ -26,12 +26,12 @@ from planner_svc.control.guard import DEFAULT_AFFINITY_GAIN_MIN
 from planner_svc.planning.affinity import characteristic_time
 from planner_svc.simulator.arrivals import ArrivalSpec
 from planner_svc.simulator.cacheroute_policy import CacheRouteSettings, cacheroute
-from planner_svc.simulator.chains import affine_uncached_tokens
+from planner_svc.simulator.chains import ChainBuilder, affine_uncached_tokens
 from planner_svc.simulator.metrics import RunMetrics, run_metrics
 from planner_svc.simulator.policies import PolicyFactory, chwbl, flat_lb, sticky
 from planner_svc.simulator.preble import preble_like
 from planner_svc.simulator.reactive import dualmap_like, sglang_cache_aware
-from planner_svc.simulator.replica import ReplicaModel
+from planner_svc.simulator.replica import Replica, ReplicaModel
 from planner_svc.simulator.simulator import ClusterSpec, simulate
 from planner_svc.simulator.workload import SCENARIOS, ScenarioSpec, Workload, whales
 
@@ -107,9 +107,54 @@ class ReplayConfig:
     publish_delay_s: float = 1.0
 
 
-def calibrate(w: Workload, model: ReplicaModel, warmup_fraction: float) -> tuple[float, int]:
-    """(q_cap, W) for CacheRoute from the workload's warm-up window and the engine model."""
+# The measured knee (`knee_rate`): the hottest key's warm-up requests replayed alone on one
+# engine, time-compressed to rising rates (x KNEE_STEP from KNEE_BASE_RATE req/s); the knee is
+# the highest rate whose p99 stays within KNEE_TAIL_GROWTH x the p99 at KNEE_BASE_RATE.
+KNEE_BASE_RATE = 0.5
+KNEE_STEP = 1.25
+KNEE_TAIL_GROWTH = 2.0
+KNEE_MIN_REQUESTS = 50
+
+
+def knee_rate(w: Workload, model: ReplicaModel, warmup_fraction: float) -> float | None:
+    """The request rate one engine carries of the warm-up window's hottest key before its
+    tail latency doubles: q_cap measured on the engine model, the load sweep an operator
+    would run on one replica. None when that key has under KNEE_MIN_REQUESTS requests."""
     n = max(1, int(len(w) * warmup_fraction))
+    keys = w.key[:n]
+    idx = np.flatnonzero(keys == int(np.bincount(keys).argmax()))
+    span = float(w.t[idx[-1]] - w.t[idx[0]]) if len(idx) > 1 else 0.0
+    if len(idx) < KNEE_MIN_REQUESTS or span <= 0:
+        return None
+    native = len(idx) / span
+    builder = ChainBuilder(w, model.block_tokens)
+    requests = [(float(w.t[i]) - float(w.t[idx[0]]), *builder.chain(int(i)),
+                 int(w.prompt[i]), int(w.output[i])) for i in idx]
+
+    def p99_at(rate: float) -> float:
+        engine, scale, e2e = Replica(model), native / rate, []
+        for t, chain, answer, limit, prompt, output in requests:
+            now = t * scale
+            e2e.append(engine.admit(chain, prompt, output, now, answer, limit).finish_time - now)
+        return float(np.quantile(e2e[len(e2e) // 5:], 0.99))  # past the cold start
+
+    limit = KNEE_TAIL_GROWTH * p99_at(KNEE_BASE_RATE)
+    rate = KNEE_BASE_RATE
+    while rate * KNEE_STEP < 1e4 and p99_at(rate * KNEE_STEP) <= limit:
+        rate *= KNEE_STEP
+    return rate
+
+
+def calibrate(w: Workload, model: ReplicaModel, warmup_fraction: float) -> tuple[float, int]:
+    """(q_cap, W) for CacheRoute from the workload's warm-up window and the engine model:
+    q_cap is the measured knee (`knee_rate`) where the hottest key has enough requests, else
+    the formula below (70 % of a warm destination's throughput)."""
+    n = max(1, int(len(w) * warmup_fraction))
+    prompt = float(w.prompt[:n].mean())
+    slots = max(1, int(model.kv_capacity_tokens / prompt))
+    knee = knee_rate(w, model, warmup_fraction)
+    if knee is not None:
+        return knee, slots
     prompt = float(w.prompt[:n].mean())
     # What a warm destination recomputes: the content its key's earlier requests did not
     # compute (a trace's `prefix` column claims more where conversations share only the

@@ -139,3 +139,21 @@ def test_q_cap_is_calibrated_on_what_a_warm_destination_really_recomputes() -> N
     assert np.all(uncached >= 0) and np.all(uncached <= w.prompt[:n])
     q_cap, _ = calibrate(w, MODEL_8B, 0.3)
     assert q_cap < 0.7 / MODEL_8B.prefill_seconds(int(claimed.mean()))
+
+
+def test_q_cap_is_the_measured_knee_of_one_engine_under_the_hottest_key() -> None:
+    from planner_svc.simulator.experiment import knee_rate
+
+    cfg = ReplayConfig(scenario="whales", whale_share=0.08, n_requests=40_000, n_keys=2_000,
+                       model=MODEL_8B)
+    w = make_workload(cfg, 300.0, 1)
+    knee = knee_rate(w, MODEL_8B, 0.3)
+    assert knee is not None and calibrate(w, MODEL_8B, 0.3)[0] == knee
+    # An 8 % whale at 300 QPS sends 24 req/s: past one engine's knee, so the plan splits it
+    # (the formula's 25.3 req/s left it whole, and its owner queued: docs/replay.md).
+    assert knee < 0.08 * 300.0
+    # Too few requests of any one key to sweep: the formula.
+    thin = make_workload(ReplayConfig(scenario="paper-like", n_requests=2_000, n_keys=2_000),
+                         100.0, 1)
+    assert knee_rate(thin, MODEL_8B, 0.3) is None
+    assert calibrate(thin, MODEL_8B, 0.3)[0] > 0
