@@ -38,6 +38,7 @@ from planner_svc.simulator.trace import (
     write_trace,
 )
 from planner_svc.simulator.workload import SCENARIOS, WHALE_SHARE, WHALES, Workload
+from router_client.routing import DEFAULT_HISTORY_SLACK
 
 
 def add_commands(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -69,6 +70,9 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:  # type: ignor
     )
     rp.add_argument("--publish-delay-s", type=float, default=1.0,
                     help="cacheroute-loop: seconds from an install decision to the routers")
+    rp.add_argument("--history-slack", type=float, default=DEFAULT_HISTORY_SLACK,
+                    help="policies with sessions (cacheroute-gateway, -rehome, -sessions): "
+                         "the gateway's --history-slack")
     rp.add_argument("--replan", choices=("once", "repack", "repack-ewma"), default="repack",
                     help="CacheRoute plans once, repacks every interval, or repacks on "
                     "smoothed rates")
@@ -225,6 +229,7 @@ def config_from_args(args: argparse.Namespace) -> ReplayConfig:
             cacheroute_rates=args.rates,
             replan=args.replan,
             publish_delay_s=args.publish_delay_s,
+            history_slack=args.history_slack,
             q_cap=args.q_cap,
             warm_slots_per_destination=args.warm_slots,
             workers=args.workers,

@@ -76,6 +76,9 @@ class CacheRouteSettings:
     # paper's: always plan).
     affinity_gain_min: float | None = DEFAULT_AFFINITY_GAIN_MIN
     idle_rehome_s: float | None = None
+    # With sessions: how far above the mean load a conversation stays with its history
+    # (the gateway's `--history-slack`).
+    history_slack: float = DEFAULT_HISTORY_SLACK
 
     def label(self) -> str:
         names = {"full": "CacheRoute", "affinity": "+ affinity", "replication": "+ replication"}
@@ -132,7 +135,7 @@ class CacheRoutePolicy:
         # With sessions it routes as the gateway does, conversations kept with their history.
         self.core = RouterCore([d.id for d in self.config.destinations], seed=ctx.seed,
                                cold_tail=settings.cold_tail,
-                               history_slack=(DEFAULT_HISTORY_SLACK if settings.session_affinity
+                               history_slack=(settings.history_slack if settings.session_affinity
                                               else None),
                                idle_rehome_s=settings.idle_rehome_s)
         conversations = ctx.extra.get("conversations") if settings.session_affinity else None

@@ -34,6 +34,7 @@ from planner_svc.simulator.reactive import dualmap_like, sglang_cache_aware
 from planner_svc.simulator.replica import Replica, ReplicaModel
 from planner_svc.simulator.simulator import ClusterSpec, simulate
 from planner_svc.simulator.workload import SCENARIOS, ScenarioSpec, Workload, whales
+from router_client.routing import DEFAULT_HISTORY_SLACK
 
 # The simulator's calibration (70B fp8 on a TP2 H100 pair, scaled; see docs/replay.md).
 SIM_MODEL = ReplicaModel(
@@ -102,6 +103,8 @@ class ReplayConfig:
     # The whales scenario's whale count and per-whale share (None: `workload.whales` defaults).
     n_whales: int | None = None
     whale_share: float | None = None
+    # Policies with sessions: the gateway's `--history-slack`.
+    history_slack: float = DEFAULT_HISTORY_SLACK
     # `cacheroute-loop`: seconds from the planner's install decision to the routers' use
     # (publish to Redis, notify, apply).
     publish_delay_s: float = 1.0
@@ -216,6 +219,7 @@ def policy_factory(name: str, cfg: ReplayConfig, w: Workload) -> PolicyFactory:
                                   "cacheroute-rehome"),
         control_loop=name in ("cacheroute-loop", "cacheroute-gateway", "cacheroute-rehome"),
         publish_delay_s=cfg.publish_delay_s,
+        history_slack=cfg.history_slack,
         # The cold tail consistent-hashed (the gateway's default); the plan placing keys
         # where that tail sends them only for `cacheroute-hashed` (the planner's
         # `--hashed-tail`, off by default: `cacheroute-gateway` is the defaults as shipped).

@@ -447,3 +447,16 @@ def test_diagnose_answers_for_cacheroute_with_its_w_and_its_guard() -> None:
     assert few.predicted_hit_flat <= few.predicted_hit_cacheroute < every.predicted_hit_cacheroute
     assert every.predicted_hit_cacheroute == pytest.approx(every.predicted_hit_affinity)
     assert diagnose(paper, 30, 300_000, affinity_gain_min=None).verdict == every.verdict
+
+
+def test_the_replay_runs_the_gateways_history_slack_when_told() -> None:
+    parser = argparse.ArgumentParser()
+    add_commands(parser.add_subparsers())
+    args = parser.parse_args(["replay", "--scenario", "paper-like", "--policies",
+                              "cacheroute-gateway", "--history-slack", "0"])
+    cfg = config_from_args(args)
+    w = make_workload(replace(cfg, n_requests=1_000, n_keys=100), 20.0, 1)
+    policy = policy_factory("cacheroute-gateway", cfg, w)(
+        PolicyContext(4, list(w.keys), SIM_MODEL, seed=1,
+                      extra={"conversations": np.zeros(len(w), np.int64)}))
+    assert isinstance(policy, CacheRoutePolicy) and policy.core.history_slack == 0.0
