@@ -506,15 +506,12 @@ class RouterCore:
         history = self._history
         a = self._active
         last = history.get(affinity)
-        if last is not None and not a.fallback and last < len(a.usable) and a.usable[last]:
-            load, inv = self.load, a.inv_weight
-            mean = (sum(load[s] for s in a.pool) + 1) / a.total_weight
-            if (load[last] + 1) * inv[last] <= (1.0 + self.history_slack) * mean + inv[last]:
-                history.move_to_end(affinity)
-                self.history_kept += 1
-                if idle >= 0:
-                    self._seen[key] = (now, last)  # type: ignore[assignment]
-                return last
+        if last is not None and not a.fallback and self._within(last, a, self.history_slack):
+            history.move_to_end(affinity)
+            self.history_kept += 1
+            if idle >= 0:
+                self._seen[key] = (now, last)  # type: ignore[assignment]
+            return last
         slot = idle if idle >= 0 else self._decide(key, affinity)
         history[affinity] = slot
         history.move_to_end(affinity)
@@ -538,7 +535,8 @@ class RouterCore:
         seen = self._seen.get(key)
         window = self.idle_rehome_s
         assert window is not None
-        if seen is not None and now - seen[0] <= window and self._within(seen[1], a):
+        if (seen is not None and now - seen[0] <= window
+                and self._within(seen[1], a, DEFAULT_HISTORY_SLACK)):
             slot = seen[1]
         elif seen is None and m is not None and a.usable[m]:  # type: ignore[index]
             slot = m  # type: ignore[assignment]
@@ -553,14 +551,15 @@ class RouterCore:
             self._seen.popitem(last=False)
         return slot
 
-    def _within(self, slot: int, a: _Active) -> bool:
-        """Usable and at most twice the pool's mean load (a queue costs less than a
-        recompute up to there; the same bound as a conversation's history)."""
+    def _within(self, slot: int, a: _Active, slack: float) -> bool:
+        """Usable and, with one more request, within (1 + slack) x the pool's mean load
+        (+ one request): where a conversation's history, or a re-homed key's prefix, is
+        worth a queue (a queue costs less than a recompute up to there)."""
         if slot >= len(a.usable) or not a.usable[slot]:
             return False
         load, inv = self.load, a.inv_weight
         mean = (sum(load[s] for s in a.pool) + 1) / a.total_weight
-        return (load[slot] + 1) * inv[slot] <= (1.0 + DEFAULT_HISTORY_SLACK) * mean + inv[slot]
+        return (load[slot] + 1) * inv[slot] <= (1.0 + slack) * mean + inv[slot]
 
     def remember(self, affinity: str, slot: int) -> None:
         """Where `affinity`'s request went after all (a retry that moved it)."""

@@ -169,13 +169,14 @@ def diagnose(w: Workload, n_destinations: int, cache_capacity_tokens: int,
                        / np.maximum(counts, 1), sizes, counts, n_destinations, slots)
     falls_back = (affinity_gain_min is not None and guard is not None
                   and guard.gain < affinity_gain_min)
-    recovered_cr = (prefix * p_flat if falls_back
-                    else np.where(planned, np.where(aff_reuse, prefix, 0.0), prefix * p_flat))
+    recovered_flat = prefix * p_flat
+    recovered_cr = (recovered_flat if falls_back
+                    else np.where(planned, np.where(aff_reuse, prefix, 0.0), recovered_flat))
     hit_cr = float(recovered_cr.sum() / prompt)
     point = "tie" if falls_back else str(verdict_of(hit_cr - hit_flat))
     gains = bootstrap_gains(
         np.bincount(w.key, weights=recovered_cr, minlength=n_keys),
-        np.bincount(w.key, weights=prefix * p_flat, minlength=n_keys),
+        np.bincount(w.key, weights=recovered_flat, minlength=n_keys),
         np.bincount(w.key, weights=w.prompt.astype(np.float64), minlength=n_keys))
     # Where the guard falls back the answer is the product's rule, not a sample's estimate.
     confidence = 1.0 if falls_back else float((verdict_of(gains) == point).mean())

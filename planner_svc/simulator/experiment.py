@@ -158,7 +158,6 @@ def calibrate(w: Workload, model: ReplicaModel, warmup_fraction: float) -> tuple
     knee = knee_rate(w, model, warmup_fraction)
     if knee is not None:
         return knee, slots
-    prompt = float(w.prompt[:n].mean())
     # What a warm destination recomputes: the content its key's earlier requests did not
     # compute (a trace's `prefix` column claims more where conversations share only the
     # system prompt: 150 of a whale's 3,000 tokens claimed, 630 measured, so q_cap came out
@@ -168,7 +167,7 @@ def calibrate(w: Workload, model: ReplicaModel, warmup_fraction: float) -> tuple
     decode = float(w.output[:n].mean()) * model.tpot(model.batch_limit,
                                                      int(model.batch_limit * prompt))
     q_cap = KNEE_UTILISATION * min(1.0 / service, model.batch_limit / decode)
-    return q_cap, max(1, int(model.kv_capacity_tokens / prompt))
+    return q_cap, slots
 
 
 def eviction_window_s(w: Workload, model: ReplicaModel, warmup_fraction: float,
@@ -185,6 +184,11 @@ def eviction_window_s(w: Workload, model: ReplicaModel, warmup_fraction: float,
     t = characteristic_time(counts[seen] / span, sizes[seen] / counts[seen],
                             float(model.kv_capacity_tokens) * n_destinations)
     return t if np.isfinite(t) else span
+
+
+# The variants that route as `cacheroute gateway` does with the planner's defaults: sessions,
+# the production control loop, the cold tail consistent-hashed (`-rehome` adds re-homing).
+_AS_GATEWAY = ("cacheroute-gateway", "cacheroute-rehome")
 
 
 def policy_factory(name: str, cfg: ReplayConfig, w: Workload) -> PolicyFactory:
@@ -209,22 +213,22 @@ def policy_factory(name: str, cfg: ReplayConfig, w: Workload) -> PolicyFactory:
     if name not in variants and name != "cacheroute-known":
         raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICY_NAMES)}")
     q_cap, slots = calibrate(w, cfg.model, cfg.warmup_fraction)
+    as_gateway = name in _AS_GATEWAY
     settings = CacheRouteSettings(
         q_cap=cfg.q_cap or q_cap,
         warm_slots_per_destination=cfg.warm_slots_per_destination or slots,
         variant=variants.get(name, "full"),
         rates="known" if name == "cacheroute-known" else cfg.cacheroute_rates,
         replan=cfg.replan,
-        session_affinity=name in ("cacheroute-sessions", "cacheroute-gateway",
-                                  "cacheroute-rehome"),
-        control_loop=name in ("cacheroute-loop", "cacheroute-gateway", "cacheroute-rehome"),
+        session_affinity=as_gateway or name == "cacheroute-sessions",
+        control_loop=as_gateway or name == "cacheroute-loop",
         publish_delay_s=cfg.publish_delay_s,
         history_slack=cfg.history_slack,
         # The cold tail consistent-hashed (the gateway's default); the plan placing keys
         # where that tail sends them only for `cacheroute-hashed` (the planner's
         # `--hashed-tail`, off by default: `cacheroute-gateway` is the defaults as shipped).
-        cold_tail="hash" if name in ("cacheroute-tail", "cacheroute-hashed",
-                                     "cacheroute-gateway", "cacheroute-rehome") else "p2c",
+        cold_tail="hash" if as_gateway or name in ("cacheroute-tail", "cacheroute-hashed")
+        else "p2c",
         hashed_tail=name == "cacheroute-hashed",  # off in the planner by default
         idle_rehome_s=(eviction_window_s(w, cfg.model, cfg.warmup_fraction, cfg.n_destinations)
                        if name == "cacheroute-rehome" else None),
