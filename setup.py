@@ -21,7 +21,8 @@ from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).resolve().parent
 # Keep in step with planner_svc/simulator/__init__.py (NATIVE_MODULES).
-COMPILED = ["planner_svc/simulator/kvcache.py", "planner_svc/simulator/replica.py"]
+COMPILED = ["planner_svc/simulator/kvcache.py", "planner_svc/simulator/replica.py",
+            "planner_svc/simulator/chains.py", "planner_svc/simulator/eventloop.py"]
 
 
 def ext_modules() -> list:

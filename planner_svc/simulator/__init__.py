@@ -19,7 +19,7 @@ import warnings
 from pathlib import Path
 
 # Keep in step with setup.py (COMPILED): compiled together, so used (or not) together.
-NATIVE_MODULES = ("kvcache", "replica")
+NATIVE_MODULES = ("kvcache", "replica", "chains", "eventloop")
 
 
 def _compiled(here: Path, name: str) -> Path | None:

@@ -42,16 +42,18 @@ class ChainBuilder:
     def __init__(self, w: Workload, block_tokens: int) -> None:
         self.w = w
         self.bs = block_tokens
-        self._conv = w.conv.tolist() if w.conv is not None else None
-        self._system = w.system.tolist() if w.system is not None else None
+        # Typed lists: compiled (setup.py), each read below is then a direct index.
+        self._conv: list[int] | None = w.conv.tolist() if w.conv is not None else None
+        self._system: list[int] | None = (w.system.tolist() if w.system is not None
+                                          else None)
         # The system prompt segment of each key: its own, or its group's (shared content).
         groups = w.system_group
-        self._system_seg = (groups.tolist() if groups is not None
-                            else list(range(len(w.keys))))
-        self._keys = w.key.tolist()
-        self._prompt = w.prompt.tolist()
-        self._prefix = w.prefix.tolist()
-        self._output = w.output.tolist()
+        self._system_seg: list[int] = (groups.tolist() if groups is not None
+                                       else list(range(len(w.keys))))
+        self._keys: list[int] = w.key.tolist()
+        self._prompt: list[int] = w.prompt.tolist()
+        self._prefix: list[int] = w.prefix.tolist()
+        self._output: list[int] = w.output.tolist()
         self._blocks = w.blocks
 
     def chain(self, i: int) -> tuple[Chain, Chain, int | None]:
@@ -65,11 +67,12 @@ class ChainBuilder:
         conv = self._conv[i]
         system = self._system[key]
         spoken = self._prompt[i] - system  # the conversation so far, this question included
-        head = [(_SYSTEM + self._system_seg[key], system // bs)] if system >= bs else []
         if spoken < bs:
-            return head, (), None
+            return ([(_SYSTEM + self._system_seg[key], system // bs)] if system >= bs
+                    else []), (), None
         conv_seg = _CONVERSATION + conv
-        chain = [*head, (conv_seg, spoken // bs)]
+        chain = ([(_SYSTEM + self._system_seg[key], system // bs), (conv_seg, spoken // bs)]
+                 if system >= bs else [(conv_seg, spoken // bs)])
         return chain, [(conv_seg, (spoken + self._output[i]) // bs)], None
 
     def _hashed(self, i: int) -> Chain:

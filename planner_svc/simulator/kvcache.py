@@ -49,12 +49,16 @@ _uids = itertools.count(1)
 
 
 class _Node:
-    __slots__ = ("cached", "children", "key", "last_used", "parent", "pins", "ready_at", "uid")
+    __slots__ = ("cached", "children", "kids", "last_used", "parent", "pins", "ready_at",
+                 "seg", "uid")
 
-    def __init__(self, key: tuple[int, int], parent: _Node | None) -> None:
-        self.uid = next(_uids)  # what children key on (0 is the root)
-        self.key = key
+    def __init__(self, seg: int, parent: _Node | None) -> None:
+        self.uid = next(_uids)  # its blocks' ids (block_id)
+        self.seg = seg  # its id under its parent
         self.parent = parent
+        # Child segments in memory, by id: a table per node (int keys) rather than one
+        # table keyed by (parent, id) saves a tuple and its hash per segment looked up.
+        self.kids: dict[int, _Node] | None = None
         self.cached = 0  # leading blocks of the segment held in memory
         self.ready_at = 0.0  # when they were (or will be) computed
         self.pins = 0  # running requests holding this segment
@@ -78,7 +82,7 @@ class Holding:
 class BlockCache:
     """See the module doc. Times are the caller's clock (virtual or real seconds)."""
 
-    __slots__ = ("_evictable", "_nodes", "_root_children", "capacity_blocks", "evicted_blocks",
+    __slots__ = ("_evictable", "_n_nodes", "_root", "capacity_blocks", "evicted_blocks",
                  "observer", "used_blocks")
 
     def __init__(self, capacity_blocks: int) -> None:
@@ -87,11 +91,11 @@ class BlockCache:
         self.capacity_blocks = int(capacity_blocks)
         self.used_blocks = 0  # cached segment blocks + private (output) blocks
         self.evicted_blocks = 0
-        self._nodes: dict[tuple[int, int], _Node] = {}
+        self._root: dict[int, _Node] = {}  # first segments in memory, by id
+        self._n_nodes = 0
         # Unpinned leaf segments with blocks in memory, least recently used first. The
         # caller's clock only moves forward, so "used last" is "appended last": no heap.
         self._evictable: OrderedDict[_Node, None] = OrderedDict()
-        self._root_children = 0
         self.observer: Observer | None = None
 
     def _stored(self, node: _Node, start: int, end: int) -> None:
@@ -102,24 +106,30 @@ class BlockCache:
 
     def match(self, chain: Chain, now: float) -> int:
         """Blocks of `chain`'s prefix that a request arriving at `now` would find cached."""
-        matched, parent = 0, 0
-        nodes = self._nodes
+        matched = 0
+        table: dict[int, _Node] | None = self._root
         for seg, blocks in chain:
-            node = nodes.get((parent, seg))
+            node = table.get(seg) if table is not None else None
             if node is None or node.ready_at > now or node.cached == 0:
                 break
             matched += min(node.cached, blocks)
             if node.cached < blocks:
                 break
-            parent = node.uid
+            table = node.kids
         return matched
 
     @property
     def cached_blocks(self) -> int:
-        return sum(n.cached for n in self._nodes.values())
+        total, tables = 0, [self._root]
+        while tables:
+            for node in tables.pop().values():
+                total += node.cached
+                if node.kids:
+                    tables.append(node.kids)
+        return total
 
     def __len__(self) -> int:
-        return len(self._nodes)
+        return self._n_nodes
 
     # --- a request's life ----------------------------------------------------------------
 
@@ -130,17 +140,21 @@ class BlockCache:
         caller waits for one to finish). At most `limit_blocks` count as hits (a trace that
         says how much of a prompt its predecessors share). Call `computed` once the prefill
         end is known."""
-        nodes = self._nodes
+        table: dict[int, _Node] | None = self._root
         path: list[_Node] = []
-        grow: list[tuple[_Node, int]] = []  # segments this request computes, to their length
-        matched, parent, parent_uid, need, matching = 0, None, 0, private_blocks, True
+        listed: list[_Node] = []  # of those, the ones in the eviction order (unpinned leaves)
+        fresh: list[_Node] = []  # segments this request computes ...
+        lengths: list[int] = []  # ... and to what length
+        parent: _Node | None = None
+        matched, need, matching = 0, private_blocks, True
         for seg, blocks in chain:
-            node = nodes.get((parent_uid, seg))
+            node = table.get(seg) if table is not None else None
             if node is None:
-                node = _Node((parent_uid, seg), parent)
+                node = _Node(seg, parent)
                 need += blocks
                 matching = False
-                grow.append((node, blocks))
+                fresh.append(node)
+                lengths.append(blocks)
             else:
                 cached = node.cached
                 if matching:
@@ -151,29 +165,35 @@ class BlockCache:
                 if cached < blocks:
                     need += blocks - cached
                     matching = False
-                    grow.append((node, blocks))
+                    fresh.append(node)
+                    lengths.append(blocks)
+            if node.pins == 0 and node.children == 0 and node.cached > 0:
+                listed.append(node)
             node.pins += 1  # pinned first: eviction must not take this request's own prefix
             path.append(node)
-            parent, parent_uid = node, node.uid
+            parent, table = node, node.kids
         if self.used_blocks + need > self.capacity_blocks and not self._make_room(need):
             for node in path:  # back as they were: still in the LRU order they had
                 node.pins -= 1
             return None
         evictable = self._evictable
-        for node in path:
+        for node in listed:
             evictable.pop(node, None)
-        for node, blocks in grow:
+        observer = self.observer
+        for j, node in enumerate(fresh):
+            blocks = lengths[j]
             if node.cached == 0:
                 if blocks == 0:
                     continue
                 self._attach(node)
             self.used_blocks += blocks - node.cached
-            self._stored(node, node.cached, blocks)
+            if observer is not None:
+                self._stored(node, node.cached, blocks)
             node.cached = blocks
         self.used_blocks += private_blocks
         if limit_blocks is not None and matched > limit_blocks:
             matched = limit_blocks
-        return Holding(path, [n for n, _ in grow], matched, private_blocks)
+        return Holding(path, fresh, matched, private_blocks)
 
     def computed(self, holding: Holding, ready_at: float) -> None:
         """The prefill of the request holding `holding` ends at `ready_at`."""
@@ -188,7 +208,7 @@ class BlockCache:
         self.used_blocks -= holding.private_blocks
         parent = holding.nodes[-1] if holding.nodes else None
         budget = holding.private_blocks
-        if answer and parent is not None and answer[0][0] == parent.key[1]:
+        if answer and parent is not None and answer[0][0] == parent.seg:
             grow = min(answer[0][1] - parent.cached, budget)
             if grow > 0:
                 self.used_blocks += grow
@@ -200,10 +220,10 @@ class BlockCache:
             if blocks > budget:
                 break
             budget -= blocks
-            key = (parent.uid if parent is not None else 0, seg)
-            node = self._nodes.get(key)
+            table = parent.kids if parent is not None else self._root
+            node = table.get(seg) if table is not None else None
             if node is None:
-                node = _Node(key, parent)
+                node = _Node(seg, parent)
             if node.cached < blocks:
                 if node.cached == 0:
                     self._attach(node)
@@ -250,20 +270,27 @@ class BlockCache:
         return fits
 
     def _attach(self, node: _Node) -> None:
-        self._nodes[node.key] = node
-        parent = node.parent
-        if parent is not None:
-            parent.children += 1
-            self._evictable.pop(parent, None)  # no longer a leaf
-        else:
-            self._root_children += 1
-
-    def _detach(self, node: _Node) -> None:
-        del self._nodes[node.key]
+        self._n_nodes += 1
         parent = node.parent
         if parent is None:
-            self._root_children -= 1
+            self._root[node.seg] = node
             return
+        kids = parent.kids
+        if kids is None:
+            kids = parent.kids = {}
+        kids[node.seg] = node
+        parent.children += 1
+        self._evictable.pop(parent, None)  # no longer a leaf
+
+    def _detach(self, node: _Node) -> None:
+        self._n_nodes -= 1
+        parent = node.parent
+        if parent is None:
+            del self._root[node.seg]
+            return
+        kids = parent.kids
+        assert kids is not None
+        del kids[node.seg]
         parent.children -= 1
         if not parent.pins and not parent.children and parent.cached:
             # A leaf again, and as old as the child just evicted: next in line.
@@ -273,7 +300,10 @@ class BlockCache:
     def _unpin(self, node: _Node, now: float) -> None:
         node.pins -= 1
         node.last_used = now
-        self._candidate(node)
+        if not node.pins and not node.children and node.cached:
+            # A pinned segment is never in the eviction order, so it joins at the end (no
+            # move needed: `_candidate` is for segments that may already be in it).
+            self._evictable[node] = None
 
     def _candidate(self, node: _Node) -> None:
         if not node.pins and not node.children and node.cached:

@@ -30,7 +30,6 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import NamedTuple
 
 import numpy as np
 
@@ -118,30 +117,44 @@ class ReplicaModel:
         return model, error
 
 
-class Served(NamedTuple):
-    """What the replica did with one request (times in the caller's clock)."""
+class Served:
+    """What the replica did with one request (times in the caller's clock). A plain class,
+    not a NamedTuple: compiled, its fields are read without a lookup (one per request)."""
 
-    cached_tokens: int
-    start_time: float  # admitted to the batch
-    first_token_time: float
-    finish_time: float
-    # When its prefill began: before it, the request waits (vLLM's "waiting" queue): for a
-    # batch slot, for KV blocks, or behind other prefills.
-    prefill_start_time: float = 0.0
+    __slots__ = ("cached_tokens", "finish_time", "first_token_time", "prefill_start_time",
+                 "start_time")
+
+    def __init__(self, cached_tokens: int, start_time: float, first_token_time: float,
+                 finish_time: float, prefill_start_time: float = 0.0) -> None:
+        self.cached_tokens = cached_tokens
+        self.start_time = start_time  # admitted to the batch
+        self.first_token_time = first_token_time
+        self.finish_time = finish_time
+        # When its prefill began: before it, the request waits (vLLM's "waiting" queue):
+        # for a batch slot, for KV blocks, or behind other prefills.
+        self.prefill_start_time = prefill_start_time
+
+    def __repr__(self) -> str:
+        return (f"Served(cached_tokens={self.cached_tokens}, start_time={self.start_time}, "
+                f"first_token_time={self.first_token_time}, finish_time={self.finish_time}, "
+                f"prefill_start_time={self.prefill_start_time})")
 
 
 class Replica:
     """See the module doc."""
 
-    __slots__ = ("_last_now", "_prefill_free", "_running", "_seq", "cache", "kv_held", "model")
+    __slots__ = ("_by_finish", "_finish", "_last_now", "_prefill_free", "cache", "kv_held",
+                 "model")
 
     def __init__(self, model: ReplicaModel) -> None:
         self.model = model
         self.cache = BlockCache(model.capacity_blocks)
         self._prefill_free = 0.0
-        # (finish time, seq, KV tokens, holding, answer chain) of running requests
-        self._running: list[tuple[float, int, int, Holding | None, Chain]] = []
-        self._seq = 0
+        # Running requests: a heap of their finish times, and what each holds by finish time
+        # (several with one finish time in admission order). Floats compare several times
+        # faster than (finish, seq, ...) tuples, and the heap is sifted twice per request.
+        self._finish: list[float] = []
+        self._by_finish: dict[float, list[tuple[int, Holding | None, Chain]]] = {}
         self.kv_held = 0  # KV tokens of the running requests
         self._last_now = float("-inf")
 
@@ -155,13 +168,13 @@ class Replica:
         self._last_now = now
         self._release_until(now)
         start = now
-        if len(self._running) >= m.batch_limit:
+        if len(self._finish) >= m.batch_limit:
             start = self._release_earliest(start)
         private = -(-(output_tokens + prompt_tokens % m.block_tokens) // m.block_tokens)
         limit = (None if reuse_limit_tokens is None
                  else reuse_limit_tokens // m.block_tokens)
         holding = self.cache.admit(chain, start, private, limit)
-        while holding is None and self._running:
+        while holding is None and self._finish:
             start = self._release_earliest(start)
             holding = self.cache.admit(chain, start, private, limit)
         # A request larger than the whole cache is served without caching (an engine would
@@ -176,34 +189,41 @@ class Replica:
         if holding is not None:
             self.cache.computed(holding, prefill_end)
         kv = prompt_tokens + output_tokens
-        tpot = m.tpot(len(self._running) + 1, self.kv_held + kv)
+        tpot = m.tpot(len(self._finish) + 1, self.kv_held + kv)
         finish = prefill_end + output_tokens * tpot
-        self._seq += 1
-        heapq.heappush(self._running, (finish, self._seq, kv, holding, answer))
+        heapq.heappush(self._finish, finish)
+        same = self._by_finish.get(finish)
+        if same is None:
+            self._by_finish[finish] = [(kv, holding, answer)]
+        else:
+            same.append((kv, holding, answer))
         self.kv_held += kv
         return Served(cached, start, prefill_end + tpot, finish, prefill_start)
 
     def in_flight(self, now: float) -> int:
         """Requests admitted and not finished at `now`."""
         self._release_until(now)
-        return len(self._running)
+        return len(self._finish)
 
     @property
     def prefill_backlog_until(self) -> float:
         return self._prefill_free
 
     def _release_until(self, now: float) -> None:
-        running = self._running
-        while running and running[0][0] <= now:
-            self._release(heapq.heappop(running))
+        finish = self._finish
+        while finish and finish[0] <= now:
+            self._release_earliest(now)
 
     def _release_earliest(self, start: float) -> float:
-        item = heapq.heappop(self._running)
-        self._release(item)
-        return max(start, item[0])
-
-    def _release(self, item: tuple[float, int, int, Holding | None, Chain]) -> None:
-        finish, _seq, kv, holding, answer = item
+        """Finish the running request that ends first; the later of `start` and its end."""
+        finish = heapq.heappop(self._finish)
+        same = self._by_finish[finish]
+        if len(same) == 1:
+            del self._by_finish[finish]
+            kv, holding, answer = same[0]
+        else:
+            kv, holding, answer = same.pop(0)
         self.kv_held -= kv
         if holding is not None:
             self.cache.release(holding, finish, answer)
+        return start if start > finish else finish

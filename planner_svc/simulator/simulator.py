@@ -13,12 +13,15 @@ in-flight counts, its own learned prefixes), which is how replicated gateways be
 
 from __future__ import annotations
 
-import heapq
+import gc
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
-from planner_svc.simulator.chains import ChainBuilder
+from planner_svc.simulator import eventloop
 from planner_svc.simulator.policies import Policy, PolicyContext, PolicyFactory
 from planner_svc.simulator.replica import Replica, ReplicaModel
 from planner_svc.simulator.workload import Workload
@@ -60,6 +63,29 @@ def simulate(
     workload: Workload, factory: PolicyFactory, cluster: ClusterSpec, *, seed: int
 ) -> RunResult:
     """Run `workload` through `cluster` with one `factory` policy per router."""
+    with _one_core():
+        return _simulate(workload, factory, cluster, seed)
+
+
+@contextmanager
+def _one_core() -> Iterator[None]:
+    """One core per run: the planner's numpy dot products would otherwise wake BLAS worker
+    threads that spin between calls (~15 % of a run's CPU), and replays already run one
+    process per core. The per-request objects hold no reference cycles, so the cyclic
+    collector, which their allocations trigger every few thousand requests, has nothing to
+    find: it is paused for the run."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        with threadpool_limits(limits=1, user_api="blas"):
+            yield
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _simulate(workload: Workload, factory: PolicyFactory, cluster: ClusterSpec,
+              seed: int) -> RunResult:
     engines = [Replica(cluster.model) for _ in range(cluster.n_destinations)]
     # Shared by the routers of this run: what the planner knows (true rates, built plans).
     n_warm = int(len(workload) * cluster.warmup_fraction)
@@ -100,42 +126,9 @@ def _control_times(workload: Workload, cluster: ClusterSpec) -> list[float]:
 def _loop(
     w: Workload, routers: list[Policy], engines: list[Replica], cluster: ClusterSpec, seed: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    n = len(w)
-    ts, keys = w.t.tolist(), w.key.tolist()
-    prompts, prefixes, outputs = w.prompt.tolist(), w.prefix.tolist(), w.output.tolist()
-    n_routers = len(routers)
-    router_of = np.random.default_rng(seed + 99).integers(0, n_routers, n).tolist()
-    dest, cached, finish, first = [0] * n, [0] * n, [0.0] * n, [0.0] * n
-    pending: list[tuple[float, int]] = []
-    controls = _control_times(w, cluster)
-    next_control = controls.pop(0) if controls else float("inf")
-    window_start_i, window_start_t = 0, 0.0
-    pop, push = heapq.heappop, heapq.heappush
-    single = routers[0] if n_routers == 1 else None
-    admits = [e.admit for e in engines]
-    chain_of = ChainBuilder(w, cluster.model.block_tokens).chain
-    # Policies that match on content (policies.ContentPolicy) get each request's chain.
-    by_content = [getattr(r, "route_chain", None) for r in routers]
-    for i in range(n):
-        now = ts[i]
-        while pending and pending[0][0] <= now:
-            f, j = pop(pending)
-            (single or routers[router_of[j]]).finished(j, dest[j], f)
-        if now >= next_control:
-            window = w.key[window_start_i:i]
-            for r in routers:
-                r.control(next_control, window, next_control - window_start_t)
-            window_start_i, window_start_t = i, next_control
-            next_control = controls.pop(0) if controls else float("inf")
-        k = keys[i]
-        chain, answer, limit = chain_of(i)
-        which = 0 if single else router_of[i]
-        r, on_content = routers[which], by_content[which]
-        d = (on_content(i, k, chain, prompts[i], outputs[i], now, limit) if on_content
-             else r.route(i, k, prompts[i], prefixes[i], outputs[i], now))
-        served = admits[d](chain, prompts[i], outputs[i], now, answer, limit)
-        dest[i], cached[i], finish[i], first[i] = d, served[0], served[3], served[2]
-        push(pending, (served[3], i))
+    router_of = np.random.default_rng(seed + 99).integers(0, len(routers), len(w)).tolist()
+    dest, cached, finish, first = eventloop.run(
+        w, routers, engines, cluster.model.block_tokens, _control_times(w, cluster), router_of)
     return (
         np.asarray(dest, np.int32),
         np.asarray(cached, np.int64),

@@ -21,8 +21,8 @@ def _tree(tmp: Path) -> Path:
     pkg = tmp / "planner_svc" / "simulator"
     pkg.mkdir(parents=True)
     (tmp / "planner_svc" / "__init__.py").write_text("")
-    for name in ("__init__.py", "kvcache.py", "replica.py"):
-        shutil.copy(ROOT / "planner_svc" / "simulator" / name, pkg / name)
+    for source in (ROOT / "planner_svc" / "simulator").glob("*.py"):  # what they import too
+        shutil.copy(source, pkg / source.name)
     return pkg
 
 
@@ -33,19 +33,20 @@ def _probe(tmp: Path) -> subprocess.CompletedProcess[str]:
 
 
 def test_the_running_model_is_what_the_package_says() -> None:
-    import planner_svc.simulator.kvcache as k
-    import planner_svc.simulator.replica as r
+    import importlib
 
-    assert sim.NATIVE == (not k.__file__.endswith(".py")) == (not r.__file__.endswith(".py"))
+    for name in sim.NATIVE_MODULES:
+        module = importlib.import_module(f"planner_svc.simulator.{name}")
+        assert (not str(module.__file__).endswith(".py")) == sim.NATIVE, name
 
 
 def test_a_stale_extension_is_never_used(tmp_path: Path) -> None:
     pkg = _tree(tmp_path)
     suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
-    for name in ("kvcache", "replica"):  # not even loadable: importing one would fail
+    for name in sim.NATIVE_MODULES:  # not even loadable: importing one would fail
         (pkg / f"{name}{suffix}").write_bytes(b"not a shared object")
     built = {f"planner_svc/simulator/{n}.py": hashlib.sha256(b"older source").hexdigest()
-             for n in ("kvcache", "replica")}
+             for n in sim.NATIVE_MODULES}
     (pkg / "native.json").write_text(json.dumps(built))
     done = _probe(tmp_path)
     assert done.returncode == 0, done.stderr

@@ -1,0 +1,74 @@
+"""The simulator's inner loop: one pass over the arrivals (pure; virtual time).
+
+Kept apart from `simulator` so that mypyc compiles it with the engine model (setup.py):
+it runs once per request, and typed locals over plain lists are what make a compiled loop
+fast. `simulator.simulate` owns the meaning (see its module doc); this is only the pass.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+import numpy as np
+
+from planner_svc.simulator.chains import ChainBuilder
+from planner_svc.simulator.policies import Policy
+from planner_svc.simulator.replica import Replica
+from planner_svc.simulator.workload import Workload
+
+
+def run(w: Workload, routers: list[Policy], engines: list[Replica], block_tokens: int,
+        controls: list[float], router_of: list[int]
+        ) -> tuple[list[int], list[int], list[float], list[float]]:
+    """Route and serve every request of `w` in arrival order: each request's destination,
+    cached tokens, finish and first-token times. Before each arrival, the completions due
+    by then reach the router that sent them, and the control intervals that ended reach
+    every router with the keys that arrived in them."""
+    n = len(w)
+    ts: list[float] = w.t.tolist()
+    keys: list[int] = w.key.tolist()
+    prompts: list[int] = w.prompt.tolist()
+    prefixes: list[int] = w.prefix.tolist()
+    outputs: list[int] = w.output.tolist()
+    window_of: np.ndarray = w.key
+    dest = [0] * n
+    cached = [0] * n
+    finish = [0.0] * n
+    first = [0.0] * n
+    pending: list[tuple[float, int]] = []
+    controls = list(controls)
+    controls.reverse()  # popped from the end
+    next_control = controls.pop() if controls else float("inf")
+    window_start_i = 0
+    window_start_t = 0.0
+    single = len(routers) == 1
+    builder = ChainBuilder(w, block_tokens)
+    # Policies that match on content (policies.ContentPolicy) get each request's chain.
+    by_content = [getattr(r, "route_chain", None) for r in routers]
+    for i in range(n):
+        now = ts[i]
+        while pending and pending[0][0] <= now:
+            f, j = heapq.heappop(pending)
+            routers[0 if single else router_of[j]].finished(j, dest[j], f)
+        if now >= next_control:
+            window = window_of[window_start_i:i]
+            for r in routers:
+                r.control(next_control, window, next_control - window_start_t)
+            window_start_i = i
+            window_start_t = next_control
+            next_control = controls.pop() if controls else float("inf")
+        k = keys[i]
+        chain, answer, limit = builder.chain(i)
+        which = 0 if single else router_of[i]
+        on_content = by_content[which]
+        if on_content is not None:
+            d: int = on_content(i, k, chain, prompts[i], outputs[i], now, limit)
+        else:
+            d = routers[which].route(i, k, prompts[i], prefixes[i], outputs[i], now)
+        served = engines[d].admit(chain, prompts[i], outputs[i], now, answer, limit)
+        dest[i] = d
+        cached[i] = served.cached_tokens
+        finish[i] = served.finish_time
+        first[i] = served.first_token_time
+        heapq.heappush(pending, (served.finish_time, i))
+    return dest, cached, finish, first
