@@ -15,7 +15,9 @@ TTFT p99 stays within the SLO, for CacheRoute and the best peer.
 Writes docs/results/arena/arena.md, arena.csv and PNG plots; last line one JSON object.
 A missing peer is reported, never faked. Peers run with their documented defaults
 (cache_aware) and with the settings a user would pick for sessions (vllm-router's
-consistent_hash on x-session-id, round_robin as the cache-blind reference).
+consistent_hash on x-session-id, round_robin as the cache-blind reference); `--peer-sweep`
+tunes their cache_aware thresholds on a small grid first, and a best setting other than the
+defaults joins the comparison as "<peer> tuned" (also read from an earlier sweep's file).
 """
 
 from __future__ import annotations
@@ -60,7 +62,25 @@ ROUTERS = [
     RouterSpec("vllm cache_aware", "vllm", "cache_aware"),
     RouterSpec("vllm consistent_hash", "vllm", "consistent_hash"),
 ]
-REPLICATED = {"cacheroute", "sglang cache_aware", "vllm cache_aware"}  # stateful routers
+# The cache_aware policies' tuning flags (the same names in both peers; their defaults:
+# cache threshold 0.3, balance when max load - min load > 64 and max > 1.5 x min). With four
+# engines and tens of requests in flight, 64 never triggers: the grid lowers it, as a user
+# tuning for TTFT would, and moves the match threshold either way.
+PEER_GRID: list[tuple[str, tuple[str, ...]]] = [
+    ("defaults", ()),
+    ("balance 16 / 1.2", ("--balance-abs-threshold", "16", "--balance-rel-threshold", "1.2")),
+    ("balance 4 / 1.1", ("--balance-abs-threshold", "4", "--balance-rel-threshold", "1.1")),
+    ("cache 0.5, balance 16 / 1.2", ("--cache-threshold", "0.5", "--balance-abs-threshold",
+                                     "16", "--balance-rel-threshold", "1.2")),
+    ("cache 0.1, balance 16 / 1.2", ("--cache-threshold", "0.1", "--balance-abs-threshold",
+                                     "16", "--balance-rel-threshold", "1.2")),
+]
+PEER_SETTINGS = OUT / "peer-sweep" / "peer-settings.json"  # where the documented sweep writes
+
+
+def replicated(spec: RouterSpec) -> bool:
+    """Stateful routers (a plan, or a tree learned per replica): run with 1 and 4 replicas."""
+    return spec.kind == "cacheroute" or spec.policy == "cache_aware"
 
 
 @dataclass(frozen=True)
@@ -288,6 +308,94 @@ def cap_label(router: str, replicas: int) -> str:
     return router if replicas == 1 else f"{router} ({replicas} replicas)"
 
 
+def peer_sweep(peers: list[RouterSpec], scenario: Scenario, setup: Setup, fleet: Fleet,
+               stacks: CacheRouteStack, work: Path, rate_scale: float,
+               out: Path) -> tuple[list[RouterSpec], list[dict[str, Any]]]:
+    """Each tunable peer (a cache_aware policy) over `PEER_GRID`, one replica, seed 1, at
+    `rate_scale` x the scenario's load (loaded enough for the settings to matter). The best
+    setting of each (`choose_setting`) is written to `out`/peer-settings.json and returned
+    as a router of its own ("<peer> tuned") for the comparison, beside the peer at its
+    defaults, unless the defaults are the best."""
+    rows: list[dict[str, Any]] = []
+    for peer in peers:
+        for label, extra in PEER_GRID:
+            spec = dataclasses.replace(peer, extra=(*peer.extra, *extra))
+            row = run_one(spec, 1, scenario, 1, setup, fleet, stacks, work, rate_scale,
+                          f"peer sweep {peer.name}: {label}")
+            row.update(router=peer.name, setting=label, flags=list(extra))
+            rows.append(row)
+    meta = {"scenario": scenario.name, "rate_scale": rate_scale,
+            "time_scale": setup.time_scale, "engine_kind": setup.engine_kind,
+            "peer_versions": peer_versions(),
+            "command": " ".join([".venv/bin/python bench/arena.py", *sys.argv[1:]])}
+    best = write_peer_settings(rows, meta, out)
+    tuned = [dataclasses.replace(peer, name=f"{peer.name} tuned",
+                                 extra=(*peer.extra, *best[peer.name]["flags"]))
+             for peer in peers if best.get(peer.name, {}).get("flags")]
+    return tuned, rows
+
+
+def choose_setting(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """One peer's best row of its sweep: its defaults unless a setting's TTFT p99 (the SLO's
+    measure) lies below the defaults' 90 % interval (a p99 rests on a few slow requests, so
+    a smaller one inside the interval is noise, not a better setting); of several, the
+    lowest p99, hit breaking ties. Rows with errors or nothing measured never win."""
+    ok = [r for r in rows if not r["errors"] and r["ttft_p99_s"] == r["ttft_p99_s"]]
+    defaults = next((r for r in ok if not r["flags"]), None)
+    bar = defaults["ttft_p99_lo_s"] if defaults is not None else math.inf
+    better = [r for r in ok if r["flags"] and r["ttft_p99_s"] < bar]
+    if better:
+        return min(better, key=lambda r: (r["ttft_p99_s"], -r["hit"]))
+    return defaults
+
+
+def write_peer_settings(rows: list[dict[str, Any]], meta: dict[str, Any],
+                        out: Path) -> dict[str, dict[str, Any]]:
+    """peer-settings.json (what `tuned_peers` reads) and peer-settings.md from a sweep's rows;
+    the best setting per peer."""
+    best: dict[str, dict[str, Any]] = {}
+    for peer in dict.fromkeys(r["router"] for r in rows):
+        chosen = choose_setting([r for r in rows if r["router"] == peer])
+        if chosen is not None:
+            best[peer] = {"setting": chosen["setting"], "flags": list(chosen["flags"])}
+    keys = ("router", "setting", "flags", "hit", "ttft_p50_s", "ttft_p99_s", "ttft_p99_lo_s",
+            "ttft_p99_hi_s", "e2e_p99_s", "imbalance", "errors")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "peer-settings.json").write_text(json.dumps(
+        {**meta, "best": best, "rows": [{k: r.get(k) for k in keys} for r in rows]}, indent=1))
+    lines = [f"# Peer settings sweep ({meta['scenario']}, x{meta['rate_scale']:g} load, time "
+             f"scale {meta['time_scale']:g}, 1 replica, seed 1)", "",
+             f"Command: `{meta['command']}`; peers {json.dumps(meta['peer_versions'])}. Best = "
+             "the defaults unless a setting's TTFT p99 lies below the defaults' 90 % interval "
+             "(then the lowest such p99; rows with errors never win); a best other than the "
+             "defaults runs in the comparison as `<peer> tuned`.", "",
+             "| peer | setting | flags | hit | TTFT p50 s | TTFT p99 s (90 % interval) | "
+             "imbalance | errors | best |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        mark = "**best**" if best.get(r["router"], {}).get("setting") == r["setting"] else ""
+        lines.append(f"| {r['router']} | {r['setting']} | `{' '.join(r['flags']) or '-'}` | "
+                     f"{r['hit']:.1%} | {r['ttft_p50_s']:.3f} | {r['ttft_p99_s']:.3f} "
+                     f"({r['ttft_p99_lo_s']:.3f}-{r['ttft_p99_hi_s']:.3f}) | "
+                     f"{r['imbalance']:.2f} | {r['errors']} | {mark} |")
+    (out / "peer-settings.md").write_text("\n".join(lines) + "\n")
+    return best
+
+
+def tuned_peers(path: Path, peers: list[RouterSpec]) -> list[RouterSpec]:
+    """The tuned peers of an earlier sweep (`peer_sweep`'s file), for the peers present."""
+    try:
+        best = json.loads(path.read_text())["best"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    out = []
+    for peer in peers:
+        flags = best.get(peer.name, {}).get("flags") if isinstance(best, dict) else None
+        if isinstance(flags, list) and flags and all(isinstance(f, str) for f in flags):
+            out.append(dataclasses.replace(peer, name=f"{peer.name} tuned",
+                                           extra=(*peer.extra, *flags)))
+    return out
+
+
 def capacity(spec: RouterSpec, scenario: Scenario, seed: int, setup: Setup, fleet: Fleet,
              stacks: CacheRouteStack, work: Path, scales: list[float],
              replicas: int = 1) -> tuple[float, list[dict]]:
@@ -335,7 +443,8 @@ def main() -> int:
     ap.add_argument("--rate-noise-z", type=float, default=0.0,
                     help="CacheRoute's rate_noise_z (hold per-key rates within this many "
                     "Poisson standard errors of the installed plan's; 0 = off)")
-    ap.add_argument("--routers", default="", help="comma-separated names (default: all)")
+    ap.add_argument("--routers", default="",
+                    help="comma-separated names (default: all; '<peer> tuned' for a tuned one)")
     ap.add_argument("--capacity-scales", default="1,1.5,2,3,4",
                     help="load multiples of the capacity sweep ('' skips it)")
     ap.add_argument("--capacity-seeds", default="1",
@@ -354,6 +463,15 @@ def main() -> int:
                     help="after the comparison, run every router (1 replica) on this scenario "
                     "once more with an engine going down a third into the measurement "
                     "('' skips it; emulated engines only)")
+    ap.add_argument("--peer-sweep", default="", choices=["", *SCENARIOS], metavar="SCENARIO",
+                    help="first tune the peers' cache_aware policies on this scenario (a small "
+                    "grid of their balance and match thresholds, one replica, seed 1), write "
+                    "peer-settings.json and run the best as '<peer> tuned' beside the defaults")
+    ap.add_argument("--peer-sweep-scale", type=float, default=3.0,
+                    help="offered load x this for the peer sweep (loaded: settings matter)")
+    ap.add_argument("--peer-settings", default=str(PEER_SETTINGS),
+                    help="without --peer-sweep: the tuned peers of an earlier sweep, run beside "
+                    "the defaults ('' or a missing file: defaults only)")
     ap.add_argument("--out", default=str(OUT))
     args = ap.parse_args()
     quick = args.quick
@@ -376,7 +494,7 @@ def main() -> int:
     scenarios = [SCENARIOS[n].scaled(sessions_per_s=SCENARIOS[n].sessions_per_s
                                      * args.rate_scale / setup.time_scale) for n in names]
     wanted = set(args.routers.split(",")) if args.routers else None
-    routers = [r for r in ROUTERS if r.installed and (wanted is None or r.name in wanted)]
+    routers = [r for r in ROUTERS if r.installed]  # `wanted` picks, after the tuned join
     missing = [r.name for r in ROUTERS if not r.installed]
     work = Path(tempfile.mkdtemp(prefix="arena-"))
     t_start = time.monotonic()
@@ -398,11 +516,21 @@ def main() -> int:
         workdir=str(work / "stack")), fresh=not args.warm_cacheroute, settle_s=args.settle_s)
     rows: list[dict[str, Any]] = []
     cap_rows: list[dict[str, Any]] = []
+    tunable = [r for r in routers if r.kind != "cacheroute" and r.policy == "cache_aware"]
     try:
+        if args.peer_sweep:
+            sweep_on = SCENARIOS[args.peer_sweep].scaled(
+                sessions_per_s=SCENARIOS[args.peer_sweep].sessions_per_s * args.rate_scale
+                / setup.time_scale)
+            tuned, _ = peer_sweep(tunable, sweep_on, setup, fleet, stacks, work,
+                                  args.peer_sweep_scale, Path(args.out))
+        else:
+            tuned = tuned_peers(Path(args.peer_settings), tunable) if args.peer_settings else []
+        routers = [r for r in [*routers, *tuned] if wanted is None or r.name in wanted]
         for scenario in scenarios:
             for seed in range(1, args.seeds + 1):
                 for spec in routers:
-                    for replicas in ((1, 4) if spec.name in REPLICATED else (1,)):
+                    for replicas in ((1, 4) if replicated(spec) else (1,)):
                         if quick and replicas == 4 and spec.name != "cacheroute" \
                                 and spec.name != "sglang cache_aware":
                             continue

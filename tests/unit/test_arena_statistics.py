@@ -3,6 +3,7 @@ sweeps over seeds."""
 
 from __future__ import annotations
 
+import json
 import random
 
 import numpy as np
@@ -90,3 +91,41 @@ def test_two_sweeps_that_never_missed_leave_the_ratio_undetermined(tmp_path) -> 
     out = arena.report([], cap, setup, tmp_path, [], 1.0, False, rows, per_seed)
     assert out["capacity_ratio_kind"] == "at_most"
     assert out["capacity_ratio_vs_best_peer"] == round(2.9 / 3.125, 3)
+
+
+def test_tuned_peers_come_from_the_sweep_file_and_garbage_adds_none(tmp_path) -> None:
+    sglang = arena.RouterSpec("sglang cache_aware", "sglang", "cache_aware")
+    vllm = arena.RouterSpec("vllm cache_aware", "vllm", "cache_aware")
+    path = tmp_path / "peer-settings.json"
+    path.write_text(json.dumps({"best": {
+        "sglang cache_aware": {"setting": "balance 4 / 1.1",
+                               "flags": ["--balance-abs-threshold", "4"]},
+        "vllm cache_aware": {"setting": "defaults", "flags": []}}}))
+    tuned = arena.tuned_peers(path, [sglang, vllm])
+    assert [t.name for t in tuned] == ["sglang cache_aware tuned"]  # defaults won for vLLM
+    assert tuned[0].extra == ("--balance-abs-threshold", "4") and tuned[0].policy == "cache_aware"
+    assert arena.replicated(tuned[0]) and not arena.replicated(
+        arena.RouterSpec("vllm consistent_hash", "vllm", "consistent_hash"))
+    for junk in ("not json", json.dumps({"best": {"sglang cache_aware": {"flags": [1, 2]}}}),
+                 json.dumps({"best": []}), json.dumps([1])):
+        path.write_text(junk)
+        assert arena.tuned_peers(path, [sglang, vllm]) == []
+    assert arena.tuned_peers(tmp_path / "missing.json", [sglang]) == []
+
+
+def _swept(setting: str, flags: list[str], p99: float, lo: float, hit: float = 0.9,
+           errors: int = 0) -> dict:
+    return {"router": "sglang cache_aware", "setting": setting, "flags": flags, "hit": hit,
+            "ttft_p99_s": p99, "ttft_p99_lo_s": lo, "errors": errors}
+
+
+def test_a_setting_beats_the_peer_defaults_only_beyond_their_p99_interval() -> None:
+    defaults = _swept("defaults", [], 1.94, 1.37)
+    noise = _swept("cache 0.1", ["--cache-threshold", "0.1"], 1.76, 1.36)  # inside: noise
+    assert arena.choose_setting([defaults, noise]) is defaults
+    clear = _swept("balance 4", ["--balance-abs-threshold", "4"], 1.2, 1.1)
+    assert arena.choose_setting([defaults, noise, clear]) is clear
+    broken = _swept("balance 1", ["--balance-abs-threshold", "1"], 0.5, 0.4, errors=3)
+    assert arena.choose_setting([defaults, broken]) is defaults  # errors never win
+    nan = _swept("defaults", [], float("nan"), float("nan"))
+    assert arena.choose_setting([nan, noise]) is noise  # nothing measured at the defaults
