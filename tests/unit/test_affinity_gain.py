@@ -60,10 +60,23 @@ def test_characteristic_time_fills_the_cache() -> None:
 def test_fleet_gain_sizes_each_cache_as_w_mean_prompts() -> None:
     rates, prefix, prompt = np.array([2.0, 1.0]), np.array([900.0, 400.0]), np.array([1e3, 5e2])
     n = np.array([20.0, 10.0])
-    g = fleet_gain(rates, prefix, prompt, n, 4, 3)
+    g = fleet_gain(rates, prefix, prompt, n, 4, 1)
     mean_prompt = (20 * 1e3 + 10 * 5e2) / 30
-    assert g == predicted_gain(rates, prefix, prompt, 4, 3 * mean_prompt)
-    assert fleet_gain(rates, prefix, prompt, np.zeros(2), 4, 3) is None
+    assert g == predicted_gain(rates, prefix, prompt, 4, 1 * mean_prompt)
+    assert fleet_gain(rates, prefix, prompt, np.zeros(2), 4, 1) is None
+
+
+def test_no_verdict_where_every_prompt_fits_one_cache() -> None:
+    """The model sizes a key as one prompt: with all of them fitting each cache it would call
+    Flat-LB as warm as affinity, blind to a tenant's many conversations (the arena)."""
+    rates, prompt = np.array([2.0, 1.0, 0.5]), np.array([2e3, 2e3, 2e3])
+    prefix, n = prompt * 0.9, np.array([20.0, 10.0, 5.0])
+    assert predicted_gain(rates, prefix, prompt, 4, 3 * 2e3).gain == 0.0  # blind, not evidence
+    assert fleet_gain(rates, prefix, prompt, n, 4, 3) is None  # W = 3: all three fit
+    judged = fleet_gain(rates, prefix, prompt, n, 4, 2)  # 2 slots: Flat-LB must evict
+    assert judged is not None and judged.gain > 0
+    idle = np.array([2.0, 0.0, 0.0])  # only the active keys' prompts must fit
+    assert fleet_gain(idle, prefix, prompt, n, 4, 2) is None
 
 
 def test_an_unreported_prefix_is_unknown_not_nothing_to_reuse() -> None:
