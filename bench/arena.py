@@ -328,11 +328,7 @@ def peer_sweep(peers: list[RouterSpec], scenario: Scenario, setup: Setup, fleet:
             "time_scale": setup.time_scale, "engine_kind": setup.engine_kind,
             "peer_versions": peer_versions(),
             "command": " ".join([".venv/bin/python bench/arena.py", *sys.argv[1:]])}
-    best = write_peer_settings(rows, meta, out)
-    tuned = [dataclasses.replace(peer, name=f"{peer.name} tuned",
-                                 extra=(*peer.extra, *best[peer.name]["flags"]))
-             for peer in peers if best.get(peer.name, {}).get("flags")]
-    return tuned, rows
+    return tuned_from(write_peer_settings(rows, meta, out), peers), rows
 
 
 def choose_setting(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -387,9 +383,16 @@ def tuned_peers(path: Path, peers: list[RouterSpec]) -> list[RouterSpec]:
         best = json.loads(path.read_text())["best"]
     except (OSError, ValueError, KeyError, TypeError):
         return []
+    return tuned_from(best, peers) if isinstance(best, dict) else []
+
+
+def tuned_from(best: dict[str, Any], peers: list[RouterSpec]) -> list[RouterSpec]:
+    """"<peer> tuned" for each peer whose best setting (a sweep's `best`) is not its
+    defaults; a malformed entry adds none."""
     out = []
     for peer in peers:
-        flags = best.get(peer.name, {}).get("flags") if isinstance(best, dict) else None
+        entry = best.get(peer.name)
+        flags = entry.get("flags") if isinstance(entry, dict) else None
         if isinstance(flags, list) and flags and all(isinstance(f, str) for f in flags):
             out.append(dataclasses.replace(peer, name=f"{peer.name} tuned",
                                            extra=(*peer.extra, *flags)))
@@ -490,9 +493,12 @@ def main() -> int:
                   measure_s=args.measure_s or (10.0 if quick else 12.0),
                   rate_scale=args.rate_scale, slo_ttft_s=args.slo_ttft_s,
                   logs_dir=str(Path(args.out) / "logs"))
+    def scaled(name: str) -> Scenario:  # the offered load on engines slowed by the time scale
+        return SCENARIOS[name].scaled(sessions_per_s=SCENARIOS[name].sessions_per_s
+                                      * args.rate_scale / setup.time_scale)
+
     names = ["paper-like"] if quick else args.scenarios.split(",")
-    scenarios = [SCENARIOS[n].scaled(sessions_per_s=SCENARIOS[n].sessions_per_s
-                                     * args.rate_scale / setup.time_scale) for n in names]
+    scenarios = [scaled(n) for n in names]
     wanted = set(args.routers.split(",")) if args.routers else None
     routers = [r for r in ROUTERS if r.installed]  # `wanted` picks, after the tuned join
     missing = [r.name for r in ROUTERS if not r.installed]
@@ -519,10 +525,7 @@ def main() -> int:
     tunable = [r for r in routers if r.kind != "cacheroute" and r.policy == "cache_aware"]
     try:
         if args.peer_sweep:
-            sweep_on = SCENARIOS[args.peer_sweep].scaled(
-                sessions_per_s=SCENARIOS[args.peer_sweep].sessions_per_s * args.rate_scale
-                / setup.time_scale)
-            tuned, _ = peer_sweep(tunable, sweep_on, setup, fleet, stacks, work,
+            tuned, _ = peer_sweep(tunable, scaled(args.peer_sweep), setup, fleet, stacks, work,
                                   args.peer_sweep_scale, Path(args.out))
         else:
             tuned = tuned_peers(Path(args.peer_settings), tunable) if args.peer_settings else []

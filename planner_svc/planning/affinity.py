@@ -52,6 +52,8 @@ class AffinityGain:
     hit_flat: float
     hit_affinity: float
     reusable_share: float  # Σ λ·P / Σ λ·s: what affinity could recover at best
+    # Every active key's prompt fits one cache: Flat-LB evicts nothing in the model
+    flat_fits: bool = False
 
     @property
     def gain(self) -> float:
@@ -74,8 +76,9 @@ def predicted_gain(rates: np.ndarray, prefix_tokens: np.ndarray, prompt_tokens: 
     seen = np.ones(len(lam), bool) if known is None else np.asarray(known, bool)[ok]
     # Every key takes cache space; only keys whose prefix is known count in the hit rates.
     work = float(np.dot(lam[seen], size[seen]))
+    flat_fits = float(size.sum()) <= cache_tokens_per_destination  # Che's T is infinite
     if work <= 0 or n_destinations < 1 or not cache_tokens_per_destination > 0:
-        return AffinityGain(0.0, 0.0, 0.0)
+        return AffinityGain(0.0, 0.0, 0.0, flat_fits)
     r = float(n_destinations)
     t_flat = characteristic_time(lam / r, size, cache_tokens_per_destination)
     t_aff = characteristic_time(lam, size, cache_tokens_per_destination * r)
@@ -86,6 +89,7 @@ def predicted_gain(rates: np.ndarray, prefix_tokens: np.ndarray, prompt_tokens: 
         hit_flat=float(np.sum(saved * warm_flat)) / work,
         hit_affinity=float(np.sum(saved * warm_aff)) / work,
         reusable_share=float(saved.sum()) / work,
+        flat_fits=flat_fits,
     )
 
 
@@ -119,9 +123,6 @@ def fleet_gain(rates: np.ndarray, prefix_tokens: np.ndarray, prompt_tokens: np.n
     known = prefix > 0
     if not mean_prompt > 0 or float(n[known].sum()) < KNOWN_SHARE_MIN * total:
         return None
-    cache = warm_slots_per_destination * mean_prompt
-    lam = np.nan_to_num(np.asarray(rates, np.float64))
-    active = np.nan_to_num(prompt)[(lam > 0) & (np.nan_to_num(prompt) > 0)]
-    if float(active.sum()) <= cache:
-        return None
-    return predicted_gain(rates, prefix, prompt, n_destinations, cache, known)
+    gain = predicted_gain(rates, prefix, prompt, n_destinations,
+                          warm_slots_per_destination * mean_prompt, known)
+    return None if gain.flat_fits else gain

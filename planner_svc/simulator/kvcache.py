@@ -49,20 +49,19 @@ _uids = itertools.count(1)
 
 
 class _Node:
-    __slots__ = ("cached", "children", "kids", "last_used", "parent", "pins", "ready_at",
-                 "seg", "uid")
+    __slots__ = ("cached", "kids", "last_used", "parent", "pins", "ready_at", "seg", "uid")
 
     def __init__(self, seg: int, parent: _Node | None) -> None:
         self.uid = next(_uids)  # its blocks' ids (block_id)
         self.seg = seg  # its id under its parent
         self.parent = parent
-        # Child segments in memory, by id: a table per node (int keys) rather than one
-        # table keyed by (parent, id) saves a tuple and its hash per segment looked up.
+        # Child segments in memory, by id (empty or None: a leaf). A table per node (int
+        # keys) rather than one keyed by (parent, id) saves a tuple and its hash per
+        # segment looked up.
         self.kids: dict[int, _Node] | None = None
         self.cached = 0  # leading blocks of the segment held in memory
         self.ready_at = 0.0  # when they were (or will be) computed
         self.pins = 0  # running requests holding this segment
-        self.children = 0  # child segments with blocks in memory
         self.last_used = 0.0
 
 
@@ -167,7 +166,7 @@ class BlockCache:
                     matching = False
                     fresh.append(node)
                     lengths.append(blocks)
-            if node.pins == 0 and node.children == 0 and node.cached > 0:
+            if node.pins == 0 and not node.kids and node.cached > 0:
                 listed.append(node)
             node.pins += 1  # pinned first: eviction must not take this request's own prefix
             path.append(node)
@@ -279,7 +278,6 @@ class BlockCache:
         if kids is None:
             kids = parent.kids = {}
         kids[node.seg] = node
-        parent.children += 1
         self._evictable.pop(parent, None)  # no longer a leaf
 
     def _detach(self, node: _Node) -> None:
@@ -291,8 +289,7 @@ class BlockCache:
         kids = parent.kids
         assert kids is not None
         del kids[node.seg]
-        parent.children -= 1
-        if not parent.pins and not parent.children and parent.cached:
+        if not parent.pins and not kids and parent.cached:
             # A leaf again, and as old as the child just evicted: next in line.
             self._evictable[parent] = None
             self._evictable.move_to_end(parent, last=False)
@@ -300,13 +297,13 @@ class BlockCache:
     def _unpin(self, node: _Node, now: float) -> None:
         node.pins -= 1
         node.last_used = now
-        if not node.pins and not node.children and node.cached:
+        if not node.pins and not node.kids and node.cached:
             # A pinned segment is never in the eviction order, so it joins at the end (no
             # move needed: `_candidate` is for segments that may already be in it).
             self._evictable[node] = None
 
     def _candidate(self, node: _Node) -> None:
-        if not node.pins and not node.children and node.cached:
+        if not node.pins and not node.kids and node.cached:
             evictable = self._evictable
             evictable[node] = None
             evictable.move_to_end(node)

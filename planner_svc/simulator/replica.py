@@ -117,27 +117,18 @@ class ReplicaModel:
         return model, error
 
 
+@dataclass(slots=True)
 class Served:
-    """What the replica did with one request (times in the caller's clock). A plain class,
-    not a NamedTuple: compiled, its fields are read without a lookup (one per request)."""
+    """What the replica did with one request (times in the caller's clock). Not a
+    NamedTuple: compiled, a dataclass's fields are read without a lookup (one per request)."""
 
-    __slots__ = ("cached_tokens", "finish_time", "first_token_time", "prefill_start_time",
-                 "start_time")
-
-    def __init__(self, cached_tokens: int, start_time: float, first_token_time: float,
-                 finish_time: float, prefill_start_time: float = 0.0) -> None:
-        self.cached_tokens = cached_tokens
-        self.start_time = start_time  # admitted to the batch
-        self.first_token_time = first_token_time
-        self.finish_time = finish_time
-        # When its prefill began: before it, the request waits (vLLM's "waiting" queue):
-        # for a batch slot, for KV blocks, or behind other prefills.
-        self.prefill_start_time = prefill_start_time
-
-    def __repr__(self) -> str:
-        return (f"Served(cached_tokens={self.cached_tokens}, start_time={self.start_time}, "
-                f"first_token_time={self.first_token_time}, finish_time={self.finish_time}, "
-                f"prefill_start_time={self.prefill_start_time})")
+    cached_tokens: int
+    start_time: float  # admitted to the batch
+    first_token_time: float
+    finish_time: float
+    # When its prefill began: before it, the request waits (vLLM's "waiting" queue): for a
+    # batch slot, for KV blocks, or behind other prefills.
+    prefill_start_time: float = 0.0
 
 
 class Replica:
