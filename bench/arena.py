@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
+import contextlib
 import csv
 import dataclasses
 import json
@@ -33,6 +35,7 @@ import resource
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,6 +81,12 @@ PEER_GRID: list[tuple[str, tuple[str, ...]]] = [
 PEER_SETTINGS = OUT / "peer-sweep" / "peer-settings.json"  # where the documented sweep writes
 
 
+# --quick (≤ 3 minutes on 2 cores): CacheRoute, both peers' cache_aware (the best peers in
+# every full run) and round robin, the cache-blind reference; vLLM's consistent_hash (a
+# session header hashed) runs in the full comparison only.
+QUICK_ROUTERS = ("cacheroute", "sglang cache_aware", "vllm cache_aware", "sglang round_robin")
+
+
 def replicated(spec: RouterSpec) -> bool:
     """Stateful routers (a plan, or a tree learned per replica): run with 1 and 4 replicas."""
     return spec.kind == "cacheroute" or spec.policy == "cache_aware"
@@ -102,26 +111,57 @@ class CacheRouteStack:
     """CacheRoute's control plane for the runs. Fresh (the default): every CacheRoute run
     starts a new stack, so it begins, like each peer's new process and the engines reset to
     cold, with nothing learned; a plan learned in an earlier run of the same tenants would
-    be a head start no peer gets. Warm: one stack for all runs (faster, biased)."""
+    be a head start no peer gets. A fresh stack is stopped as its run ends (in the
+    background), so no peer runs beside an idle control plane (~7 % of a core: broker,
+    stream worker, planner). Warm: one stack for all runs (faster, biased)."""
 
     def __init__(self, options: StackOptions, fresh: bool, settle_s: float) -> None:
         self.options, self.fresh, self.settle_s = options, fresh, settle_s
         self.runs = 0
         self.current: LocalStack | None = None
+        self._stopping: list[threading.Thread] = []
+        # Set by the caller when the run after this one is CacheRoute's too: its fresh stack
+        # then starts in the background as this run begins (its start-up CPU, ~2 s of it,
+        # lands in CacheRoute's own warm-up; it idles at ~7 % of a core meanwhile).
+        self.next_is_cacheroute = False
+        self._standby: concurrent.futures.Future[LocalStack] | None = None
+        self._starter = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="stack-start")
+
+    def _start(self) -> LocalStack:
+        workdir = Path(self.options.workdir) / f"run-{self.runs}"  # nothing carried over
+        self.runs += 1
+        stack = start_stack(dataclasses.replace(self.options, workdir=str(workdir)))
+        time.sleep(self.settle_s)  # start_stack waited for the stream and the planner
+        return stack
 
     def for_run(self) -> LocalStack:
-        if self.current is None or (self.fresh and self.runs):
-            self.stop()
-            workdir = Path(self.options.workdir) / f"run-{self.runs}"  # nothing carried over
-            self.current = start_stack(dataclasses.replace(self.options, workdir=str(workdir)))
-            time.sleep(self.settle_s)  # the stream worker joins its group meanwhile
-        self.runs += 1
+        if self.current is None:
+            standby, self._standby = self._standby, None
+            self.current = standby.result() if standby is not None else self._start()
+        if self.fresh and self.next_is_cacheroute and self._standby is None:
+            self._standby = self._starter.submit(self._start)
         return self.current
 
+    def run_ended(self) -> None:
+        """A CacheRoute run is over: a fresh stack stops (its processes exit while the next
+        run starts), a warm one stays for the next run."""
+        if self.fresh and self.current is not None:
+            stopping = threading.Thread(target=self.current.stop, name="stack-stop")
+            stopping.start()
+            self._stopping.append(stopping)
+            self.current = None
+
     def stop(self) -> None:
+        if self._standby is not None:  # (the run it was for did not happen)
+            with contextlib.suppress(Exception):
+                self._standby.result().stop()
+            self._standby = None
         if self.current is not None:
             self.current.stop()
             self.current = None
+        for stopping in self._stopping:
+            stopping.join()
+        self._starter.shutdown()
 
 
 def p99_interval(samples: list[tuple[int, float]], resamples: int = 1000,
@@ -178,7 +218,7 @@ def run_one(spec: RouterSpec, replicas: int, scenario: Scenario, seed: int, setu
             label: str, fail_at_s: float | None = None) -> dict[str, Any]:
     """One router (with `replicas` replicas) on one scenario. `fail_at_s`: the first engine
     goes down (stops listening, connections cut) at that time and stays down to the end."""
-    stack = stacks.for_run() if spec.kind == "cacheroute" else stacks.current
+    stack = stacks.for_run() if spec.kind == "cacheroute" else None
     for engine in fleet.urls:
         fleet.reset(engine)
     cacheroute = ({"redis-url": stack.redis_url, "public-key": str(stack.public_key_path),
@@ -198,7 +238,7 @@ def run_one(spec: RouterSpec, replicas: int, scenario: Scenario, seed: int, setu
         cpu0 = routers.cpu_seconds()
         # CacheRoute's control plane (broker, Redis, stream worker, planner) runs on the
         # cores the engines and the driver use: its CPU is counted apart.
-        control = stack.processes() if stack is not None and spec.kind == "cacheroute" else []
+        control = stack.processes() if stack is not None else []
         control0 = sum(p.cpu_seconds() for p in control)
         driver = Driver(routers.urls, pop, headers=headers)
         done = [0.0]
@@ -227,7 +267,7 @@ def run_one(spec: RouterSpec, replicas: int, scenario: Scenario, seed: int, setu
             row.update(scenario=f"{scenario.name} + engine down", failed_at_s=fail_at_s,
                        errors_after_failure=down["errors"], hit_after_failure=down["hit"],
                        ttft_p99_after_failure_s=down["ttft_p99_s"])
-        if stack is not None and spec.kind == "cacheroute":  # did its plan deliver?
+        if stack is not None:  # did its plan deliver?
             delivered = delivered_plan_report(stack, since_ms=started_ms) or {}
             row.update(plan_version=delivered.get("version", ""),
                        plan_predicted_hit=delivered.get("predicted_hit_rate"),
@@ -235,7 +275,7 @@ def run_one(spec: RouterSpec, replicas: int, scenario: Scenario, seed: int, setu
                        plan_windows=delivered.get("windows", 0),
                        **decisions_since(stack, started_ms))
         # (NaN, nothing measured answered, is the worst collapse of all: kept too)
-        if (stack is not None and spec.kind == "cacheroute" and setup.logs_dir
+        if (stack is not None and setup.logs_dir
                 and not row["ttft_p99_s"] <= 3 * setup.slo_ttft_s):
             row["logs"] = keep_logs(stack, work, Path(setup.logs_dir)
                                     / _slug(f"{scenario.name} s{seed} {label}"))
@@ -250,6 +290,8 @@ def run_one(spec: RouterSpec, replicas: int, scenario: Scenario, seed: int, setu
         return row
     finally:
         routers.stop()
+        if stack is not None:
+            stacks.run_ended()
 
 
 def _slug(label: str) -> str:
@@ -456,9 +498,9 @@ def main() -> int:
     ap.add_argument("--capacity-replicas", default="1",
                     help="router replica counts of the capacity sweep, e.g. 1,4 (each against "
                     "the best peer at that count)")
-    ap.add_argument("--settle-s", type=float, default=15.0,
-                    help="idle time after CacheRoute's stack starts, before its run (the "
-                    "stream worker and planner start on the same cores the engines use)")
+    ap.add_argument("--settle-s", type=float, default=1.0,
+                    help="idle time after CacheRoute's stack is up (its stream worker owns "
+                    "every partition, its planner answers), before its run")
     ap.add_argument("--warm-cacheroute", action="store_true",
                     help="one CacheRoute stack for every run (faster; later runs start with "
                     "the plan learned in earlier ones, a head start no peer gets)")
@@ -530,16 +572,20 @@ def main() -> int:
         else:
             tuned = tuned_peers(Path(args.peer_settings), tunable) if args.peer_settings else []
         routers = [r for r in [*routers, *tuned] if wanted is None or r.name in wanted]
-        for scenario in scenarios:
-            for seed in range(1, args.seeds + 1):
-                for spec in routers:
-                    for replicas in ((1, 4) if replicated(spec) else (1,)):
-                        if quick and replicas == 4 and spec.name != "cacheroute" \
-                                and spec.name != "sglang cache_aware":
-                            continue
-                        label = f"{scenario.name} s{seed} {spec.name} x{replicas}"
-                        rows.append(run_one(spec, replicas, scenario, seed, setup, fleet,
-                                            stacks, work, 1.0, label))
+        runs = [(scenario, seed, spec, replicas)
+                for scenario in scenarios for seed in range(1, args.seeds + 1)
+                for spec in routers if not quick or spec.name in QUICK_ROUTERS
+                for replicas in ((1, 4) if replicated(spec) else (1,))
+                if not (quick and replicas == 4 and spec.name not in ("cacheroute",
+                                                                      "sglang cache_aware"))]
+        for i, (scenario, seed, spec, replicas) in enumerate(runs):
+            # CacheRoute's runs follow each other: the next one's stack starts during this
+            # one's warm-up (in its own run, not a peer's)
+            stacks.next_is_cacheroute = i + 1 < len(runs) and runs[i + 1][2].kind == "cacheroute"
+            label = f"{scenario.name} s{seed} {spec.name} x{replicas}"
+            rows.append(run_one(spec, replicas, scenario, seed, setup, fleet, stacks, work,
+                                1.0, label))
+        stacks.next_is_cacheroute = False
         failing = [s for s in scenarios if s.name == args.failure_scenario]
         if failing and not quick and not llama:
             fail_at = setup.warmup_s + setup.measure_s / 3

@@ -148,7 +148,7 @@ def live(start_factor: float, best_q: float, best_w: float, run_s: float, scale:
         q_cap=best_q * start_factor, warm_slots_per_destination=max(1, round(best_w
                                                                           * start_factor)),
         learn=True, engine_watch=_watch_spec(fleet), workdir=str(work / "stack")),
-        fresh=True, settle_s=15.0)
+        fresh=True, settle_s=1.0)
     samples: list[dict[str, Any]] = []
     stop = threading.Event()
     setup = Setup(engine_kind="emulator", engines=ENGINES, time_scale=TIME_SCALE,

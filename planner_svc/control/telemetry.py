@@ -20,8 +20,9 @@ The planner service fills a `Telemetry` from the newest complete
   Not kept in snapshots (the loop only learns from it);
 - `requests`: requests in the window (how much evidence the ratios rest on);
 - `affinity_gain`: the served hit rate affinity is predicted to win over Flat-LB on this
-  window's keys (`planning.affinity`, a fraction of prompt tokens), None if not estimated.
-  It depends on the traffic, not on how it was routed.
+  window's keys (`planning.affinity`, a fraction of prompt tokens; where the model is blind,
+  `AffinityGain.judged_gain`, its bound), None if not estimated. It depends on the traffic,
+  not on how it was routed.
 
 Pure data; no I/O.
 """

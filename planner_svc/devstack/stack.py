@@ -12,12 +12,14 @@ import shutil
 import sys
 import tempfile
 import time
+import urllib.request
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
 from confluent_kafka.admin import AdminClient, NewTopic
+from prometheus_client.parser import text_string_to_metric_families
 
 from cacheroute.v1 import planner_pb2, planner_pb2_grpc
 from planner_svc.adapters.kafka_history import ensure_topic
@@ -128,6 +130,7 @@ def start_stack(options: StackOptions) -> LocalStack:
         if any(options.engine_watch):
             stack.watcher = start_watcher(stack)
         wait_for_planner(stack)
+        wait_for_workers(stack)
     except BaseException:
         stack.stop()
         raise
@@ -246,6 +249,48 @@ def start_watcher(stack: LocalStack) -> ManagedProcess:
     proc = ManagedProcess("engine-watch", argv, stack.workdir / "engine-watch.log")
     proc.start()
     return proc
+
+
+def worker_web_port(worker: ManagedProcess) -> int:
+    return int(worker.argv[worker.argv.index("--web-port") + 1])
+
+
+def stream_ownership(port: int) -> tuple[float, float]:
+    """(partitions owned, partitions still replaying history) from a stream worker's
+    /metrics; (0, 0) while it does not answer."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+            text = r.read().decode()
+    except OSError:
+        return 0.0, 0.0
+    owned = recovering = 0.0
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "cacheroute_streams_assigned_partitions":
+                owned += sample.value
+            elif sample.name == "cacheroute_streams_recovering_partitions":
+                recovering += sample.value
+    return owned, recovering
+
+
+def wait_for_workers(stack: LocalStack, timeout_s: float = 60.0) -> None:
+    """Until the stream workers together own every events partition and have replayed
+    their history: before that, events are produced but no window counts them yet (a
+    consumer group's first rebalance takes seconds), so a run started earlier would lose
+    its first window to start-up."""
+    deadline = time.monotonic() + timeout_s
+    wanted = stack.options.event_partitions
+    while time.monotonic() < deadline:
+        for worker in stack.workers:
+            if not worker.alive():
+                raise ServerStartError(f"{worker.name} exited:\n{worker.log_tail()}")
+        states = [stream_ownership(worker_web_port(w)) for w in stack.workers]
+        if sum(o for o, _ in states) >= wanted and not any(r for _, r in states):
+            return
+        time.sleep(0.2)
+    raise ServerStartError(
+        f"the stream workers did not own the {wanted} events partitions in {timeout_s:.0f} s"
+    )
 
 
 def wait_for_planner(stack: LocalStack, timeout_s: float = 30.0) -> None:

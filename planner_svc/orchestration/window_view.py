@@ -75,7 +75,7 @@ def window_affinity_gain(window: Any, n_destinations: int,
                         np.nan_to_num(cached))
     gain = fleet_gain(np.asarray(window.rate_per_s, np.float64), prefix, prompt, requests,
                       n_destinations, warm_slots_per_destination)
-    return None if gain is None else gain.gain
+    return None if gain is None else gain.judged_gain
 
 
 def _ratio(num: float, den: float) -> float:

@@ -228,11 +228,11 @@ class CacheRoutePolicy:
                           self.settings.warm_slots_per_destination)
         if gain is None:
             return
-        self.gains.append(gain.gain)
+        self.gains.append(gain.judged_gain)
         telemetry = Telemetry(window_end_s=now, window_s=window_s, hit_rate=0.0,
                               prompt_tokens_per_s=float(np.dot(prompt, counts)) / window_s,
                               requests=int(counts.sum()), active_keys=int((counts > 0).sum()),
-                              affinity_gain=gain.gain)
+                              affinity_gain=gain.judged_gain)
         decision = self.guard.guard_only(now, telemetry)
         if decision is None:
             return

@@ -168,7 +168,7 @@ def diagnose(w: Workload, n_destinations: int, cache_capacity_tokens: int,
     guard = fleet_gain(rates, np.bincount(w.key, weights=prefix, minlength=n_keys)
                        / np.maximum(counts, 1), sizes, counts, n_destinations, slots)
     falls_back = (affinity_gain_min is not None and guard is not None
-                  and guard.gain < affinity_gain_min)
+                  and guard.judged_gain < affinity_gain_min)
     recovered_flat = prefix * p_flat
     recovered_cr = (recovered_flat if falls_back
                     else np.where(planned, np.where(aff_reuse, prefix, 0.0), recovered_flat))
@@ -184,7 +184,7 @@ def diagnose(w: Workload, n_destinations: int, cache_capacity_tokens: int,
         warm_slots_per_destination=slots,
         admitted_keys=int(admitted.sum()),
         predicted_hit_cacheroute=hit_cr,
-        guard_gain=None if guard is None else guard.gain,
+        guard_gain=None if guard is None else guard.judged_gain,
         falls_back=falls_back,
         verdict=point if confidence >= CONFIDENCE else "undecided",
         point_verdict=point,

@@ -5,6 +5,7 @@ q_cap calibration from content-level reuse."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -66,17 +67,26 @@ def test_fleet_gain_sizes_each_cache_as_w_mean_prompts() -> None:
     assert fleet_gain(rates, prefix, prompt, np.zeros(2), 4, 1) is None
 
 
-def test_no_verdict_where_every_prompt_fits_one_cache() -> None:
-    """The model sizes a key as one prompt: with all of them fitting each cache it would call
-    Flat-LB as warm as affinity, blind to a tenant's many conversations (the arena)."""
+def test_where_flat_lb_looks_as_warm_the_guard_judges_the_bound_not_the_gain() -> None:
+    """The model sizes a key as one prompt: with all of them fitting each cache it calls
+    Flat-LB as warm as affinity, blind to a tenant's many conversations (the arena, where the
+    guard served Flat-LB below round robin's hit rate). There the guard judges affinity's own
+    predicted hit rate, so only traffic with too little reuse for anyone falls back."""
     rates, prompt = np.array([2.0, 1.0, 0.5]), np.array([2e3, 2e3, 2e3])
     prefix, n = prompt * 0.9, np.array([20.0, 10.0, 5.0])
-    assert predicted_gain(rates, prefix, prompt, 4, 3 * 2e3).gain == 0.0  # blind, not evidence
-    assert fleet_gain(rates, prefix, prompt, n, 4, 3) is None  # W = 3: all three fit
-    judged = fleet_gain(rates, prefix, prompt, n, 4, 2)  # 2 slots: Flat-LB must evict
-    assert judged is not None and judged.gain > 0
-    idle = np.array([2.0, 0.0, 0.0])  # only the active keys' prompts must fit
-    assert fleet_gain(idle, prefix, prompt, n, 4, 2) is None
+    fits = fleet_gain(rates, prefix, prompt, n, 4, 3)  # W = 3: all three fit
+    assert fits is not None and fits.flat_fits and fits.blind
+    assert fits.gain == 0.0 and fits.judged_gain == fits.hit_affinity == pytest.approx(0.9)
+    # Four times the keys on two slots: Flat-LB evicts a little, but keeps over 90 %.
+    many = np.tile(rates, 4)
+    near = fleet_gain(many, np.tile(prefix, 4), np.tile(prompt, 4), np.tile(n, 4), 4, 11)
+    assert near is not None and not near.flat_fits and near.blind
+    assert 0 < near.gain < 0.1 < near.judged_gain
+    judged = fleet_gain(rates, prefix, prompt, n, 4, 1)  # one slot: Flat-LB must evict
+    assert judged is not None and not judged.blind and judged.judged_gain == judged.gain > 0
+    # Little reuse stays little reuse, blind or not: the bound is below any floor.
+    low = fleet_gain(rates, prompt * 0.05, prompt, n, 4, 3)
+    assert low is not None and low.blind and low.judged_gain == pytest.approx(0.05)
 
 
 def test_an_unreported_prefix_is_unknown_not_nothing_to_reuse() -> None:
