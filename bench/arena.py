@@ -479,7 +479,7 @@ def main() -> int:
                     help="engine model durations x this (1 = a 70B-class replica)")
     ap.add_argument("--kv-tokens", type=int, default=60_000, help="KV cache per engine")
     ap.add_argument("--rate-scale", type=float, default=1.0, help="offered load x this")
-    ap.add_argument("--warmup-s", type=float, default=0.0, help="0: 15 (quick) or 18")
+    ap.add_argument("--warmup-s", type=float, default=0.0, help="0: 15 (x the time scale above 1)")
     ap.add_argument("--measure-s", type=float, default=0.0, help="0: 10 (quick) or 12")
     ap.add_argument("--slo-ttft-s", type=float, default=2.0)
     ap.add_argument("--q-cap", type=float, default=0.0,
@@ -529,9 +529,11 @@ def main() -> int:
     setup = Setup(engine_kind=args.engine_kind, engines=args.engines,
                   # llama-server runs at its own speed: no time scale
                   time_scale=1.0 if llama else args.time_scale, kv_tokens=args.kv_tokens,
-                  # the warm-up covers CacheRoute's learning: two stream windows and a
-                  # control interval before its first plan (longer on slowed engines)
-                  warmup_s=args.warmup_s or (15.0 if quick else 18.0) * slow,
+                  # the warm-up covers CacheRoute's learning: its first plan lands ~10 s
+                  # in (a whole stream window of traffic after the first one ends, then
+                  # the planner's next timer step), and 5 s of caches warming under it
+                  # (longer on slowed engines)
+                  warmup_s=args.warmup_s or 15.0 * slow,
                   measure_s=args.measure_s or (10.0 if quick else 12.0),
                   rate_scale=args.rate_scale, slo_ttft_s=args.slo_ttft_s,
                   logs_dir=str(Path(args.out) / "logs"))

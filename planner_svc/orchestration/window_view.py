@@ -64,17 +64,20 @@ def window_affinity_gain(window: Any, n_destinations: int,
     A key's reusable prefix is the larger of what the routers reported (the part of the
     prompt its key covers) and what the engines served it from cache per request: history a
     conversation reuses beyond its key's prefix, and keys named by a header (no prefix
-    reported), count as far as they were measured."""
+    reported), count as far as they were measured. The reported part is what every request
+    of the key shares; the rest is conversation history (`planning.affinity`: Flat-LB finds
+    it one time in R). A header key reports none, so all it reuses counts as history: the
+    guard leans towards planning there, never towards a fallback it cannot justify."""
     requests = np.asarray(window.requests, np.float64)
     per_request = np.zeros(len(requests))
     prompt = np.divide(np.asarray(window.prompt_tokens, np.float64), requests,
                        out=per_request.copy(), where=requests > 0)
     cached = np.divide(np.asarray(window.cached_tokens, np.float64), requests,
                        out=per_request.copy(), where=requests > 0)
-    prefix = np.maximum(np.nan_to_num(np.asarray(window.reusable_prefix_tokens, np.float64)),
-                        np.nan_to_num(cached))
+    reported = np.nan_to_num(np.asarray(window.reusable_prefix_tokens, np.float64))
+    prefix = np.maximum(reported, np.nan_to_num(cached))
     gain = fleet_gain(np.asarray(window.rate_per_s, np.float64), prefix, prompt, requests,
-                      n_destinations, warm_slots_per_destination)
+                      n_destinations, warm_slots_per_destination, shared_tokens=reported)
     return None if gain is None else gain.judged_gain
 
 

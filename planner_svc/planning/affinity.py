@@ -11,6 +11,14 @@ cache), and what it can find is its reusable prefix P_b, so the predicted served
 
     h = Σ_b λ_b·P_b·(1 − exp(−λ'_b·T)) / Σ_b λ_b·s_b.
 
+A key can hold more than one piece of content: a tenant's system prompt is shared by all its
+conversations, but each conversation's history is cached only where its last turn went.
+Under Flat-LB the next turn lands there one time in R, so of a prefix P_b = S_b + H_b
+(shared part, history) Flat-LB recovers S_b and H_b / R at the key's warm probability.
+Without that split, a tenant looked as warm under Flat-LB as under affinity, and the arena's
+whale run (one tenant a third of the traffic) was predicted 9.5 pp, fell back below the
+10-pp floor and served 69-71 % where planning serves 87-90 % (round robin: 75 %).
+
 The gain (affinity − Flat-LB, a fraction of prompt tokens) does not depend on how traffic is
 routed now, so the guard can read it in either mode. Where it is small, pinning keys costs
 more balance than the prefill it saves (the low-reuse replay: a 5.7-point gain, and planned
@@ -84,12 +92,19 @@ class AffinityGain:
 
 def predicted_gain(rates: np.ndarray, prefix_tokens: np.ndarray, prompt_tokens: np.ndarray,
                    n_destinations: int, cache_tokens_per_destination: float,
-                   known: np.ndarray | None = None) -> AffinityGain:
+                   known: np.ndarray | None = None,
+                   shared_tokens: np.ndarray | None = None) -> AffinityGain:
     """The module's prediction for keys at `rates` (req/s) with mean reusable prefixes and mean
     prompts (tokens) on `n_destinations` caches of the given size. Prefixes are clipped to
     their prompts; keys with no rate or no prompt count for nothing. `known` (default: all)
     marks the keys whose prefix was measured: the others fill the caches but are left out of
-    the hit rates, since 0 tokens there means "not reported", not "nothing to reuse"."""
+    the hit rates, since 0 tokens there means "not reported", not "nothing to reuse".
+
+    `shared_tokens` (default: the whole prefix) is the part of each key's mean prefix that
+    every request of the key shares (the system prompt its routing key covers); the rest is
+    a conversation's own history, cached only where its previous turn went. Affinity keeps a
+    conversation on its key's destination; Flat-LB sends the next turn there one time in R,
+    so it finds the history with 1/R of the key's warm probability."""
     lam = np.asarray(rates, np.float64)
     size = np.asarray(prompt_tokens, np.float64)
     ok = (lam > 0) & (size > 0) & np.isfinite(lam) & np.isfinite(size)
@@ -107,8 +122,14 @@ def predicted_gain(rates: np.ndarray, prefix_tokens: np.ndarray, prompt_tokens: 
     warm_flat = 1.0 if np.isinf(t_flat) else -np.expm1(-lam / r * t_flat)
     warm_aff = 1.0 if np.isinf(t_aff) else -np.expm1(-lam * t_aff)
     saved = np.where(seen, lam * prefix, 0.0)
+    if shared_tokens is None:
+        saved_flat = saved
+    else:
+        shared = np.minimum(np.clip(np.nan_to_num(
+            np.asarray(shared_tokens, np.float64)[ok]), 0.0, None), prefix)
+        saved_flat = np.where(seen, lam * (shared + (prefix - shared) / r), 0.0)
     return AffinityGain(
-        hit_flat=float(np.sum(saved * warm_flat)) / work,
+        hit_flat=float(np.sum(saved_flat * warm_flat)) / work,
         hit_affinity=float(np.sum(saved * warm_aff)) / work,
         reusable_share=float(saved.sum()) / work,
         flat_fits=flat_fits,
@@ -117,11 +138,13 @@ def predicted_gain(rates: np.ndarray, prefix_tokens: np.ndarray, prompt_tokens: 
 
 def fleet_gain(rates: np.ndarray, prefix_tokens: np.ndarray, prompt_tokens: np.ndarray,
                requests: np.ndarray, n_destinations: int,
-               warm_slots_per_destination: int) -> AffinityGain | None:
+               warm_slots_per_destination: int,
+               shared_tokens: np.ndarray | None = None) -> AffinityGain | None:
     """`predicted_gain` for a fleet planned with W warm slots per destination: each cache
     holds W x the mean prompt (W is how many keys' prompts one destination holds; the replay
     calibrates W as cache tokens / mean prompt). Per key: its rate, mean reusable prefix and
-    mean prompt, and its requests (the weights of the mean).
+    mean prompt, and its requests (the weights of the mean); `shared_tokens` as for
+    `predicted_gain`.
 
     A prefix of 0 is "not reported" (a key named by a header, a router that does not derive
     prefixes): such keys fill the caches but are not judged. None (no verdict: the guard
@@ -142,4 +165,4 @@ def fleet_gain(rates: np.ndarray, prefix_tokens: np.ndarray, prompt_tokens: np.n
     if not mean_prompt > 0 or float(n[known].sum()) < KNOWN_SHARE_MIN * total:
         return None
     return predicted_gain(rates, prefix, prompt, n_destinations,
-                          warm_slots_per_destination * mean_prompt, known)
+                          warm_slots_per_destination * mean_prompt, known, shared_tokens)

@@ -165,6 +165,13 @@ class CacheRoutePolicy:
         # token columns; lists: cheaper per request than numpy item updates).
         self._prefix_sum = [0.0] * len(self.keys)
         self._prompt_sum = [0.0] * len(self.keys)
+        # Per key, the part of its prefix its routing key covers (a gateway reports it: the
+        # system prompt); without content, a key is one stream and all of it counts.
+        system = ctx.extra.get("system_tokens")
+        self._system = (np.asarray(system, np.float64).tolist()
+                        if isinstance(system, np.ndarray) and len(system) == len(self.keys)
+                        else None)
+        self._shared_sum = [0.0] * len(self.keys)
         self.gains: list[float] = []  # the predicted affinity gain at each control step
         if settings.rates == "known" and isinstance(self._known, np.ndarray):
             self._install(0.0, self._known[0])
@@ -179,6 +186,9 @@ class CacheRoutePolicy:
             self._use(published[1])
         self._prefix_sum[key] += prefix
         self._prompt_sum[key] += prompt
+        if self._system is not None:
+            system = self._system[key]
+            self._shared_sum[key] += system if system < prefix else prefix
         core = self.core
         sessions = self._sessions
         slot = core.route_index(self.keys[key],
@@ -198,9 +208,14 @@ class CacheRoutePolicy:
         np.divide(np.asarray(self._prefix_sum), counts, out=tokens, where=counts > 0)
         prompts = np.zeros(len(counts))
         np.divide(np.asarray(self._prompt_sum), counts, out=prompts, where=counts > 0)
+        shared = None
+        if self._system is not None:
+            shared = np.zeros(len(counts))
+            np.divide(np.asarray(self._shared_sum), counts, out=shared, where=counts > 0)
+            self._shared_sum = [0.0] * len(self.keys)
         self._prefix_sum = [0.0] * len(self.keys)
         self._prompt_sum = [0.0] * len(self.keys)
-        self._guard_step(now, counts, window_s, tokens, prompts)
+        self._guard_step(now, counts, window_s, tokens, prompts, shared)
         s = self.settings
         if s.rates == "known":
             if s.replan != "once" and isinstance(self._known, np.ndarray):
@@ -218,14 +233,15 @@ class CacheRoutePolicy:
                 self._decide(now, counts / window_s, tokens)
 
     def _guard_step(self, now: float, counts: np.ndarray, window_s: float,
-                    prefix: np.ndarray, prompt: np.ndarray) -> None:
+                    prefix: np.ndarray, prompt: np.ndarray,
+                    shared: np.ndarray | None = None) -> None:
         """The production guard on what this window predicts affinity can win (the only
         range it is given here); its fallback routes everything by P2C, as a fallback plan
         makes the routers do."""
         if self.guard is None:
             return
         gain = fleet_gain(counts / window_s, prefix, prompt, counts, self.config.n_active,
-                          self.settings.warm_slots_per_destination)
+                          self.settings.warm_slots_per_destination, shared_tokens=shared)
         if gain is None:
             return
         self.gains.append(gain.judged_gain)

@@ -165,8 +165,13 @@ def diagnose(w: Workload, n_destinations: int, cache_capacity_tokens: int,
     admitted[np.argsort(-counts, kind="stable")[:min(int((counts > 0).sum()),
                                                      slots * n_destinations)]] = True
     planned = admitted[w.key]
+    # what each key's routing key covers (its system prompt), as a gateway reports it
+    shared = (None if w.system is None else np.bincount(
+        w.key, weights=np.minimum(np.asarray(w.system, np.float64)[w.key], prefix),
+        minlength=n_keys) / np.maximum(counts, 1))
     guard = fleet_gain(rates, np.bincount(w.key, weights=prefix, minlength=n_keys)
-                       / np.maximum(counts, 1), sizes, counts, n_destinations, slots)
+                       / np.maximum(counts, 1), sizes, counts, n_destinations, slots,
+                       shared_tokens=shared)
     falls_back = (affinity_gain_min is not None and guard is not None
                   and guard.judged_gain < affinity_gain_min)
     recovered_flat = prefix * p_flat

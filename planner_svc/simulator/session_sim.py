@@ -63,7 +63,9 @@ def simulate_sessions(pop: Population, plan: Sequence[Session], factory: PolicyF
     for k, s in enumerate(sessions):
         conversations[first[k]:first[k + 1]] = s.sid
     policy: Policy = factory(PolicyContext(n_destinations, keys, model, seed=seed,
-                                           extra={"conversations": conversations}))
+                                           extra={"conversations": conversations,
+                                                  "system_tokens": np.asarray(
+                                                      pop.system_tokens, np.float64)}))
     on_content = getattr(policy, "route_chain", None)  # policies.ContentPolicy
     engines = [Replica(model) for _ in range(n_destinations)]
     transcripts = [Transcript(pop, s) for s in sessions]

@@ -94,6 +94,9 @@ def _simulate(workload: Workload, factory: PolicyFactory, cluster: ClusterSpec,
         "plans": {},
         "warmup_keys": workload.key[:n_warm],
         "conversations": workload.conv,  # the session a gateway would key affinity on
+        # per key, the system prompt its routing key covers (what a gateway reports as the
+        # key's prefix); None for length-only traces
+        "system_tokens": workload.system,
         "warmup_s": float(workload.t[n_warm]) if 0 < n_warm < len(workload) else 0.0,
     }
     routers = [
