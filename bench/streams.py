@@ -30,15 +30,13 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__)
 import argparse
 import gc
 import json
-import re
 import resource
 import shutil
 import signal
 import tempfile
 import time
-import urllib.request
 import uuid
-from collections import Counter, defaultdict
+from collections import Counter
 
 import numpy as np
 from confluent_kafka import Consumer, Producer, TopicPartition
@@ -46,6 +44,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from cacheroute.v1 import events_pb2, snapshot_pb2
 from planner_svc.devstack.processes import ManagedProcess, free_port, start_broker
+from planner_svc.devstack.stack import stream_metrics as metrics
 from streams.config import StreamConfig
 from streams.partitioning import partition_for_key
 from streams.processor import PartitionProcessor
@@ -140,19 +139,6 @@ def produce(producer: Producer, topic: str, batches: list[tuple[int, bytes]],
             except BufferError:
                 producer.poll(0.05)
     producer.flush(60)
-
-
-def metrics(port: int) -> dict[str, float]:
-    try:
-        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read()
-    except OSError:
-        return {}
-    out: dict[str, float] = defaultdict(float)
-    for line in text.decode().splitlines():
-        m = re.match(r"cacheroute_streams_(\w+?)(\{.*\})? ([0-9.e+-]+)$", line)
-        if m:
-            out[m.group(1)] += float(m.group(3))
-    return out
 
 
 def broker_read(bootstrap: str, topic: str, total_messages: int) -> float:

@@ -255,22 +255,22 @@ def worker_web_port(worker: ManagedProcess) -> int:
     return int(worker.argv[worker.argv.index("--web-port") + 1])
 
 
-def stream_ownership(port: int) -> tuple[float, float]:
-    """(partitions owned, partitions still replaying history) from a stream worker's
-    /metrics; (0, 0) while it does not answer."""
+def stream_metrics(port: int) -> dict[str, float]:
+    """A stream worker's /metrics by sample name (without the `cacheroute_streams_` prefix;
+    labelled series summed); empty while it does not answer."""
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
             text = r.read().decode()
     except OSError:
-        return 0.0, 0.0
-    owned = recovering = 0.0
+        return {}
+    out: dict[str, float] = {}
+    prefix = "cacheroute_streams_"
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name == "cacheroute_streams_assigned_partitions":
-                owned += sample.value
-            elif sample.name == "cacheroute_streams_recovering_partitions":
-                recovering += sample.value
-    return owned, recovering
+            if sample.name.startswith(prefix):
+                name = sample.name[len(prefix):]
+                out[name] = out.get(name, 0.0) + float(sample.value)
+    return out
 
 
 def wait_for_workers(stack: LocalStack, timeout_s: float = 60.0) -> None:
@@ -284,8 +284,9 @@ def wait_for_workers(stack: LocalStack, timeout_s: float = 60.0) -> None:
         for worker in stack.workers:
             if not worker.alive():
                 raise ServerStartError(f"{worker.name} exited:\n{worker.log_tail()}")
-        states = [stream_ownership(worker_web_port(w)) for w in stack.workers]
-        if sum(o for o, _ in states) >= wanted and not any(r for _, r in states):
+        states = [stream_metrics(worker_web_port(w)) for w in stack.workers]
+        if (sum(m.get("assigned_partitions", 0.0) for m in states) >= wanted
+                and not any(m.get("recovering_partitions", 0.0) for m in states)):
             return
         time.sleep(0.2)
     raise ServerStartError(

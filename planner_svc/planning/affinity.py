@@ -58,7 +58,8 @@ KNOWN_SHARE_MIN = 0.5
 # prompt, warm everywhere once it is cached everywhere. A tenant's conversations are many
 # pieces of content, each warm only where its last turn went, which Flat-LB scatters. On the
 # arena's 48 tenants the model predicted 0.0-0.7 pp where affinity served 85 % against round
-# robin's 73 %; the replayed scenarios it judges keep at most 84 % (whales: 0.74-0.80 of 0.95).
+# robin's 73 %; the replayed scenarios it judges keep at most 71 % (whales: 0.62-0.68 of
+# 0.95, their conversations' histories counted apart: `shared_tokens`).
 FLAT_BLIND_SHARE = 0.9
 
 

@@ -15,9 +15,10 @@ from collections import Counter
 
 import pytest
 from confluent_kafka import Producer
-from test_stream_support import SnapshotLog, make_topics, start_worker, web_port_of
+from test_stream_support import SnapshotLog, make_topics, start_worker
 
 from cacheroute.v1 import events_pb2
+from planner_svc.devstack.stack import worker_web_port
 from streams.partitioning import partition_for_key
 
 pytestmark = pytest.mark.integration
@@ -58,7 +59,7 @@ def test_replay_starts_at_the_needed_history(broker, tmp_path):
             and Counter({k: int(n) for k, n in zip(w.keys, w.requests, strict=True)}) == recent,
             timeout_s=60)
         assert win is not None, worker.log_tail(30)
-        port = web_port_of(worker)
+        port = worker_web_port(worker)
         text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
         # the two-hour-old events were never read into the state
         assert f'cacheroute_streams_events_total{{type="request"}} {sum(recent.values())}.0\n' \

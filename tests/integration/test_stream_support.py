@@ -50,10 +50,6 @@ def start_worker(bootstrap: str, topics: Topics, workdir: Path, *extra: str) -> 
     return proc
 
 
-def web_port_of(proc: ManagedProcess) -> int:
-    return int(proc.argv[proc.argv.index("--web-port") + 1])
-
-
 def _consumer(bootstrap: str, topic: str) -> Consumer:
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"t-{uuid.uuid4().hex[:8]}",
                   "auto.offset.reset": "earliest", "enable.auto.commit": False,

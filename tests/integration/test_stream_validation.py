@@ -16,10 +16,10 @@ from test_stream_support import (
     dead_letters,
     make_topics,
     start_worker,
-    web_port_of,
 )
 
 from cacheroute.v1 import events_pb2
+from planner_svc.devstack.stack import worker_web_port
 from streams.partitioning import partition_for_key
 
 pytestmark = pytest.mark.integration
@@ -168,7 +168,7 @@ def test_bad_events_are_dead_lettered_and_good_ones_counted(broker, tmp_path):
         assert Counter(d.reason for d in letters) == b.expected_bad
         assert all(d.source_topic == topics.events and d.raw and d.rejected_at_ms for d in letters)
 
-        port = web_port_of(worker)
+        port = worker_web_port(worker)
         text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
         for reason, n in b.expected_bad.items():
             assert f'cacheroute_streams_dead_letters_total{{reason="{reason}"}} {n}' in text
