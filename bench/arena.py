@@ -105,6 +105,7 @@ class Setup:
     # Where to keep CacheRoute's logs (planner, stream worker, gateways, decisions) of a run
     # whose TTFT p99 passed 3x the SLO: a collapsed point is explained from them ("" = not).
     logs_dir: str = ""
+    client: str = "round-robin"  # --client: how requests reach several router replicas
 
 
 class CacheRouteStack:
@@ -240,7 +241,8 @@ def run_one(spec: RouterSpec, replicas: int, scenario: Scenario, seed: int, setu
         # cores the engines and the driver use: its CPU is counted apart.
         control = stack.processes() if stack is not None else []
         control0 = sum(p.cpu_seconds() for p in control)
-        driver = Driver(routers.urls, pop, headers=headers)
+        driver = Driver(routers.urls, pop, headers=headers,
+                        session_affine=setup.client == "session")
         done = [0.0]
 
         def progress(frac: float) -> None:
@@ -283,7 +285,7 @@ def run_one(spec: RouterSpec, replicas: int, scenario: Scenario, seed: int, setu
         row.update(router=spec.name, replicas=replicas, seed=seed,
                    rate_scale=rate_scale, time_scale=setup.time_scale,
                    warmup_s=setup.warmup_s, measure_s=setup.measure_s,
-                   kv_tokens=setup.kv_tokens, engine_kind=setup.engine_kind,
+                   kv_tokens=setup.kv_tokens, engine_kind=setup.engine_kind, client=setup.client,
                    cpu_s=routers.cpu_seconds() - cpu0,
                    control_cpu_s=sum(p.cpu_seconds() for p in control) - control0,
                    router_rss_mb=routers.peak_rss_mb())
@@ -504,6 +506,9 @@ def main() -> int:
     ap.add_argument("--warm-cacheroute", action="store_true",
                     help="one CacheRoute stack for every run (faster; later runs start with "
                     "the plan learned in earlier ones, a head start no peer gets)")
+    ap.add_argument("--client", choices=("round-robin", "session"), default="round-robin",
+                    help="how the traffic reaches several router replicas: in turn, or every "
+                    "turn of a conversation to the same replica (a session-affine balancer)")
     ap.add_argument("--failure-scenario", default="paper-like",
                     help="after the comparison, run every router (1 replica) on this scenario "
                     "once more with an engine going down a third into the measurement "
@@ -536,7 +541,7 @@ def main() -> int:
                   warmup_s=args.warmup_s or 15.0 * slow,
                   measure_s=args.measure_s or (10.0 if quick else 12.0),
                   rate_scale=args.rate_scale, slo_ttft_s=args.slo_ttft_s,
-                  logs_dir=str(Path(args.out) / "logs"))
+                  logs_dir=str(Path(args.out) / "logs"), client=args.client)
     def scaled(name: str) -> Scenario:  # the offered load on engines slowed by the time scale
         return SCENARIOS[name].scaled(sessions_per_s=SCENARIOS[name].sessions_per_s
                                       * args.rate_scale / setup.time_scale)

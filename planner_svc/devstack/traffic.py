@@ -43,8 +43,12 @@ HeaderFn = Callable[[Session], dict[str, str]]
 
 class Driver:
     def __init__(self, urls: Sequence[str], pop: Population, *, model: str = "arena-model",
-                 headers: HeaderFn | None = None, timeout_s: float = 60.0) -> None:
+                 headers: HeaderFn | None = None, timeout_s: float = 60.0,
+                 session_affine: bool = False) -> None:
+        """Several `urls` (router replicas) take requests in turn, or with `session_affine`
+        every turn of a conversation goes to the same one (a session-affine balancer)."""
         self.pop = pop
+        self.session_affine = session_affine
         self.model = model
         self.headers = headers
         limits = httpx2.Limits(max_connections=2000, max_keepalive_connections=2000)
@@ -101,7 +105,8 @@ class Driver:
 
     async def _ask(self, s: Session, j: int, messages: list[dict[str, Any]], output: int,
                    headers: dict[str, str]) -> str | None:
-        client = self.clients[next(self._next)]
+        client = (self.clients[s.sid % len(self.clients)] if self.session_affine
+                  else self.clients[next(self._next)])
         sent = self._now()
         first = None
         parts: list[str] = []
