@@ -278,6 +278,8 @@ def wait_for_workers(stack: LocalStack, timeout_s: float = 60.0) -> None:
     their history: before that, events are produced but no window counts them yet (a
     consumer group's first rebalance takes seconds), so a run started earlier would lose
     its first window to start-up."""
+    if not stack.workers:
+        return  # nothing consumes the events: nothing to wait for
     deadline = time.monotonic() + timeout_s
     wanted = stack.options.event_partitions
     while time.monotonic() < deadline:
