@@ -204,8 +204,8 @@ class ControlLoop:
         if usable is not None:
             self._learn(usable)
             self._anchor_baseline(installed, traffic, fleet)
-        verdict = guard_step(self.guard, now_s, usable, self.validated, self.settings.guard,
-                             delivery)
+        verdict = guard_step(self.guard, now_s, self._guard_view(usable), self.validated,
+                             self.settings.guard, delivery)
         self.guard = verdict.state
         figures = self.price(installed, traffic, candidate, usable, fleet)
         self.last_figures = figures
@@ -373,12 +373,23 @@ class ControlLoop:
         """The guard alone, for steps where the plan itself is held (an operator's rollback
         pins the plan, not the safety net): a decision when the mode changes, else None."""
         usable, _ = self._usable(now_s, telemetry)
-        verdict = guard_step(self.guard, now_s, usable, self.validated, self.settings.guard,
-                             delivery)
+        verdict = guard_step(self.guard, now_s, self._guard_view(usable), self.validated,
+                             self.settings.guard, delivery)
         self.guard = verdict.state
         if verdict.changed_to is None:
             return None
         return self._mode_changed(now_s, verdict.changed_to, self.last_figures or Figures())
+
+    def _guard_view(self, usable: Telemetry | None) -> Telemetry | None:
+        """What the guard judges. While an install rewarms, the predicted affinity gain
+        does not send the fleet to Flat-LB: the gain reads each key's reusable prefix from
+        what the engines served from cache, and caches still warming under the plan have
+        served little (the arena's four gateways fell back 4 s after their first plan on a
+        predicted 9.3 pp and served 74 % against 94 % with one, `bench/arena.py
+        --warmup-s 45`). In fallback it still counts, so a resume waits for the gain."""
+        if usable is None or self.settling is None or self.guard.mode is not Mode.PLANNED:
+            return usable
+        return replace(usable, affinity_gain=None)
 
     def force_mode(self, now_s: float, mode: Mode | None, reason: str) -> Decision:
         """Operator override: force `mode` until released with `mode=None`."""

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from planner_svc.control.guard import GuardState, Mode, ValidatedRange, guard_step
+from planner_svc.control.loop import ControlLoop
 from planner_svc.control.telemetry import Telemetry
 from planner_svc.planning.affinity import characteristic_time, fleet_gain, predicted_gain
 from planner_svc.simulator.cacheroute_policy import CacheRoutePolicy, CacheRouteSettings
@@ -202,3 +203,23 @@ def test_q_cap_is_the_measured_knee_of_one_engine_under_the_hottest_key() -> Non
                          100.0, 1)
     assert knee_rate(thin, MODEL_8B, 0.3) is None
     assert calibrate(thin, MODEL_8B, 0.3)[0] > 0
+
+
+def test_a_rewarming_install_does_not_fall_back_on_the_gain_but_counts_it_after() -> None:
+    """The gain reads reusable prefixes from what the engines served from cache; caches
+    still warming under a new plan have served little (the arena's four gateways fell back
+    4 s after their first plan on a predicted 9.3 pp). So while an install rewarms the gain
+    does not send the fleet to Flat-LB; once the dip is over it does."""
+    loop = ControlLoop(validated=ValidatedRange(affinity_gain_min=0.10))
+    loop._start_dip(0.0, predicted_tokens=1e4, expected_s=30.0)  # an install rewarming
+    assert loop.guard_only(10.0, window(10.0, 0.05)) is None
+    assert loop.guard.mode is Mode.PLANNED
+    loop.settling = None  # the dip is over
+    decision = loop.guard_only(14.0, window(14.0, 0.05))
+    assert decision is not None and loop.guard.mode is Mode.FALLBACK
+    assert "5.0 pp" in decision.reason
+    # in fallback the gain still counts: a rewarm does not let the fleet resume on it
+    loop._start_dip(20.0, predicted_tokens=1e4, expected_s=30.0)
+    for t in range(24, 200, 4):
+        loop.guard_only(float(t), window(float(t), 0.05))
+    assert loop.guard.mode is Mode.FALLBACK
