@@ -85,6 +85,8 @@ PEER_SETTINGS = OUT / "peer-sweep" / "peer-settings.json"  # where the documente
 # every full run) and round robin, the cache-blind reference; vLLM's consistent_hash (a
 # session header hashed) runs in the full comparison only.
 QUICK_ROUTERS = ("cacheroute", "sglang cache_aware", "vllm cache_aware", "sglang round_robin")
+# ... of which these also run with 4 replicas (the JSON's *_4r figures need no more)
+QUICK_REPLICATED = ("cacheroute", "sglang cache_aware")
 
 
 def replicated(spec: RouterSpec) -> bool:
@@ -583,8 +585,7 @@ def main() -> int:
                 for scenario in scenarios for seed in range(1, args.seeds + 1)
                 for spec in routers if not quick or spec.name in QUICK_ROUTERS
                 for replicas in ((1, 4) if replicated(spec) else (1,))
-                if not (quick and replicas == 4 and spec.name not in ("cacheroute",
-                                                                      "sglang cache_aware"))]
+                if not (quick and replicas == 4 and spec.name not in QUICK_REPLICATED)]
         for i, (scenario, seed, spec, replicas) in enumerate(runs):
             # CacheRoute's runs follow each other: the next one's stack starts during this
             # one's warm-up (in its own run, not a peer's)
