@@ -388,7 +388,8 @@ def guard_config(settings: PlannerSettings) -> tuple[GuardSettings, ValidatedRan
     guard = GuardSettings(enter_after_s=settings.guard_enter_after_s,
                           resume_dwell_s=settings.guard_resume_dwell_s,
                           min_fallback_s=settings.guard_min_fallback_s,
-                          p99_resume_margin=settings.guard_p99_resume_margin)
+                          p99_resume_margin=settings.guard_p99_resume_margin,
+                          gain_low_windows=settings.guard_gain_low_windows)
     return guard, validated
 
 

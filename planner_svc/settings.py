@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from planner_svc.control.guard import DEFAULT_AFFINITY_GAIN_MIN
+from planner_svc.control.guard import DEFAULT_AFFINITY_GAIN_MIN, DEFAULT_GAIN_LOW_WINDOWS
 
 
 @dataclass(frozen=True)
@@ -89,6 +89,9 @@ class PlannerSettings:
     guard_resume_dwell_s: float = 60.0
     guard_min_fallback_s: float = 0.0
     guard_p99_resume_margin: float = 0.1
+    # Windows in a row with the predicted affinity gain below its floor before that alone
+    # sends a planned fleet to Flat-LB (planner_svc/control/guard.py).
+    guard_gain_low_windows: int = DEFAULT_GAIN_LOW_WINDOWS
     retain_versions: int = 50
     # Replicated planners (orchestration.leadership): > 0 runs leader election over a lease
     # of this many seconds in Redis; the standby takes over within about one lease after

@@ -48,6 +48,9 @@ class AsyncRouterClient(BaseRouterClient):
         self._applied: asyncio.Event | None = None
         self._backoff = Backoff()
         self._stopping = False
+        # Tasks that live and die with the client (e.g. router_client.redis_history's
+        # exchange): anything with async start() / stop() and metrics().
+        self.companions: list[Any] = []
 
     async def start(self, initial_wait_s: float = 0.0) -> AsyncRouterClient:
         self.restore_from_disk()
@@ -56,12 +59,16 @@ class AsyncRouterClient(BaseRouterClient):
         if self.probe is not None:
             self._probe_task = asyncio.create_task(
                 self._probe_loop(), name=f"router-probe-{self.router_id}")
+        for companion in self.companions:
+            await companion.start()
         if initial_wait_s > 0:
             await self.wait_for_version(Version(0, 1), initial_wait_s)
         return self
 
     async def stop(self) -> None:
         self._stopping = True
+        for companion in self.companions:
+            await companion.stop()
         for task in (self._task, self._probe_task):
             if task is not None:
                 task.cancel()
@@ -92,6 +99,12 @@ class AsyncRouterClient(BaseRouterClient):
     def _after_install(self) -> None:
         if self._applied is not None:
             self._applied.set()
+
+    def metrics(self) -> dict[str, float]:
+        m = super().metrics()
+        for companion in self.companions:
+            m.update(companion.metrics())
+        return m
 
     def _reconnects(self) -> int:
         return self.source.reconnects

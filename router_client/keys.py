@@ -60,8 +60,9 @@ class DerivedKey:
     key: str
     source: str  # "header" or "prefix"
     prefix_chars: int  # characters of content the key covers (0 for a header key)
-    # What identifies the conversation inside the key (the first user turn after the
-    # system prompt, or the `affinity_header`); None when the key is the conversation.
+    # Which conversation inside the key: a digest of the key with the first user turn
+    # after the system prompt, or with the `affinity_header` (`conversation_id`); None when
+    # the key is the conversation.
     affinity: str | None = None
 
 
@@ -73,11 +74,24 @@ def derive_key(
     session = headers.get(rule.affinity_header) if rule.affinity_header else None
     given = headers.get(rule.header)
     if given:
-        return DerivedKey(f"{scope}/h:{bounded_part(given)}", "header", 0, session or None)
+        key = f"{scope}/h:{bounded_part(given)}"
+        return DerivedKey(key, "header", 0, conversation_id(key, session) if session else None)
     text = _leading_text(body, rule)
     digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=12).hexdigest()
-    affinity = session or _conversation(body, rule)
-    return DerivedKey(f"{scope}/p:{digest}", "prefix", len(text), affinity)
+    key = f"{scope}/p:{digest}"
+    conversation = session or _conversation(body, rule)
+    return DerivedKey(key, "prefix", len(text),
+                      conversation_id(key, conversation) if conversation else None)
+
+
+def conversation_id(key: str, conversation: str) -> str:
+    """A conversation's affinity: 16 hex digits over its key and what names it. Scoped by
+    the key, so two applications' conversations that open with the same words stay apart;
+    a digest, so a router's memory of conversations (and what routers share of it, see
+    router_client.shared_history) holds no prompt text and costs the same for every
+    conversation."""
+    return hashlib.blake2b(f"{key}\0{conversation}".encode("utf-8", "surrogatepass"),
+                           digest_size=8).hexdigest()
 
 
 def _conversation(body: Mapping[str, Any], rule: KeyRule) -> str | None:

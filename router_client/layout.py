@@ -24,6 +24,8 @@ key                                        type     value
 ``{ns}:{plan}:routers``                    zset     router ids scored by last report (ms), so the
                                                     planner can find the status keys without SCAN
 ``{ns}:{plan}:notify``                     channel  ``PlanNotification`` (version + digest): a hint
+``{ns}:{plan}:history``                    channel  where routers placed conversations (JSON;
+                                                    router_client.shared_history)
 =========================================  =======  ===========================================
 
 Routers read the pointer with GET, a plan with GET, and a chain of deltas
@@ -100,6 +102,11 @@ class Layout:
     @property
     def channel(self) -> str:
         return self.prefix + "notify"
+
+    @property
+    def history_channel(self) -> str:
+        """Where a plan's routers tell each other where conversations went."""
+        return self.prefix + "history"
 
     @property
     def routers(self) -> str:

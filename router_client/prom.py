@@ -37,6 +37,13 @@ METRICS: dict[str, tuple[str, str]] = {
     "destinations_unhealthy": ("gauge", "Destinations currently skipped as unhealthy."),
     "ejections": ("counter", "Destinations marked unhealthy (outlier detection or probes)."),
     "readmissions": ("counter", "Destinations readmitted after being unhealthy."),
+    # The shared conversation memory (router_client.redis_history), when it is on:
+    "history_moves_sent": ("counter", "Conversation placements published to the other routers."),
+    "history_moves_lost": ("counter", "Placements not published (Redis unreachable)."),
+    "history_moves_unshared": ("counter", "Placements dropped from a full outbox."),
+    "history_moves_learned": ("counter", "Other routers' placements applied here."),
+    "history_messages_rejected": ("counter", "History messages refused as malformed."),
+    "history_errors": ("counter", "Redis errors of the history exchange (it reconnects)."),
 }
 
 

@@ -1,4 +1,5 @@
-"""Plans from Redis: the only module of router_client that imports redis.
+"""Plans from Redis: the only module of router_client that imports redis (the routers'
+shared conversation memory, router_client.redis_history, borrows its client and errors).
 
 Follows `router_client.layout`. One server, Redis Cluster or a Sentinel-managed primary,
 named by one URL (router_client.redis_topology); `connect` makes the redis-py client for
@@ -44,7 +45,7 @@ from router_client.source import SourceUnavailable
 
 log = logging.getLogger("router_client")
 # (a cluster that lost a slot's every node raises RedisClusterException, not a RedisError)
-_ERRORS = (redis.RedisError, OSError, redis.exceptions.RedisClusterException)
+REDIS_ERRORS = (redis.RedisError, OSError, redis.exceptions.RedisClusterException)
 
 # Deltas of every retained version in (ARGV[1], ARGV[2]], read in one atomic step.
 # KEYS: versions zset; ARGV: after member, upto member, version key prefix, limit.
@@ -146,7 +147,7 @@ def disconnect(client: Any) -> None:
         pool.disconnect()
         return
     client.disconnect_connection_pools()  # RedisCluster: a pool per node
-    with contextlib.suppress(*_ERRORS):
+    with contextlib.suppress(*REDIS_ERRORS):
         client.nodes_manager.initialize()
 
 
@@ -155,7 +156,7 @@ async def disconnect_async(client: Any) -> None:
     if pool is not None:
         await pool.disconnect()
         return
-    with contextlib.suppress(*_ERRORS):
+    with contextlib.suppress(*REDIS_ERRORS):
         await client.nodes_manager.initialize()
 
 
@@ -223,7 +224,7 @@ class RedisPlanSource(_RedisSourceBase):
     def _call(self, fn: Any, *args: Any) -> Any:
         try:
             return fn(*args)
-        except _ERRORS as exc:
+        except REDIS_ERRORS as exc:
             self._reset()
             raise SourceUnavailable(f"redis: {exc}") from exc
 
@@ -234,7 +235,7 @@ class RedisPlanSource(_RedisSourceBase):
 
     def _drop_pubsub(self) -> None:
         if self._pubsub is not None:
-            with contextlib.suppress(*_ERRORS):
+            with contextlib.suppress(*REDIS_ERRORS):
                 self._pubsub.close()
         self._pubsub = None
 
@@ -271,7 +272,7 @@ class RedisPlanSource(_RedisSourceBase):
                 return _hint(self._pubsub.get_sharded_message(timeout=timeout_s))
             self._ping_pubsub()
             return _hint(self._pubsub.get_message(timeout=timeout_s))
-        except _ERRORS:
+        except REDIS_ERRORS:
             self._drop_pubsub()  # the next round re-subscribes; the re-check covers the gap
             self.reconnects += 1
             return None
@@ -306,7 +307,7 @@ class AsyncRedisPlanSource(_RedisSourceBase):
     async def _call(self, coro: Any) -> Any:
         try:
             return await coro
-        except _ERRORS as exc:
+        except REDIS_ERRORS as exc:
             await self._reset()
             raise SourceUnavailable(f"redis: {exc}") from exc
 
@@ -317,7 +318,7 @@ class AsyncRedisPlanSource(_RedisSourceBase):
 
     async def _drop_pubsub(self) -> None:
         if self._pubsub is not None:
-            with contextlib.suppress(*_ERRORS):
+            with contextlib.suppress(*REDIS_ERRORS):
                 await self._pubsub.aclose()
         self._pubsub = None
 
@@ -351,7 +352,7 @@ class AsyncRedisPlanSource(_RedisSourceBase):
                 await self._pubsub.ping()
                 self._last_ping = now
             return _hint(await self._pubsub.get_message(timeout=timeout_s))
-        except _ERRORS:
+        except REDIS_ERRORS:
             await self._drop_pubsub()
             self.reconnects += 1
             return None

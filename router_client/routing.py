@@ -30,7 +30,10 @@ affinity):
   conversation moved by a burst (or by a new plan) loses its history twice: once on the
   move and again if the next turn moves back. A new conversation follows the plan, so the
   plan still decides where a key's traffic goes; running conversations drain to it. The
-  memory is this router's own (bounded, least recently used forgotten first).
+  memory is bounded (least recently used forgotten first) and, with `share_history`, shared:
+  the core keeps where its conversations newly went (`drain_history`) and learns where other
+  routers' went (`learn_history`), so a turn that reaches another replica of the router
+  still finds its history (router_client.shared_history carries them between routers).
 - `idle_rehome_s` (with a clock: `route_index(key, affinity, now)`): a key not planned on
   several destinations that has been idle longer than this is cold wherever it was, so
   affinity buys it nothing: it goes to the least-loaded destination and stays there (its
@@ -326,6 +329,9 @@ class _Active:
 
 # Conversations a router remembers the destination of (about 100 bytes each).
 HISTORY_CAPACITY = 100_000
+# Placements kept for other routers between two drains; past it the oldest are dropped
+# (counted): a router that stopped draining must not grow without bound.
+HISTORY_OUTBOX_CAPACITY = 20_000
 # The gateway's default: a turn leaves its history only for a destination at over twice
 # the mean load (a turn's history is most of its prompt; a queue costs less than that).
 DEFAULT_HISTORY_SLACK = 1.0
@@ -354,6 +360,10 @@ class RouterCore:
         self._history: OrderedDict[str, int] = OrderedDict()
         self._history_capacity = max(1, history_capacity)
         self.history_kept = 0
+        # affinity -> slot placed here since the last drain (None: history not shared)
+        self._history_out: OrderedDict[str, int] | None = None
+        self.history_learned = 0
+        self.history_unshared = 0  # placements dropped from a full outbox
         self.destination_ids: list[str] = []
         self._slot: dict[str, int] = {}
         # Own requests in flight per slot (what this router sent and has not seen finish),
@@ -494,6 +504,56 @@ class RouterCore:
             "rehomed": self.rehomed,
         }
 
+    # --- shared conversation memory (the shell carries it between routers) -------
+
+    def share_history(self, on: bool = True) -> None:
+        """Keep this router's new conversation placements for `drain_history`."""
+        self._history_out = OrderedDict() if on else None
+
+    @property
+    def history_shared(self) -> bool:
+        return self._history_out is not None
+
+    def drain_history(self) -> list[tuple[str, str]]:
+        """(affinity, destination id) of every conversation placed somewhere new since the
+        last drain (the latest placement of each), oldest first."""
+        out = self._history_out
+        if not out:
+            return []
+        ids = self.destination_ids
+        moves = [(affinity, ids[slot]) for affinity, slot in out.items()]
+        out.clear()
+        return moves
+
+    def learn_history(self, moves: Sequence[tuple[str, str]]) -> int:
+        """Where other routers sent conversations: their next turns here go there too (by
+        the same load rule as this router's own memory). Unknown destinations are skipped;
+        returns how many were learned."""
+        if self.history_slack is None:
+            return 0
+        history, slot_of, learned = self._history, self._slot.get, 0
+        for affinity, destination in moves:
+            slot = slot_of(destination)
+            if slot is None:
+                continue
+            history[affinity] = slot
+            history.move_to_end(affinity)
+            learned += 1
+        while len(history) > self._history_capacity:
+            history.popitem(last=False)
+        self.history_learned += learned
+        return learned
+
+    def _placed(self, affinity: str, slot: int) -> None:
+        out = self._history_out
+        if out is None:
+            return
+        out[affinity] = slot
+        out.move_to_end(affinity)
+        if len(out) > HISTORY_OUTBOX_CAPACITY:
+            out.popitem(last=False)
+            self.history_unshared += 1
+
     # --- the decision (hot) -------------------------------------------------------
 
     def route_index(self, key: str, affinity: str | None = None,
@@ -513,6 +573,8 @@ class RouterCore:
                 self._seen[key] = (now, last)  # type: ignore[assignment]
             return last
         slot = idle if idle >= 0 else self._decide(key, affinity)
+        if slot != last:
+            self._placed(affinity, slot)
         history[affinity] = slot
         history.move_to_end(affinity)
         if len(history) > self._history_capacity:
@@ -564,6 +626,8 @@ class RouterCore:
     def remember(self, affinity: str, slot: int) -> None:
         """Where `affinity`'s request went after all (a retry that moved it)."""
         if self.history_slack is not None and affinity in self._history:
+            if self._history[affinity] != slot:
+                self._placed(affinity, slot)
             self._history[affinity] = slot
 
     def _decide(self, key: str, affinity: str | None) -> int:

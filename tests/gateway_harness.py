@@ -24,6 +24,7 @@ from router_client.aio import AsyncRouterClient
 from router_client.gateway import Gateway, GatewaySettings
 from router_client.health import HealthPolicy, ProbeSettings
 from router_client.plan import DestinationSpec, KeyTable, PlanConfig, RoutingPlan, Version
+from router_client.redis_history import RedisHistoryExchange
 from router_client.source import AsyncPlanSource, AsyncStaticPlanSource, StaticPlanSource
 
 
@@ -53,7 +54,7 @@ class GatewayThread:
     def __init__(self, destinations: list[DestinationSpec], *,
                  source: AsyncPlanSource | None = None, public_keys: Any = None,
                  settings: GatewaySettings | None = None, health: HealthPolicy | None = None,
-                 probe: ProbeSettings | None = None) -> None:
+                 probe: ProbeSettings | None = None, share_history_url: str = "") -> None:
         self.static = StaticPlanSource()
         self.source = source or AsyncStaticPlanSource(self.static, poll_s=0.02)
         self.public_keys = public_keys or self.static.public_keys
@@ -61,6 +62,7 @@ class GatewayThread:
         self.settings = settings or GatewaySettings(port=0, router_id="gw-test")
         self.health = health
         self.probe = probe
+        self.share_history_url = share_history_url  # Redis: share conversation placements
         self.sink = RecordingSink()
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
@@ -78,6 +80,10 @@ class GatewayThread:
             destination_ids=[d.id for d in self.destinations],
             addresses={d.id: d.address for d in self.destinations},
             health=self.health, probe=self.probe, recheck_s=0.2, status_interval_s=0.2)
+        if self.share_history_url:
+            self.client.core.history_slack = 1.0  # the gateway command's default
+            self.client.companions.append(RedisHistoryExchange(
+                self.client.core, self.share_history_url, router_id=self.settings.router_id))
         await self.client.start()
         self.gateway = Gateway(self.client, self.settings, sink=self.sink)
         await self.gateway.start()

@@ -8,7 +8,7 @@ from typing import Any
 from cacheroute.v1 import plan_pb2, planner_pb2
 from planner_svc.control.decision import Decision, DecisionSettings
 from planner_svc.control.delivery import DeliveryReport
-from planner_svc.control.guard import GuardSettings, Mode, ValidatedRange
+from planner_svc.control.guard import DEFAULT_GAIN_LOW_WINDOWS, GuardSettings, Mode, ValidatedRange
 from planner_svc.control.loop import Figures
 from planner_svc.control.saturation import Saturation
 from planner_svc.orchestration.planner import Guard, Tunables
@@ -104,7 +104,8 @@ def guard_pb(g: Guard) -> planner_pb2.GuardConfig:
         p99_ms_max=v.p99_ms_max or 0.0, hit_rate_min=v.hit_rate_min or 0.0,
         hit_gap_max=v.hit_gap_max or 0.0, affinity_gain_min=v.affinity_gain_min or 0.0,
         enter_after_s=s.enter_after_s, resume_dwell_s=s.resume_dwell_s,
-        min_fallback_s=s.min_fallback_s, p99_resume_margin=s.p99_resume_margin)
+        min_fallback_s=s.min_fallback_s, p99_resume_margin=s.p99_resume_margin,
+        gain_low_windows=s.gain_low_windows)
 
 
 def guard_from_pb(pb: planner_pb2.GuardConfig) -> Guard:
@@ -125,7 +126,8 @@ def guard_from_pb(pb: planner_pb2.GuardConfig) -> Guard:
         hit_gap_max=pb.hit_gap_max or None, affinity_gain_min=pb.affinity_gain_min or None)
     settings = GuardSettings(enter_after_s=pb.enter_after_s, resume_dwell_s=pb.resume_dwell_s,
                              min_fallback_s=pb.min_fallback_s,
-                             p99_resume_margin=pb.p99_resume_margin)
+                             p99_resume_margin=pb.p99_resume_margin,
+                             gain_low_windows=pb.gain_low_windows or DEFAULT_GAIN_LOW_WINDOWS)
     return Guard(validated, settings)
 
 

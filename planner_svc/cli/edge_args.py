@@ -44,6 +44,10 @@ ROUTING_FLAGS: Flags = {
                       "a conversation's next turn goes back to where its last turn went (its "
                       "history is cached there) until that destination's load is more than "
                       "(1 + this) x the mean; < 0 turns this off"),
+    "history-share-period-s": (float, 0.05, "with --redis-url: tell the plan's other routers "
+                               "where this one's conversations went, this often, and learn "
+                               "where theirs did, so a turn that reaches another replica "
+                               "still meets its history (0 = off)"),
     "idle-rehome-s": (float, 0.0, "a key not planned on several destinations and idle this "
                       "long is cold wherever it was: it goes to the least-loaded destination "
                       "and stays there while it comes back sooner (set it to the fleet's "
@@ -113,6 +117,8 @@ def build_client(args: argparse.Namespace, rid: str, command: str) -> Any:
             raise ValueError("--history-slack must be a number")
         if not args.idle_rehome_s >= 0:
             raise ValueError("--idle-rehome-s must be >= 0 (0 = off)")
+        if not args.history_share_period_s >= 0:
+            raise ValueError("--history-share-period-s must be >= 0 (0 = off)")
     except ValueError as exc:
         raise SystemExit(f"cacheroute {command}: {exc}") from None
     source: Any
@@ -139,6 +145,12 @@ def build_client(args: argparse.Namespace, rid: str, command: str) -> Any:
     client.core.set_slack, client.core.tail_slack = args.set_slack, args.tail_slack
     client.core.history_slack = args.history_slack if args.history_slack >= 0 else None
     client.core.idle_rehome_s = args.idle_rehome_s or None
+    if args.redis_url and args.history_share_period_s > 0 and client.core.history_slack is not None:
+        from router_client.redis_history import RedisHistoryExchange
+
+        client.companions.append(RedisHistoryExchange(
+            client.core, args.redis_url, router_id=rid, namespace=args.redis_namespace,
+            period_s=args.history_share_period_s))
     return client
 
 

@@ -79,6 +79,7 @@ SETTABLE: dict[str, Callable[[str], Any]] = {  # `config set` keys and how value
     "guard.resume_dwell_s": float,
     "guard.min_fallback_s": float,
     "guard.p99_resume_margin": float,
+    "guard.gain_low_windows": int,
 }
 _VERSION = re.compile(r"^\d+(\.\d+)?$")
 

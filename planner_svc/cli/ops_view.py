@@ -139,7 +139,7 @@ def config_dict(pb: Any) -> dict[str, Any]:
         "guard": {name: getattr(pb.guard, name) for name in (
             "active_keys_min", "active_keys_max", "p99_ms_max", "hit_rate_min",
             "hit_gap_max", "affinity_gain_min", "enter_after_s", "resume_dwell_s", "min_fallback_s",
-            "p99_resume_margin")},
+            "p99_resume_margin", "gain_low_windows")},
         "destinations": [
             {
                 "id": d.id,

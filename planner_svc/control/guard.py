@@ -23,6 +23,11 @@ used to flip fallback <-> resume every ~70 s, because fallback ignored the p99):
   active set counts in both modes (it does not depend on routing), and so does the
   predicted affinity gain (a property of the traffic: keys, rates, prefix and prompt sizes,
   cache size), so traffic with too little to win stays on Flat-LB until that changes.
+- The predicted gain sends a planned fleet to Flat-LB only when `gain_low_windows`
+  consecutive windows agree (a window is one estimate from a few seconds of traffic; one
+  low one right after a rewarm dip, or in a lull, is noise, and the fallback it triggers
+  would cost the plan's whole warm cache). A window whose gain is unknown neither counts
+  nor resets the run.
 - Each fallback entered within `2 x` the dwell of the last resume doubles the next
   dwell (up to `max_resume_dwell_s`): a plan that fails again as soon as it resumes
   waits longer each time.
@@ -52,6 +57,9 @@ GAP_MIN_WINDOWS = 3
 # `validated_affinity_gain_min`): the low-reuse replay predicts 6 pp, where planned routing has
 # 22 % less capacity than Flat-LB; paper-like predicts 77 pp and whales 26 pp (docs/replay.md).
 DEFAULT_AFFINITY_GAIN_MIN = 0.10
+# Low-gain windows in a row before the gain sends a planned fleet to Flat-LB: one window
+# after a rewarm dip reads caches that have served little yet.
+DEFAULT_GAIN_LOW_WINDOWS = 3
 
 
 class Mode(StrEnum):
@@ -68,8 +76,14 @@ class GuardSettings:
     min_fallback_s: float = 0.0
     p99_resume_margin: float = 0.1  # resume needs p99 <= (1 - margin) x the validated p99
     max_resume_dwell_s: float = 3600.0
+    # Consecutive windows with the predicted affinity gain below its floor before it sends a
+    # planned fleet to Flat-LB (see the module doc); 1 = the first such window does.
+    gain_low_windows: int = DEFAULT_GAIN_LOW_WINDOWS
 
     def __post_init__(self) -> None:
+        if not (isinstance(self.gain_low_windows, int) and self.gain_low_windows >= 1):
+            raise ValueError(f"guard gain_low_windows must be an integer >= 1, got "
+                             f"{self.gain_low_windows!r}")
         for name in ("enter_after_s", "resume_dwell_s", "min_fallback_s", "max_resume_dwell_s"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"guard {name} must be >= 0, got {getattr(self, name)!r}")
@@ -93,13 +107,14 @@ class ValidatedRange:
 
     def violations(self, telemetry: Telemetry, mode: Mode,
                    p99_resume_margin: float = 0.0,
-                   delivery: DeliveryReport | None = None) -> list[str]:
+                   delivery: DeliveryReport | None = None, *, gain: bool = True) -> list[str]:
         """Human-readable reasons why `telemetry` (and the installed plan's `delivery`)
         are outside the range (empty = inside). In fallback the p99 must be below the
         limit by `p99_resume_margin`, and neither the hit rate nor the prediction gap is
-        checked (see the module docstring)."""
+        checked (see the module docstring); `gain=False` leaves the predicted gain out."""
         found = _active_set_violations(self, telemetry.active_keys)
-        found += _gain_violations(self, telemetry)
+        if gain:
+            found += _gain_violations(self, telemetry)
         if mode is Mode.PLANNED:
             found += _p99_violations(self, telemetry, 0.0)
             found += _hit_violations(self, telemetry)
@@ -172,6 +187,10 @@ class GuardState:
     fallback_since_s: float | None = None
     planned_since_s: float | None = None
     dwell_s: float | None = None  # the current resume dwell (None: the configured one)
+    # In planned mode: consecutive windows with the predicted gain below its floor, and the
+    # end of the last one counted (a window judged twice counts once).
+    gain_low_windows: int = 0
+    gain_window_end_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = {f: getattr(self, f) for f in self.__dataclass_fields__}
@@ -183,7 +202,8 @@ class GuardState:
     def from_dict(cls, data: Mapping[str, Any]) -> GuardState:
         forced = data["forced"]
         extra = {f: data[f] for f in ("out_of_range_since_s", "fallback_since_s",
-                                      "planned_since_s", "dwell_s") if f in data}
+                                      "planned_since_s", "dwell_s", "gain_low_windows",
+                                      "gain_window_end_s") if f in data}
         return cls(
             mode=Mode(data["mode"]),
             forced=None if forced is None else Mode(forced),
@@ -224,20 +244,43 @@ def guard_step(
     g = settings or GuardSettings()
     if state.forced is not None or telemetry is None:
         return GuardVerdict(state)
-    problems = validated.violations(telemetry, state.mode, g.p99_resume_margin, delivery)
     if state.mode is Mode.PLANNED:
-        return _maybe_fall_back(state, now_s, problems, g)
+        problems = validated.violations(telemetry, state.mode, g.p99_resume_margin, delivery,
+                                        gain=False)
+        state, gain_problems, waiting = _gain_run(state, telemetry, validated, g)
+        return _maybe_fall_back(state, now_s, problems + gain_problems, g, waiting)
+    problems = validated.violations(telemetry, state.mode, g.p99_resume_margin, delivery)
     if problems:
         return GuardVerdict(replace(state, in_range_since_s=None, released=False,
                                     reason="; ".join(problems)))
     return _maybe_resume(state, now_s, g)
 
 
+def _gain_run(state: GuardState, t: Telemetry, validated: ValidatedRange,
+              g: GuardSettings) -> tuple[GuardState, list[str], str]:
+    """Planned mode: count this window into the run of low predicted gains. Returns the
+    new state, the gain's violation once the run is long enough, and else what it waits on."""
+    low = _gain_violations(validated, t)
+    if t.affinity_gain is None:  # no estimate: the run neither grows nor ends
+        run = state.gain_low_windows
+        return state, [], (f"predicted affinity gain unknown ({run} of {g.gain_low_windows} "
+                           "windows below its floor so far)" if run else "")
+    if not low:
+        return replace(state, gain_low_windows=0, gain_window_end_s=None), [], ""
+    run = state.gain_low_windows
+    if state.gain_window_end_s != t.window_end_s:
+        run += 1
+    state = replace(state, gain_low_windows=run, gain_window_end_s=t.window_end_s)
+    if run >= g.gain_low_windows:
+        return state, low, ""
+    return state, [], f"{low[0]} ({run} of {g.gain_low_windows} windows)"
+
+
 def _maybe_fall_back(state: GuardState, now_s: float, problems: list[str],
-                     g: GuardSettings) -> GuardVerdict:
+                     g: GuardSettings, waiting: str = "") -> GuardVerdict:
     if not problems:
         return GuardVerdict(replace(state, out_of_range_since_s=None, released=False,
-                                    reason=""))
+                                    reason=waiting))
     since = now_s if state.out_of_range_since_s is None else state.out_of_range_since_s
     reason = "; ".join(problems)
     if now_s - since < g.enter_after_s:

@@ -8,6 +8,7 @@ production Redis source, verified with the planner's key; the engines are the em
 from __future__ import annotations
 
 import time
+import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import openai
 import pytest
+import redis
 
 from planner_svc.devstack.engines import EngineFleet, start_engines
 from planner_svc.devstack.processes import RedisServer
@@ -22,9 +24,10 @@ from planner_svc.server import PlannerService, build_service
 from router_client import signing
 from router_client.gateway import GatewaySettings
 from router_client.health import HealthPolicy
+from router_client.layout import Layout
 from router_client.plan import parse_destinations
 from router_client.redis_source import AsyncRedisPlanSource
-from tests.gateway_harness import GatewayThread, fault
+from tests.gateway_harness import GatewayThread, fault, gateway_process
 from tests.service.harness import planner_settings
 from tests.service.windows import make_window
 from tests.timing import bound
@@ -124,3 +127,99 @@ def test_an_engine_killed_inside_an_interval_is_routed_around_then_drained(
     decision = planner.planner.decisions[-1]
     assert "reported down" in decision.reason
     assert eventually(lambda: gw.client.version >= new.version, 3.0)  # type: ignore[union-attr]
+
+
+def _gateway(planner: PlannerService, redis_server: RedisServer, fleet: EngineFleet,
+             name: str, share: bool) -> GatewayThread:
+    keys = signing.pin([signing.load_public_key(
+        Path(planner.settings.data_dir) / "planner-signing-key.pub.pem")])
+    g = GatewayThread(parse_destinations(fleet.destinations()),
+                      source=AsyncRedisPlanSource(redis_server.url), public_keys=keys,
+                      settings=GatewaySettings(port=0, router_id=name),
+                      share_history_url=redis_server.url if share else "").start()
+    version = planner.planner.installed.plan.version  # type: ignore[union-attr]
+    assert eventually(lambda: g.client is not None and g.client.version >= version, 5.0)
+    return g
+
+
+def _turn(g: GatewayThread, conversation: str) -> str:
+    c = openai.OpenAI(base_url=g.url + "/v1", api_key="k", max_retries=0,
+                      default_headers={"x-routing-key": KEYS[0], "x-session-id": conversation})
+    raw = c.chat.completions.with_raw_response.create(
+        model="m", messages=[{"role": "user", "content": "next"}], max_tokens=2)
+    return str(raw.headers["x-cacheroute-destination"])
+
+
+@pytest.mark.parametrize("share", [True, False])
+def test_a_turn_at_another_gateway_goes_where_the_conversation_went_when_they_share(
+        planner: PlannerService, redis_server: RedisServer, fleet: EngineFleet,
+        share: bool) -> None:
+    """Gateway A has one member of the hot key's set ejected, so it places every
+    conversation on the other; gateway B sees both healthy and would spread them over both
+    by rendezvous hashing. Sharing over Redis sends B's turns where A put each conversation."""
+    plan = planner.planner.installed.plan  # type: ignore[union-attr]
+    ids = [d.id for d in plan.destinations]
+    members = [ids[m] for m in plan.table.set_of(plan.table.keys.index(f"m/h:{KEYS[0]}"))]
+    assert len(members) >= 2
+    a = _gateway(planner, redis_server, fleet, "gw-a", share)
+    b = _gateway(planner, redis_server, fleet, "gw-b", share)
+    try:
+        assert a.client is not None and b.client is not None
+        core_a = a.client.core
+        a.loop.call_soon_threadsafe(core_a.mark_down, members[0])
+        assert eventually(lambda: not core_a.is_usable(members[0]), 2.0)
+        if share:  # garbage on the channel is counted and skipped; the loop carries on
+            hostile = redis.Redis.from_url(redis_server.url)
+            hostile.publish(Layout().history_channel, b"\x00garbage")
+            hostile.publish(Layout().history_channel, b'{"v":1,"router":"x","moves":[["c","zz"]]}')
+            hostile.close()
+            assert eventually(lambda: b.client.metrics()["history_messages_rejected"] == 1, 3.0)  # type: ignore[union-attr]
+        conversations = [f"conv-{i}" for i in range(20)]
+        first = {c: _turn(a, c) for c in conversations}
+        assert members[0] not in first.values()
+        if share:
+            assert eventually(lambda: b.client.core.history_learned >= 20, 3.0)  # type: ignore[union-attr]
+        second = {c: _turn(b, c) for c in conversations}
+        kept = sum(first[c] == second[c] for c in conversations)
+        if share:
+            assert kept == 20
+            m = b.client.metrics()
+            assert m["history_moves_learned"] >= 20 and m["history_messages_rejected"] == 1
+            assert a.client.metrics()["history_moves_sent"] >= 20
+        else:  # rendezvous over both members sends about half elsewhere
+            assert kept < 20
+    finally:
+        a.stop()
+        b.stop()
+
+
+def _metric(url: str, name: str) -> float:
+    with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
+        text = r.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(name + "{"))
+
+
+def test_gateway_processes_share_conversations_through_the_plan_redis(
+        redis_server: RedisServer, fleet: EngineFleet, tmp_path: Path) -> None:
+    """The command's wiring: two `cacheroute gateway` processes on one Redis (given the
+    same router id by their deployment, as replicas often are) hear each other's
+    conversation placements, with no planner running yet."""
+    pub = tmp_path / "planner.pub.pem"
+    signing.save_public_key(signing.generate_private_key().public_key(), pub)
+    common = ("--destinations", fleet.destinations(), "--probe-path", "", "--redis-url",
+              redis_server.url, "--public-key", str(pub), "--router-id", "gateway")
+    with gateway_process(*common) as a, gateway_process(*common) as b:
+        # Both subscribed first (a placement published before that is only a lost hint).
+        r = redis.Redis.from_url(redis_server.url)
+        channel = Layout().history_channel
+        assert eventually(lambda: r.pubsub_numsub(channel)[0][1] >= 2, 5.0)
+        r.close()
+        for i in range(10):
+            c = openai.OpenAI(base_url=a + "/v1", api_key="k", max_retries=0,
+                              default_headers={"x-session-id": f"s{i}"})
+            c.chat.completions.create(model="m", max_tokens=2, messages=[
+                {"role": "system", "content": "app"}, {"role": "user", "content": "hi"}])
+        assert eventually(
+            lambda: _metric(b, "cacheroute_router_history_moves_learned_total") >= 10, 5.0)
+        assert _metric(a, "cacheroute_router_history_moves_sent_total") >= 10

@@ -217,3 +217,41 @@ def test_routers_converge_within_2_s_after_the_replica_is_promoted(cluster):
         for client, _ in fleet:
             client.stop()
         publisher.close()
+
+
+def test_routers_share_conversations_by_sharded_pub_sub(cluster):
+    """The routers' history exchange (router_client.redis_history) on a cluster: sharded
+    pub/sub on the plan slot's node, the same as the plan notifications."""
+    import asyncio
+
+    from router_client.redis_history import RedisHistoryExchange
+    from router_client.routing import RouterCore
+
+    async def main() -> tuple[int, int]:
+        cores = [RouterCore(["d0", "d1", "d2"], seed=i, history_slack=1.0) for i in range(2)]
+        ex = [await RedisHistoryExchange(c, cluster.url, router_id=f"r{i}").start()
+              for i, c in enumerate(cores)]
+        try:
+            for _ in range(100):  # both sharded subscriptions in place
+                if sharded_history_subscribers(cluster) >= 2:
+                    break
+                await asyncio.sleep(0.05)
+            for n in range(20):
+                cores[0].route_index("tenant", f"conv-{n}")
+            for _ in range(100):
+                if cores[1].history_learned >= 20:
+                    break
+                await asyncio.sleep(0.05)
+            return cores[1].history_learned, ex[0].moves_sent
+        finally:
+            for e in ex:
+                await e.stop()
+
+    learned, sent = asyncio.run(main())
+    assert learned == sent == 20
+
+
+def sharded_history_subscribers(cluster: RedisClusterProcs) -> int:
+    owner, _ = slot_owner(cluster)
+    return int(node_client(owner).execute_command(
+        "PUBSUB", "SHARDNUMSUB", Layout().history_channel)[1])

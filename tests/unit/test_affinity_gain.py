@@ -135,6 +135,9 @@ def window(t: float, gain: float | None) -> Telemetry:
 def test_the_guard_serves_flat_lb_below_the_gain_floor_in_either_mode_and_resumes() -> None:
     floor = ValidatedRange(affinity_gain_min=0.10)
     low = guard_step(GuardState(), 0.0, window(0.0, 0.06), floor)
+    for t in (1.0, 2.0):  # (the third low window in a row: control.guard)
+        assert low.changed_to is None
+        low = guard_step(low.state, t, window(t, 0.06), floor)
     assert low.changed_to is Mode.FALLBACK and "6.0 pp" in low.state.reason
     # In fallback the gain still counts: it does not depend on routing.
     still = guard_step(low.state, 120.0, window(120.0, 0.06), floor)
@@ -214,8 +217,10 @@ def test_a_rewarming_install_does_not_fall_back_on_the_gain_but_counts_it_after(
     loop._start_dip(0.0, predicted_tokens=1e4, expected_s=30.0)  # an install rewarming
     assert loop.guard_only(10.0, window(10.0, 0.05)) is None
     assert loop.guard.mode is Mode.PLANNED
-    loop.settling = None  # the dip is over
-    decision = loop.guard_only(14.0, window(14.0, 0.05))
+    loop.settling = None  # the dip is over: three low windows in a row send it back
+    assert loop.guard_only(14.0, window(14.0, 0.05)) is None
+    assert loop.guard_only(15.0, window(15.0, 0.05)) is None
+    decision = loop.guard_only(16.0, window(16.0, 0.05))
     assert decision is not None and loop.guard.mode is Mode.FALLBACK
     assert "5.0 pp" in decision.reason
     # in fallback the gain still counts: a rewarm does not let the fleet resume on it

@@ -190,3 +190,40 @@ def test_the_gap_does_not_hold_the_fleet_in_fallback() -> None:
     state = guard_step(fallen, 0.0, window(0), GAP_RANGE, DWELL_60, missed).state
     verdict = guard_step(state, 61.0, window(61), GAP_RANGE, DWELL_60, missed)
     assert verdict.changed_to is Mode.PLANNED
+
+
+def gain_window(t: float, gain: float | None) -> Telemetry:
+    return Telemetry(window_end_s=t, hit_rate=0.9, prompt_tokens_per_s=1e5, requests=10_000,
+                     active_keys=500, affinity_gain=gain)
+
+
+GAIN_FLOOR = ValidatedRange(affinity_gain_min=0.10)
+
+
+def test_a_low_predicted_gain_falls_back_only_when_consecutive_windows_agree() -> None:
+    g = GuardSettings(gain_low_windows=3)
+    state = GuardState()
+    # One low window after a dip, a good one, then a window judged twice, an unknown one:
+    # none of them is a run of three distinct low windows.
+    for t, gain in ((0, 0.05), (1, 0.30), (2, 0.05), (3, 0.05), (3, 0.05), (4, None)):
+        verdict = guard_step(state, float(t), gain_window(t, gain), GAIN_FLOOR, g)
+        assert verdict.changed_to is None, (t, verdict.state)
+        state = verdict.state
+    assert state.gain_low_windows == 2 and "2 of 3 windows" in state.reason
+    verdict = guard_step(state, 5.0, gain_window(5, 0.04), GAIN_FLOOR, g)
+    assert verdict.changed_to is Mode.FALLBACK
+    assert "predicted affinity gain 4.0 pp" in verdict.state.reason
+    # In fallback the gain counts at once (resuming waits for it), and the run restarts
+    # from zero on the next resume.
+    assert verdict.state.gain_low_windows == 0
+    one = GuardSettings(gain_low_windows=1)
+    assert guard_step(GuardState(), 0.0, gain_window(0, 0.05), GAIN_FLOOR,
+                      one).changed_to is Mode.FALLBACK
+    with pytest.raises(ValueError, match="gain_low_windows"):
+        GuardSettings(gain_low_windows=0)
+
+
+def test_the_gain_run_survives_a_snapshot() -> None:
+    state = guard_step(GuardState(), 0.0, gain_window(0, 0.05), GAIN_FLOOR).state
+    again = GuardState.from_dict(state.to_dict())
+    assert again == state and again.gain_low_windows == 1

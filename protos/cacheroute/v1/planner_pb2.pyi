@@ -313,7 +313,7 @@ class SetModeResponse(_message.Message):
     def __init__(self, mode: _Optional[_Union[Mode, str]] = ...) -> None: ...
 
 class GuardConfig(_message.Message):
-    __slots__ = ("active_keys_min", "active_keys_max", "p99_ms_max", "hit_rate_min", "enter_after_s", "resume_dwell_s", "min_fallback_s", "p99_resume_margin", "hit_gap_max", "affinity_gain_min")
+    __slots__ = ("active_keys_min", "active_keys_max", "p99_ms_max", "hit_rate_min", "enter_after_s", "resume_dwell_s", "min_fallback_s", "p99_resume_margin", "hit_gap_max", "affinity_gain_min", "gain_low_windows")
     ACTIVE_KEYS_MIN_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_KEYS_MAX_FIELD_NUMBER: _ClassVar[int]
     P99_MS_MAX_FIELD_NUMBER: _ClassVar[int]
@@ -324,6 +324,7 @@ class GuardConfig(_message.Message):
     P99_RESUME_MARGIN_FIELD_NUMBER: _ClassVar[int]
     HIT_GAP_MAX_FIELD_NUMBER: _ClassVar[int]
     AFFINITY_GAIN_MIN_FIELD_NUMBER: _ClassVar[int]
+    GAIN_LOW_WINDOWS_FIELD_NUMBER: _ClassVar[int]
     active_keys_min: int
     active_keys_max: int
     p99_ms_max: float
@@ -334,7 +335,8 @@ class GuardConfig(_message.Message):
     p99_resume_margin: float
     hit_gap_max: float
     affinity_gain_min: float
-    def __init__(self, active_keys_min: _Optional[int] = ..., active_keys_max: _Optional[int] = ..., p99_ms_max: _Optional[float] = ..., hit_rate_min: _Optional[float] = ..., enter_after_s: _Optional[float] = ..., resume_dwell_s: _Optional[float] = ..., min_fallback_s: _Optional[float] = ..., p99_resume_margin: _Optional[float] = ..., hit_gap_max: _Optional[float] = ..., affinity_gain_min: _Optional[float] = ...) -> None: ...
+    gain_low_windows: int
+    def __init__(self, active_keys_min: _Optional[int] = ..., active_keys_max: _Optional[int] = ..., p99_ms_max: _Optional[float] = ..., hit_rate_min: _Optional[float] = ..., enter_after_s: _Optional[float] = ..., resume_dwell_s: _Optional[float] = ..., min_fallback_s: _Optional[float] = ..., p99_resume_margin: _Optional[float] = ..., hit_gap_max: _Optional[float] = ..., affinity_gain_min: _Optional[float] = ..., gain_low_windows: _Optional[int] = ...) -> None: ...
 
 class PlannerConfig(_message.Message):
     __slots__ = ("q_cap", "warm_slots_per_destination", "interval_s", "hysteresis", "min_dwell_s", "imbalance_tolerance", "max_plan_age_s", "destinations", "guard", "byte_aware", "admission_hysteresis", "balance_effort", "rate_noise_z", "learn_warm_slots", "learn_q_cap", "hashed_tail")
