@@ -203,6 +203,12 @@ def summarise(records: list[Record], warmup_s: float, loads: list[float]) -> dic
     e2e = np.array([r.e2e_s for r in ok]) if ok else np.array([math.nan])
     per_engine = np.array(loads, dtype=float)
     lo, hi = p99_interval([(r.sid, r.ttft_s) for r in ok])
+    # Where the misses are: a first turn can meet only shared content (system prompt,
+    # documents), a later turn also its own conversation's history.
+    later = [r for r in ok if r.turn > 0]
+    later_prompt = sum(r.prompt_tokens for r in later)
+    first_prompt = prompt - later_prompt
+    later_cached = sum(r.cached_tokens for r in later)
     return {
         "requests": len(measured),
         "errors": len(measured) - len(ok),
@@ -213,6 +219,9 @@ def summarise(records: list[Record], warmup_s: float, loads: list[float]) -> dic
         "ttft_p99_hi_s": hi,
         "e2e_p99_s": float(np.percentile(e2e, 99)),
         "imbalance": float(per_engine.max() / per_engine.mean()) if per_engine.sum() else 0.0,
+        "first_turn_hit": (cached - later_cached) / first_prompt if first_prompt else 0.0,
+        "later_turn_hit": later_cached / later_prompt if later_prompt else 0.0,
+        "later_turn_token_share": later_prompt / prompt if prompt else 0.0,
     }
 
 
@@ -673,6 +682,7 @@ def report(rows: list[dict], cap: dict[str, float], setup: Setup, out: Path,
     keys = ["scenario", "seed", "router", "replicas", "rate_scale", "requests", "errors", "hit",
             "ttft_p50_s", "ttft_p99_s", "ttft_p99_lo_s", "ttft_p99_hi_s", "e2e_p99_s",
             "imbalance", "cpu_s", "control_cpu_s", "router_rss_mb",
+            "first_turn_hit", "later_turn_hit", "later_turn_token_share",
             # the setup, so bench/sim_vs_arena.py can replay each row as it ran
             "time_scale", "warmup_s", "measure_s", "kv_tokens", "engine_kind"]
     suffix = ("-llama" if setup.engine_kind == "llama" else "") + ("-quick" if quick else "")
@@ -701,17 +711,19 @@ def report(rows: list[dict], cap: dict[str, float], setup: Setup, out: Path,
              f"whole run {elapsed_s / 60:.1f} min.", ""]
     if missing:
         lines += [f"Not installed, not measured: {', '.join(missing)}.", ""]
-    header = ("| scenario | router | replicas | hit | TTFT p50 s | TTFT p99 s | e2e p99 s | "
-              "imbalance | errors | router CPU s | control plane CPU s |")
-    lines += [header, "|" + "---|" * 11]
+    header = ("| scenario | router | replicas | hit | hit: first / later turns | TTFT p50 s | "
+              "TTFT p99 s | e2e p99 s | imbalance | errors | router CPU s | control plane CPU s |")
+    lines += [header, "|" + "---|" * 12]
     groups = sorted({(r["scenario"], r["router"], r["replicas"]) for r in rows},
                     key=lambda g: (g[0], g[2], -_mean(rows, "hit", scenario=g[0], router=g[1],
                                                        replicas=g[2])))
     for sc, router, rep in groups:
         m = {k: _mean(rows, k, scenario=sc, router=router, replicas=rep)
              for k in ("hit", "ttft_p50_s", "ttft_p99_s", "e2e_p99_s", "imbalance", "errors",
-                       "cpu_s", "control_cpu_s")}
-        lines.append(f"| {sc} | {router} | {rep} | {m['hit']:.1%} | {m['ttft_p50_s']:.3f} | "
+                       "cpu_s", "control_cpu_s", "first_turn_hit", "later_turn_hit")}
+        lines.append(f"| {sc} | {router} | {rep} | {m['hit']:.1%} | "
+                     f"{m['first_turn_hit']:.1%} / {m['later_turn_hit']:.1%} | "
+                     f"{m['ttft_p50_s']:.3f} | "
                      f"{m['ttft_p99_s']:.3f} | {m['e2e_p99_s']:.3f} | {m['imbalance']:.2f} | "
                      f"{m['errors']:.0f} | {m['cpu_s']:.1f} | {m['control_cpu_s']:.1f} |")
     failed = [r for r in rows if "failed_at_s" in r]

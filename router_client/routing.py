@@ -510,10 +510,6 @@ class RouterCore:
         """Keep this router's new conversation placements for `drain_history`."""
         self._history_out = OrderedDict() if on else None
 
-    @property
-    def history_shared(self) -> bool:
-        return self._history_out is not None
-
     def drain_history(self) -> list[tuple[str, str]]:
         """(affinity, destination id) of every conversation placed somewhere new since the
         last drain (the latest placement of each), oldest first."""

@@ -129,3 +129,18 @@ def test_a_setting_beats_the_peer_defaults_only_beyond_their_p99_interval() -> N
     assert arena.choose_setting([defaults, broken]) is defaults  # errors never win
     nan = _swept("defaults", [], float("nan"), float("nan"))
     assert arena.choose_setting([nan, noise]) is noise  # nothing measured at the defaults
+
+
+def test_the_summary_splits_the_hit_rate_by_first_and_later_turns() -> None:
+    from planner_svc.devstack.traffic import Record
+
+    def rec(sid: int, turn: int, sent: float, prompt: int, cached: int) -> Record:
+        return Record(sid, turn, 0, sent, 0.1, 0.2, prompt, cached, 5, True)
+
+    records = [rec(1, 0, 0.0, 1000, 900),  # warm-up: not measured
+               rec(2, 0, 10.0, 100, 50), rec(2, 1, 11.0, 300, 270), rec(3, 2, 12.0, 600, 330)]
+    s = arena.summarise(records, 5.0, [1.0, 1.0])
+    assert s["hit"] == pytest.approx(650 / 1000)
+    assert s["first_turn_hit"] == pytest.approx(0.5)
+    assert s["later_turn_hit"] == pytest.approx(600 / 900)
+    assert s["later_turn_token_share"] == pytest.approx(0.9)
