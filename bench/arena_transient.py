@@ -7,9 +7,9 @@ destinations LPT gives them, and replicates the hottest over members that have n
 Each (tenant, destination) pair then pays one cold first turn; a later turn is unaffected (it
 follows its conversation's history), so the whole gap sits in first turns. The SGLang gateway
 never moves a prefix, so it pays nothing of the kind. Over a long stretch each pair pays once
-and the gap shrinks. This replays, for paper-like and whale, seeds 1-3, both routers (simulated as in
-sim_vs_arena: `gateway_like` and the SGLang-like baseline), over the arena's stretch and a
-long one, and prints the served hit rate split into first and later turns.
+and the gap shrinks. This replays, for paper-like and whale, seeds 1-3, both routers
+(simulated as in sim_vs_arena: `gateway_like` and the SGLang-like baseline), over the arena's
+stretch and a long one, and prints the served hit rate split into first and later turns.
 
     .venv/bin/python bench/arena_transient.py            # ~40 s
 
