@@ -105,7 +105,10 @@ def guard_pb(g: Guard) -> planner_pb2.GuardConfig:
         hit_gap_max=v.hit_gap_max or 0.0, affinity_gain_min=v.affinity_gain_min or 0.0,
         enter_after_s=s.enter_after_s, resume_dwell_s=s.resume_dwell_s,
         min_fallback_s=s.min_fallback_s, p99_resume_margin=s.p99_resume_margin,
-        gain_low_windows=s.gain_low_windows)
+        # 0 stands for the default (as a client that never set it sends it): a config read
+        # back compares equal to the one written
+        gain_low_windows=(0 if s.gain_low_windows == DEFAULT_GAIN_LOW_WINDOWS
+                          else s.gain_low_windows))
 
 
 def guard_from_pb(pb: planner_pb2.GuardConfig) -> Guard:
