@@ -34,9 +34,7 @@ sys.path.insert(0, str(ROOT))
 from planner_svc.simulator.cacheroute_policy import gateway_like  # noqa: E402
 from planner_svc.simulator.policies import PolicyFactory  # noqa: E402
 from planner_svc.simulator.reactive import sglang_cache_aware  # noqa: E402
-from planner_svc.simulator.replica import ReplicaModel  # noqa: E402
-from planner_svc.simulator.session_sim import SessionRecords, simulate_sessions  # noqa: E402
-from planner_svc.simulator.sessions import SCENARIOS, population, sessions  # noqa: E402
+from planner_svc.simulator.session_sim import SessionRecords, arena_run  # noqa: E402
 
 TIME_SCALE = 0.5
 STRETCHES = {"arena (15 s + 12 s)": (15.0, 12.0), "long (120 s + 60 s)": (120.0, 60.0)}
@@ -44,15 +42,10 @@ STRETCHES = {"arena (15 s + 12 s)": (15.0, 12.0), "long (120 s + 60 s)": (120.0,
 
 def replay(scenario: str, seed: int, factory: PolicyFactory, warmup_s: float,
            measure_s: float) -> tuple[float, float, float]:
-    """(hit, first-turn hit, later-turn hit) over the measured stretch, set up as the
-    arena's rows are in bench/sim_vs_arena.py."""
-    base = SCENARIOS[scenario]
-    sc = base.scaled(sessions_per_s=base.sessions_per_s / TIME_SCALE)
-    pop = population(sc, seed)
-    total = warmup_s + measure_s
-    r = simulate_sessions(pop, sessions(pop, total), factory,
-                          model=ReplicaModel(kv_capacity_tokens=60_000).time_scaled(TIME_SCALE),
-                          n_destinations=4, until_s=total, control_interval_s=4.0)
+    """(hit, first-turn hit, later-turn hit) over the measured stretch of one arena run in
+    the simulator (set up as bench/sim_vs_arena.py replays the arena's rows)."""
+    r = arena_run(scenario, seed, factory, time_scale=TIME_SCALE, warmup_s=warmup_s,
+             measure_s=measure_s)
     measured = r.sent_s >= warmup_s
     return (_hit(r, measured), _hit(r, measured & (r.turn == 0)),
             _hit(r, measured & (r.turn > 0)))

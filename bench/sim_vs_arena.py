@@ -41,9 +41,8 @@ sys.path.insert(0, str(ROOT))
 from planner_svc.simulator.cacheroute_policy import gateway_like  # noqa: E402
 from planner_svc.simulator.policies import PolicyFactory, flat_lb, round_robin  # noqa: E402
 from planner_svc.simulator.reactive import sglang_cache_aware  # noqa: E402
-from planner_svc.simulator.replica import ReplicaModel  # noqa: E402
-from planner_svc.simulator.session_sim import simulate_sessions  # noqa: E402
-from planner_svc.simulator.sessions import SCENARIOS, population, sessions  # noqa: E402
+from planner_svc.simulator.session_sim import arena_run  # noqa: E402
+from planner_svc.simulator.sessions import SCENARIOS  # noqa: E402
 
 HIT_TOLERANCE_PP = 3.0
 P99_TOLERANCE = 0.20
@@ -78,17 +77,13 @@ def arena_rows(paths: list[Path]) -> list[dict[str, str]]:
 def simulate(row: dict[str, str], args: argparse.Namespace) -> tuple[float, float]:
     ts = float(row.get("time_scale") or args.time_scale)
     warmup = float(row.get("warmup_s") or args.warmup_s)
-    measure = float(row.get("measure_s") or args.measure_s)
-    kv = int(float(row.get("kv_tokens") or args.kv_tokens))
-    model = ReplicaModel(kv_capacity_tokens=kv).time_scaled(ts)
-    base = SCENARIOS[row["scenario"]]
-    sc = base.scaled(sessions_per_s=base.sessions_per_s * float(row["rate_scale"]) / ts)
-    pop = population(sc, int(row.get("seed") or 1))
-    total = warmup + measure
-    r = simulate_sessions(pop, sessions(pop, total), policies(ts)[row["router"]], model=model,
-                          n_destinations=args.engines, until_s=total,
-                          control_interval_s=4.0 * max(1.0, ts))
+    r = arena_run(row["scenario"], int(row.get("seed") or 1), policies(ts)[row["router"]],
+             rate_scale=float(row["rate_scale"]), time_scale=ts, warmup_s=warmup,
+             measure_s=float(row.get("measure_s") or args.measure_s),
+             kv_tokens=int(float(row.get("kv_tokens") or args.kv_tokens)),
+             engines=args.engines)
     return r.hit_rate(warmup), r.ttft_p99(warmup)
+
 
 
 def main() -> int:

@@ -569,7 +569,7 @@ class RouterCore:
                 self._seen[key] = (now, last)  # type: ignore[assignment]
             return last
         slot = idle if idle >= 0 else self._decide(key, affinity)
-        if slot != last:
+        if slot != last and self._history_out is not None:
             self._placed(affinity, slot)
         history[affinity] = slot
         history.move_to_end(affinity)

@@ -25,7 +25,14 @@ import numpy as np
 from planner_svc.simulator import text as txt
 from planner_svc.simulator.policies import Policy, PolicyContext, PolicyFactory
 from planner_svc.simulator.replica import Replica, ReplicaModel
-from planner_svc.simulator.sessions import Population, Session, Transcript
+from planner_svc.simulator.sessions import (
+    SCENARIOS,
+    Population,
+    Session,
+    Transcript,
+    population,
+    sessions,
+)
 
 
 @dataclass(frozen=True)
@@ -109,3 +116,19 @@ def simulate_sessions(pop: Population, plan: Sequence[Session], factory: PolicyF
             heapq.heappush(arrivals, (served.finish_time + s.turns[j + 1].think_s, k, j + 1))
     cols = list(zip(*rows, strict=True)) if rows else [()] * 9
     return SessionRecords(*(np.asarray(c) for c in cols))
+
+
+def arena_run(scenario: str, seed: int, factory: PolicyFactory, *, rate_scale: float = 1.0,
+         time_scale: float = 0.5, warmup_s: float = 15.0, measure_s: float = 12.0,
+         kv_tokens: int = 60_000, engines: int = 4) -> SessionRecords:
+    """One run of bench/arena.py in virtual time: the arena's conversations for `scenario`
+    and `seed` at its offered load, its engines and control interval, every request
+    recorded (bench/sim_vs_arena.py, bench/arena_transient.py)."""
+    base = SCENARIOS[scenario]
+    sc = base.scaled(sessions_per_s=base.sessions_per_s * rate_scale / time_scale)
+    pop = population(sc, seed)
+    total = warmup_s + measure_s
+    return simulate_sessions(
+        pop, sessions(pop, total), factory,
+        model=ReplicaModel(kv_capacity_tokens=kv_tokens).time_scaled(time_scale),
+        n_destinations=engines, until_s=total, control_interval_s=4.0 * max(1.0, time_scale))

@@ -67,14 +67,8 @@ def planner(redis_server: RedisServer, fleet: EngineFleet,
 @pytest.fixture()
 def gw(planner: PlannerService, redis_server: RedisServer,
        fleet: EngineFleet, tmp_path: Path) -> Iterator[GatewayThread]:
-    keys = signing.pin([signing.load_public_key(
-        Path(planner.settings.data_dir) / "planner-signing-key.pub.pem")])
-    g = GatewayThread(parse_destinations(fleet.destinations()),
-                      source=AsyncRedisPlanSource(redis_server.url), public_keys=keys,
-                      health=HealthPolicy(consecutive_failures=2, base_ejection_s=60.0),
-                      settings=GatewaySettings(port=0, router_id="gw-planned")).start()
-    version = planner.planner.installed.plan.version  # type: ignore[union-attr]
-    assert eventually(lambda: g.client is not None and g.client.version >= version, 5.0)
+    g = _gateway(planner, redis_server, fleet, "gw-planned", share=False,
+                 health=HealthPolicy(consecutive_failures=2, base_ejection_s=60.0))
     yield g
     g.stop()
 
@@ -130,12 +124,13 @@ def test_an_engine_killed_inside_an_interval_is_routed_around_then_drained(
 
 
 def _gateway(planner: PlannerService, redis_server: RedisServer, fleet: EngineFleet,
-             name: str, share: bool) -> GatewayThread:
+             name: str, share: bool, health: HealthPolicy | None = None) -> GatewayThread:
+    """A gateway following the planner's plan through Redis, once it holds that plan."""
     keys = signing.pin([signing.load_public_key(
         Path(planner.settings.data_dir) / "planner-signing-key.pub.pem")])
     g = GatewayThread(parse_destinations(fleet.destinations()),
                       source=AsyncRedisPlanSource(redis_server.url), public_keys=keys,
-                      settings=GatewaySettings(port=0, router_id=name),
+                      health=health, settings=GatewaySettings(port=0, router_id=name),
                       share_history_url=redis_server.url if share else "").start()
     version = planner.planner.installed.plan.version  # type: ignore[union-attr]
     assert eventually(lambda: g.client is not None and g.client.version >= version, 5.0)

@@ -135,11 +135,11 @@ def run_stream(cluster: RedisClusterProcs, versions: int, routers_n: int = 10,
     return stream, fleet
 
 
-def sharded_subscribers(cluster: RedisClusterProcs) -> int:
-    """Routers subscribed to the notify channel with SSUBSCRIBE, on the slot's master."""
+def sharded_subscribers(cluster: RedisClusterProcs, channel: str = Layout().channel) -> int:
+    """Routers subscribed to `channel` (the notify channel) with SSUBSCRIBE, on the slot's
+    master."""
     owner, _ = slot_owner(cluster)
-    return int(node_client(owner).execute_command(
-        "PUBSUB", "SHARDNUMSUB", Layout().channel)[1])
+    return int(node_client(owner).execute_command("PUBSUB", "SHARDNUMSUB", channel)[1])
 
 
 def test_a_stream_of_versions_reaches_every_router_whole(cluster):
@@ -233,7 +233,7 @@ def test_routers_share_conversations_by_sharded_pub_sub(cluster):
               for i, c in enumerate(cores)]
         try:
             for _ in range(100):  # both sharded subscriptions in place
-                if sharded_history_subscribers(cluster) >= 2:
+                if sharded_subscribers(cluster, Layout().history_channel) >= 2:
                     break
                 await asyncio.sleep(0.05)
             for n in range(20):
@@ -249,9 +249,3 @@ def test_routers_share_conversations_by_sharded_pub_sub(cluster):
 
     learned, sent = asyncio.run(main())
     assert learned == sent == 20
-
-
-def sharded_history_subscribers(cluster: RedisClusterProcs) -> int:
-    owner, _ = slot_owner(cluster)
-    return int(node_client(owner).execute_command(
-        "PUBSUB", "SHARDNUMSUB", Layout().history_channel)[1])
