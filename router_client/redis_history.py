@@ -158,7 +158,8 @@ class RedisHistoryExchange:
                     await pubsub.ping()
                     pinged = time.monotonic()
                 message = await pubsub.get_message(timeout=1.0)
-            if message is not None:
+            # The pings' pongs arrive on this socket too; only published messages count.
+            if message is not None and message.get("type") in ("message", "smessage"):
                 self.receive(message.get("data"))
 
     def receive(self, data: object) -> int:

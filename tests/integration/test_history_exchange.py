@@ -53,3 +53,20 @@ def test_sharing_survives_a_redis_restart(redis_server: RedisServer, server_work
                 await e.stop()
 
     asyncio.run(main())
+
+
+def test_an_idle_exchange_rejects_nothing(redis_server: RedisServer) -> None:
+    """The listener pings its socket every PING_EVERY_S; the pongs come back on the same
+    socket and are not history messages (they once counted as rejected ones)."""
+    from router_client.redis_source import PING_EVERY_S
+
+    async def main() -> None:
+        ex = await RedisHistoryExchange(RouterCore(["d0", "d1"], seed=0), redis_server.url,
+                                        router_id="idle", period_s=0.02).start()
+        try:
+            await asyncio.sleep(3 * PING_EVERY_S + 0.5)
+            assert ex.messages_rejected == 0 and ex.errors == 0
+        finally:
+            await ex.stop()
+
+    asyncio.run(main())
