@@ -15,6 +15,7 @@ import signal
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from router_client.ring import DEFAULT_TAIL_SLACK
 from router_client.routing import DEFAULT_HISTORY_SLACK
 
 log = logging.getLogger("cacheroute.edge")
@@ -52,7 +53,7 @@ ROUTING_FLAGS: Flags = {
                       "long is cold wherever it was: it goes to the least-loaded destination "
                       "and stays there while it comes back sooner (set it to the fleet's "
                       "eviction window; 0 = off, the paper's)"),
-    "tail-slack": (float, 0.25, "a cold-tail key stays on its hash owner until its load is more "
+    "tail-slack": (float, DEFAULT_TAIL_SLACK, "a cold-tail key stays on its hash owner until its load is more "
                    "than (1 + this) x the mean"),
     "max-inflight": (int, 256, "requests in flight per destination before it counts as full"),
     "max-body-bytes": (int, 8 << 20, "largest request body accepted"),
