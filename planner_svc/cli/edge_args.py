@@ -53,8 +53,9 @@ ROUTING_FLAGS: Flags = {
                       "long is cold wherever it was: it goes to the least-loaded destination "
                       "and stays there while it comes back sooner (set it to the fleet's "
                       "eviction window; 0 = off, the paper's)"),
-    "tail-slack": (float, DEFAULT_TAIL_SLACK, "a cold-tail key stays on its hash owner until its load is more "
-                   "than (1 + this) x the mean"),
+    "tail-slack": (float, DEFAULT_TAIL_SLACK, "a cold-tail key stays on its hash owner (where "
+                   "its prefix is cached) until that owner's load is more than (1 + this) x "
+                   "the mean"),
     "max-inflight": (int, 256, "requests in flight per destination before it counts as full"),
     "max-body-bytes": (int, 8 << 20, "largest request body accepted"),
     "probe-path": (str, "/health", "active health probe path ('' disables probes)"),
