@@ -12,6 +12,13 @@ and the gap shrinks. This replays, for paper-like and whale, seeds 1-3, both rou
 stretch and a long one, and prints the served hit rate split into first and later turns.
 
     .venv/bin/python bench/arena_transient.py            # ~40 s
+    .venv/bin/python bench/arena_transient.py --tail-slacks 0.25,1,2,3 --seeds 6 \
+        --stretches arena                                # the cold tail's bound, ~1.5 min
+
+With `--tail-slacks`, CacheRoute runs once per value of the gateway's cold-tail bound
+(`--tail-slack`, router_client.ring.DEFAULT_TAIL_SLACK): at light load an owner holding two
+requests was already over the old 0.25, and each move off it is a cold first turn (the
+bound's story: docs/arena.md, "The cold tail's bound").
 
 Last line: one JSON object.
 """
@@ -35,6 +42,7 @@ from planner_svc.simulator.cacheroute_policy import gateway_like  # noqa: E402
 from planner_svc.simulator.policies import PolicyFactory  # noqa: E402
 from planner_svc.simulator.reactive import sglang_cache_aware  # noqa: E402
 from planner_svc.simulator.session_sim import SessionRecords, arena_run  # noqa: E402
+from router_client.ring import DEFAULT_TAIL_SLACK  # noqa: E402
 
 TIME_SCALE = 0.5
 STRETCHES = {"arena (15 s + 12 s)": (15.0, 12.0), "long (120 s + 60 s)": (120.0, 60.0)}
@@ -60,38 +68,57 @@ def main() -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--scenarios", default="paper-like,whale")
+    ap.add_argument("--tail-slacks", default=f"{DEFAULT_TAIL_SLACK:g}",
+                    help="CacheRoute once per value of the gateway's --tail-slack")
+    ap.add_argument("--stretches", default=",".join(s.split()[0] for s in STRETCHES),
+                    help="of: arena, long")
     args = ap.parse_args()
     t0 = time.perf_counter()
-    routers = {"cacheroute": gateway_like(12.0 / TIME_SCALE, 12),
-               "sglang-like": sglang_cache_aware()}
-    gaps: dict[str, list[float]] = {name: [] for name in STRETCHES}
-    first_gaps: dict[str, list[float]] = {name: [] for name in STRETCHES}
-    print(f"{'scenario':<11} {'seed':>4} {'stretch':<20} {'router':<12} {'hit':>6} "
+    slacks = [float(v) for v in args.tail_slacks.split(",")]
+    stretches = {name: v for name, v in STRETCHES.items()
+                 if name.split()[0] in args.stretches.split(",")}
+    routers = {_name(x): gateway_like(12.0 / TIME_SCALE, 12, tail_slack=x) for x in slacks}
+    routers["sglang-like"] = sglang_cache_aware()
+    gaps: dict[tuple[str, str], list[float]] = {
+        (r, st): [] for r in routers if r != "sglang-like" for st in stretches}
+    first_gaps: dict[tuple[str, str], list[float]] = {k: [] for k in gaps}
+    print(f"{'scenario':<11} {'seed':>4} {'stretch':<20} {'router':<22} {'hit':>6} "
           f"{'first turns':>11} {'later turns':>11}")
     for scenario in args.scenarios.split(","):
         for seed in range(1, args.seeds + 1):
-            for stretch, (warmup, measure) in STRETCHES.items():
+            for stretch, (warmup, measure) in stretches.items():
                 got = {name: replay(scenario, seed, f, warmup, measure)
                        for name, f in routers.items()}
                 for name, (hit, first, later) in got.items():
-                    print(f"{scenario:<11} {seed:>4} {stretch:<20} {name:<12} {hit:>6.1%} "
+                    print(f"{scenario:<11} {seed:>4} {stretch:<20} {name:<22} {hit:>6.1%} "
                           f"{first:>11.1%} {later:>11.1%}")
-                gaps[stretch].append((got["cacheroute"][0] - got["sglang-like"][0]) * 100)
-                first_gaps[stretch].append((got["cacheroute"][1] - got["sglang-like"][1]) * 100)
+                peer = got["sglang-like"]
+                for name in routers:
+                    if name != "sglang-like":
+                        gaps[name, stretch].append((got[name][0] - peer[0]) * 100)
+                        first_gaps[name, stretch].append((got[name][1] - peer[1]) * 100)
     print()
-    for stretch in STRETCHES:
-        print(f"{stretch:<20} CacheRoute - SGLang-like: hit {statistics.mean(gaps[stretch]):+.1f} "
-              f"pp (first turns {statistics.mean(first_gaps[stretch]):+.1f} pp), "
-              f"range {min(gaps[stretch]):+.1f} to {max(gaps[stretch]):+.1f}")
-    arena_key, long_key = STRETCHES
+    for (name, stretch), g in gaps.items():
+        print(f"{stretch:<20} {name} - SGLang-like: hit {statistics.mean(g):+.1f} pp (first "
+              f"turns {statistics.mean(first_gaps[name, stretch]):+.1f} pp), range "
+              f"{min(g):+.1f} to {max(g):+.1f}")
+    figures: dict[str, float] = {}
+    default = _name(DEFAULT_TAIL_SLACK)
+    for (name, stretch), g in gaps.items():
+        tag = stretch.split()[0] + "_stretch"
+        suffix = "" if name == default else "_tail_slack_" + name.split()[-1].replace(".", "_")
+        figures[f"hit_gap_pp_{tag}{suffix}"] = round(statistics.mean(g), 2)
+        figures[f"first_turn_gap_pp_{tag}{suffix}"] = round(
+            statistics.mean(first_gaps[name, stretch]), 2)
     print(json.dumps({
-        "hit_gap_pp_arena_stretch": round(statistics.mean(gaps[arena_key]), 2),
-        "hit_gap_pp_long_stretch": round(statistics.mean(gaps[long_key]), 2),
-        "first_turn_gap_pp_arena_stretch": round(statistics.mean(first_gaps[arena_key]), 2),
-        "first_turn_gap_pp_long_stretch": round(statistics.mean(first_gaps[long_key]), 2),
+        **figures,
         "elapsed_s": round(time.perf_counter() - t0, 1),
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}))
     return 0
+
+
+def _name(tail_slack: float) -> str:
+    return "cacheroute" if tail_slack == DEFAULT_TAIL_SLACK else f"cacheroute slack {tail_slack:g}"
 
 
 if __name__ == "__main__":

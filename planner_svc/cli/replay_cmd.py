@@ -38,6 +38,7 @@ from planner_svc.simulator.trace import (
     write_trace,
 )
 from planner_svc.simulator.workload import SCENARIOS, WHALE_SHARE, WHALES, Workload
+from router_client.ring import DEFAULT_TAIL_SLACK
 from router_client.routing import DEFAULT_HISTORY_SLACK
 
 
@@ -73,6 +74,9 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:  # type: ignor
     rp.add_argument("--history-slack", type=float, default=DEFAULT_HISTORY_SLACK,
                     help="policies with sessions (cacheroute-gateway, -rehome, -sessions): "
                          "the gateway's --history-slack")
+    rp.add_argument("--tail-slack", type=float, default=DEFAULT_TAIL_SLACK,
+                    help="policies with the hashed cold tail (cacheroute-gateway, -rehome, "
+                         "-tail, -hashed): the gateway's --tail-slack")
     rp.add_argument("--replan", choices=("once", "repack", "repack-ewma"), default="repack",
                     help="CacheRoute plans once, repacks every interval, or repacks on "
                     "smoothed rates")
@@ -230,6 +234,7 @@ def config_from_args(args: argparse.Namespace) -> ReplayConfig:
             replan=args.replan,
             publish_delay_s=args.publish_delay_s,
             history_slack=args.history_slack,
+            tail_slack=args.tail_slack,
             q_cap=args.q_cap,
             warm_slots_per_destination=args.warm_slots,
             workers=args.workers,

@@ -39,6 +39,7 @@ from planner_svc.planning.placement import cold_tail_loads
 from planner_svc.simulator.hashring import HashRing
 from planner_svc.simulator.policies import Policy, PolicyContext, PolicyFactory
 from router_client.plan import RoutingPlan
+from router_client.ring import DEFAULT_TAIL_SLACK
 from router_client.routing import DEFAULT_HISTORY_SLACK, RouterCore, RoutingTable
 
 VARIANTS = ("full", "affinity", "replication")
@@ -79,6 +80,10 @@ class CacheRouteSettings:
     # With sessions: how far above the mean load a conversation stays with its history
     # (the gateway's `--history-slack`).
     history_slack: float = DEFAULT_HISTORY_SLACK
+    # The hashed cold tail's load bound (the gateway's `--tail-slack`). The planner's model of
+    # the tail (only with `hashed_tail`) keeps the default, as a planner does whatever the
+    # routers are set to.
+    tail_slack: float = DEFAULT_TAIL_SLACK
 
     def label(self) -> str:
         names = {"full": "CacheRoute", "affinity": "+ affinity", "replication": "+ replication"}
@@ -87,7 +92,10 @@ class CacheRouteSettings:
                 + (" + tail placement" if self.hashed_tail else "")
                 + (" (control loop)" if self.control_loop else "")
                 + (" without guard" if self.affinity_gain_min is None else "")
-                + (" + idle re-homing" if self.idle_rehome_s is not None else ""))
+                + (" + idle re-homing" if self.idle_rehome_s is not None else "")
+                + (f" (tail slack {self.tail_slack:g})"
+                   if self.cold_tail == "hash" and self.tail_slack != DEFAULT_TAIL_SLACK
+                   else ""))
 
 
 def planning_config(n_destinations: int, s: CacheRouteSettings) -> PlanningConfig:
@@ -134,7 +142,7 @@ class CacheRoutePolicy:
         self.config = planning_config(ctx.n_destinations, settings)
         # With sessions it routes as the gateway does, conversations kept with their history.
         self.core = RouterCore([d.id for d in self.config.destinations], seed=ctx.seed,
-                               cold_tail=settings.cold_tail,
+                               cold_tail=settings.cold_tail, tail_slack=settings.tail_slack,
                                history_slack=(settings.history_slack if settings.session_affinity
                                               else None),
                                idle_rehome_s=settings.idle_rehome_s)
@@ -307,14 +315,15 @@ class CacheRoutePolicy:
 
 
 def gateway_like(q_cap: float, warm_slots_per_destination: int, *,
-                 publish_delay_s: float = 0.5, hashed_tail: bool = False) -> PolicyFactory:
+                 publish_delay_s: float = 0.5, hashed_tail: bool = False,
+                 tail_slack: float = DEFAULT_TAIL_SLACK) -> PolicyFactory:
     """CacheRoute as `cacheroute gateway` and the planner run it by default: conversations
     kept on their member and with their history, the cold tail consistent-hashed, replans
     through the production control loop, plans reaching the router after a publish delay."""
     return cacheroute(CacheRouteSettings(
         q_cap=q_cap, warm_slots_per_destination=warm_slots_per_destination,
         session_affinity=True, cold_tail="hash", control_loop=True,
-        publish_delay_s=publish_delay_s, hashed_tail=hashed_tail))
+        publish_delay_s=publish_delay_s, hashed_tail=hashed_tail, tail_slack=tail_slack))
 
 
 def cacheroute(settings: CacheRouteSettings) -> PolicyFactory:

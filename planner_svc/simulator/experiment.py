@@ -34,6 +34,7 @@ from planner_svc.simulator.reactive import dualmap_like, sglang_cache_aware
 from planner_svc.simulator.replica import Replica, ReplicaModel
 from planner_svc.simulator.simulator import ClusterSpec, simulate
 from planner_svc.simulator.workload import SCENARIOS, ScenarioSpec, Workload, whales
+from router_client.ring import DEFAULT_TAIL_SLACK
 from router_client.routing import DEFAULT_HISTORY_SLACK
 
 # The simulator's calibration (70B fp8 on a TP2 H100 pair, scaled; see docs/replay.md).
@@ -105,6 +106,8 @@ class ReplayConfig:
     whale_share: float | None = None
     # Policies with sessions: the gateway's `--history-slack`.
     history_slack: float = DEFAULT_HISTORY_SLACK
+    # Policies with the hashed cold tail: the gateway's `--tail-slack`.
+    tail_slack: float = DEFAULT_TAIL_SLACK
     # `cacheroute-loop`: seconds from the planner's install decision to the routers' use
     # (publish to Redis, notify, apply).
     publish_delay_s: float = 1.0
@@ -224,6 +227,7 @@ def policy_factory(name: str, cfg: ReplayConfig, w: Workload) -> PolicyFactory:
         control_loop=as_gateway or name == "cacheroute-loop",
         publish_delay_s=cfg.publish_delay_s,
         history_slack=cfg.history_slack,
+        tail_slack=cfg.tail_slack,
         # The cold tail consistent-hashed (the gateway's default); the plan placing keys
         # where that tail sends them only for `cacheroute-hashed` (the planner's
         # `--hashed-tail`, off by default: `cacheroute-gateway` is the defaults as shipped).
