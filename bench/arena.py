@@ -89,6 +89,11 @@ QUICK_ROUTERS = ("cacheroute", "sglang cache_aware", "vllm cache_aware", "sglang
 QUICK_REPLICATED = ("cacheroute", "sglang cache_aware")
 
 
+# Where the arena issue sets a capacity target: ≥ 1.3x the best peer on paper-like and
+# whale, within 5 % of it on low reuse.
+CAPACITY_SCENARIOS = ("paper-like", "whale", "low-reuse")
+
+
 def replicated(spec: RouterSpec) -> bool:
     """Stateful routers (a plan, or a tree learned per replica): run with 1 and 4 replicas."""
     return spec.kind == "cacheroute" or spec.policy == "cache_aware"
@@ -511,6 +516,10 @@ def main() -> int:
     ap.add_argument("--capacity-replicas", default="1",
                     help="router replica counts of the capacity sweep, e.g. 1,4 (each against "
                     "the best peer at that count)")
+    ap.add_argument("--capacity-peers", default="",
+                    help="peers the capacity sweep runs beside CacheRoute (comma list; '': "
+                    "the best peer by hit rate at that replica count, or the first named); "
+                    "on low reuse the cache-blind peer can be the one to beat")
     ap.add_argument("--settle-s", type=float, default=1.0,
                     help="idle time after CacheRoute's stack is up (its stream worker owns "
                     "every partition, its planner answers), before its run")
@@ -614,17 +623,18 @@ def main() -> int:
         scales = [float(x) for x in args.capacity_scales.split(",") if x]
         cap_seeds = sorted({int(x) for x in args.capacity_seeds.split(",") if x})
         replicas_for_capacity = [int(x) for x in args.capacity_replicas.split(",") if x]
+        named = [p for p in args.capacity_peers.split(",") if p]
         if not quick and scales:
-            for name in ("paper-like", "whale"):
+            for name in CAPACITY_SCENARIOS:
                 found = [s for s in scenarios if s.name == name]
                 if not found:
                     continue
                 for n in replicas_for_capacity:
                     # without comparison runs to rank them, the first peer named
-                    ranked = _best_peer(rows, name, n) or next(
-                        (r.name for r in routers if r.name != "cacheroute"), "")
+                    peers = named or [_best_peer(rows, name, n) or next(
+                        (r.name for r in routers if r.name != "cacheroute"), "")]
                     for seed in cap_seeds:
-                        for spec in [routers[0], *[r for r in routers if r.name == ranked]]:
+                        for spec in [routers[0], *[r for r in routers if r.name in peers]]:
                             value, sweep = capacity(spec, found[0], seed, setup, fleet, stacks,
                                                     work, scales, n)
                             per_seed.setdefault(f"{name}/{cap_label(spec.name, n)}",
