@@ -35,7 +35,11 @@ def run(w: Workload, routers: list[Policy], engines: list[Replica], block_tokens
     cached = [0] * n
     finish = [0.0] * n
     first = [0.0] * n
-    pending: list[tuple[float, int]] = []
+    # Requests in flight: a heap of distinct finish times and, per time, the requests that
+    # finish then in arrival order (what (finish, i) tuples would pop, without a tuple
+    # comparison per sift: compiled, those were the loop's largest cost after the engines).
+    pending: list[float] = []
+    finishing: dict[float, list[int]] = {}
     controls = list(controls)
     controls.reverse()  # popped from the end
     next_control = controls.pop() if controls else float("inf")
@@ -47,9 +51,10 @@ def run(w: Workload, routers: list[Policy], engines: list[Replica], block_tokens
     by_content = [getattr(r, "route_chain", None) for r in routers]
     for i in range(n):
         now = ts[i]
-        while pending and pending[0][0] <= now:
-            f, j = heapq.heappop(pending)
-            routers[0 if single else router_of[j]].finished(j, dest[j], f)
+        while pending and pending[0] <= now:
+            f = heapq.heappop(pending)
+            for j in finishing.pop(f):
+                routers[0 if single else router_of[j]].finished(j, dest[j], f)
         if now >= next_control:
             window = window_of[window_start_i:i]
             for r in routers:
@@ -70,5 +75,11 @@ def run(w: Workload, routers: list[Policy], engines: list[Replica], block_tokens
         cached[i] = served.cached_tokens
         finish[i] = served.finish_time
         first[i] = served.first_token_time
-        heapq.heappush(pending, (served.finish_time, i))
+        f = served.finish_time
+        same = finishing.get(f)
+        if same is None:
+            finishing[f] = [i]
+            heapq.heappush(pending, f)
+        else:
+            same.append(i)
     return dest, cached, finish, first

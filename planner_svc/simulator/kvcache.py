@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
 Chain = Sequence[tuple[int, int]]  # (segment id, blocks)
@@ -49,10 +48,11 @@ _uids = itertools.count(1)
 
 
 class _Node:
-    __slots__ = ("cached", "kids", "last_used", "parent", "pins", "ready_at", "seg", "uid")
+    __slots__ = ("cached", "kids", "last_used", "lru_next", "lru_prev", "parent", "pins",
+                 "ready_at", "seg", "uid")
 
-    def __init__(self, seg: int, parent: _Node | None) -> None:
-        self.uid = next(_uids)  # its blocks' ids (block_id)
+    def __init__(self, seg: int, parent: _Node | None, uid: int = -1) -> None:
+        self.uid = next(_uids) if uid < 0 else uid  # its blocks' ids (block_id)
         self.seg = seg  # its id under its parent
         self.parent = parent
         # Child segments in memory, by id (empty or None: a leaf). A table per node (int
@@ -63,6 +63,62 @@ class _Node:
         self.ready_at = 0.0  # when they were (or will be) computed
         self.pins = 0  # running requests holding this segment
         self.last_used = 0.0
+        # Its place in the cache's eviction order (`_Lru`); both None while not in it.
+        self.lru_prev: _Node | None = None
+        self.lru_next: _Node | None = None
+
+
+class _Lru:
+    """The eviction order: unpinned leaf segments with blocks in memory, least recently
+    used first. A doubly linked list threaded through the nodes themselves (a sentinel
+    closes the ring), so that every step is a few attribute stores; compiled, an
+    `OrderedDict` cost a generic call per step, several per request."""
+
+    __slots__ = ("head",)
+
+    def __init__(self) -> None:
+        self.head = _Node(-1, None, uid=0)  # the sentinel: head.lru_next is the oldest
+        self.head.lru_next = self.head.lru_prev = self.head
+
+    def oldest(self) -> _Node | None:
+        first = self.head.lru_next
+        return None if first is self.head else first
+
+    def append(self, node: _Node) -> None:
+        """Add `node` as the most recently used; a node already in it keeps its place."""
+        if node.lru_next is not None:
+            return
+        head = self.head
+        last = head.lru_prev
+        assert last is not None
+        node.lru_prev, node.lru_next = last, head
+        last.lru_next = node
+        head.lru_prev = node
+
+    def push_front(self, node: _Node) -> None:
+        """Add `node` (or move it) as the next to evict."""
+        self.discard(node)
+        head = self.head
+        first = head.lru_next
+        assert first is not None
+        node.lru_prev, node.lru_next = head, first
+        first.lru_prev = node
+        head.lru_next = node
+
+    def touch(self, node: _Node) -> None:
+        """Add `node` (or move it) as the most recently used."""
+        self.discard(node)
+        self.append(node)
+
+    def discard(self, node: _Node) -> None:
+        nxt = node.lru_next
+        if nxt is None:
+            return
+        prev = node.lru_prev
+        assert prev is not None
+        prev.lru_next = nxt
+        nxt.lru_prev = prev
+        node.lru_prev = node.lru_next = None
 
 
 class Holding:
@@ -94,7 +150,7 @@ class BlockCache:
         self._n_nodes = 0
         # Unpinned leaf segments with blocks in memory, least recently used first. The
         # caller's clock only moves forward, so "used last" is "appended last": no heap.
-        self._evictable: OrderedDict[_Node, None] = OrderedDict()
+        self._evictable = _Lru()
         self.observer: Observer | None = None
 
     def _stored(self, node: _Node, start: int, end: int) -> None:
@@ -177,7 +233,7 @@ class BlockCache:
             return None
         evictable = self._evictable
         for node in listed:
-            evictable.pop(node, None)
+            evictable.discard(node)
         observer = self.observer
         for j, node in enumerate(fresh):
             blocks = lengths[j]
@@ -245,12 +301,12 @@ class BlockCache:
         skipped: list[_Node] = []  # the admitting request's own prefix, pinned: kept in place
         fits = True
         while self.used_blocks + need > self.capacity_blocks:
-            if not evictable:
+            node = evictable.oldest()
+            if node is None:
                 fits = False
                 break
-            node = next(iter(evictable))
             if node.pins:
-                evictable.popitem(last=False)
+                evictable.discard(node)
                 skipped.append(node)
                 continue
             give = min(node.cached, self.used_blocks + need - self.capacity_blocks)
@@ -261,11 +317,10 @@ class BlockCache:
             self.used_blocks -= give
             self.evicted_blocks += give
             if node.cached == 0:
-                evictable.popitem(last=False)
+                evictable.discard(node)
                 self._detach(node)
         for node in reversed(skipped):
-            evictable[node] = None
-            evictable.move_to_end(node, last=False)
+            evictable.push_front(node)
         return fits
 
     def _attach(self, node: _Node) -> None:
@@ -278,7 +333,7 @@ class BlockCache:
         if kids is None:
             kids = parent.kids = {}
         kids[node.seg] = node
-        self._evictable.pop(parent, None)  # no longer a leaf
+        self._evictable.discard(parent)  # no longer a leaf
 
     def _detach(self, node: _Node) -> None:
         self._n_nodes -= 1
@@ -291,8 +346,7 @@ class BlockCache:
         del kids[node.seg]
         if not parent.pins and not kids and parent.cached:
             # A leaf again, and as old as the child just evicted: next in line.
-            self._evictable[parent] = None
-            self._evictable.move_to_end(parent, last=False)
+            self._evictable.push_front(parent)
 
     def _unpin(self, node: _Node, now: float) -> None:
         node.pins -= 1
@@ -300,13 +354,11 @@ class BlockCache:
         if not node.pins and not node.kids and node.cached:
             # A pinned segment is never in the eviction order, so it joins at the end (no
             # move needed: `_candidate` is for segments that may already be in it).
-            self._evictable[node] = None
+            self._evictable.append(node)
 
     def _candidate(self, node: _Node) -> None:
         if not node.pins and not node.kids and node.cached:
-            evictable = self._evictable
-            evictable[node] = None
-            evictable.move_to_end(node)
+            self._evictable.touch(node)
 
 
 def blocks_of(tokens: int, block_tokens: int) -> int:
