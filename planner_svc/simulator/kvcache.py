@@ -86,24 +86,15 @@ class _Lru:
 
     def append(self, node: _Node) -> None:
         """Add `node` as the most recently used; a node already in it keeps its place."""
-        if node.lru_next is not None:
-            return
-        head = self.head
-        last = head.lru_prev
-        assert last is not None
-        node.lru_prev, node.lru_next = last, head
-        last.lru_next = node
-        head.lru_prev = node
+        if node.lru_next is None:
+            last = self.head.lru_prev
+            assert last is not None
+            _link_after(last, node)
 
     def push_front(self, node: _Node) -> None:
         """Add `node` (or move it) as the next to evict."""
         self.discard(node)
-        head = self.head
-        first = head.lru_next
-        assert first is not None
-        node.lru_prev, node.lru_next = head, first
-        first.lru_prev = node
-        head.lru_next = node
+        _link_after(self.head, node)
 
     def touch(self, node: _Node) -> None:
         """Add `node` (or move it) as the most recently used."""
@@ -119,6 +110,14 @@ class _Lru:
         prev.lru_next = nxt
         nxt.lru_prev = prev
         node.lru_prev = node.lru_next = None
+
+
+def _link_after(prev: _Node, node: _Node) -> None:
+    after = prev.lru_next
+    assert after is not None
+    node.lru_prev, node.lru_next = prev, after
+    after.lru_prev = node
+    prev.lru_next = node
 
 
 class Holding:
