@@ -77,7 +77,8 @@ def main() -> int:
     slacks = [float(v) for v in args.tail_slacks.split(",")]
     stretches = {name: v for name, v in STRETCHES.items()
                  if name.split()[0] in args.stretches.split(",")}
-    routers = {_name(x): gateway_like(12.0 / TIME_SCALE, 12, tail_slack=x) for x in slacks}
+    names = {x: _name(x) for x in slacks}
+    routers = {names[x]: gateway_like(12.0 / TIME_SCALE, 12, tail_slack=x) for x in slacks}
     routers["sglang-like"] = sglang_cache_aware()
     gaps: dict[tuple[str, str], list[float]] = {
         (r, st): [] for r in routers if r != "sglang-like" for st in stretches}
@@ -103,13 +104,13 @@ def main() -> int:
               f"turns {statistics.mean(first_gaps[name, stretch]):+.1f} pp), range "
               f"{min(g):+.1f} to {max(g):+.1f}")
     figures: dict[str, float] = {}
-    default = _name(DEFAULT_TAIL_SLACK)
-    for (name, stretch), g in gaps.items():
-        tag = stretch.split()[0] + "_stretch"
-        suffix = "" if name == default else "_tail_slack_" + name.split()[-1].replace(".", "_")
-        figures[f"hit_gap_pp_{tag}{suffix}"] = round(statistics.mean(g), 2)
-        figures[f"first_turn_gap_pp_{tag}{suffix}"] = round(
-            statistics.mean(first_gaps[name, stretch]), 2)
+    for x, name in names.items():
+        suffix = "" if x == DEFAULT_TAIL_SLACK else f"_tail_slack_{x:g}".replace(".", "_")
+        for stretch in stretches:
+            tag = stretch.split()[0] + "_stretch"
+            figures[f"hit_gap_pp_{tag}{suffix}"] = round(statistics.mean(gaps[name, stretch]), 2)
+            figures[f"first_turn_gap_pp_{tag}{suffix}"] = round(
+                statistics.mean(first_gaps[name, stretch]), 2)
     print(json.dumps({
         **figures,
         "elapsed_s": round(time.perf_counter() - t0, 1),
