@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from router_client.ring import DEFAULT_TAIL_SLACK
-from router_client.routing import DEFAULT_HISTORY_SLACK
+from router_client.routing import BALANCES, DEFAULT_HISTORY_SLACK
 
 log = logging.getLogger("cacheroute.edge")
 
@@ -56,6 +56,10 @@ ROUTING_FLAGS: Flags = {
     "tail-slack": (float, DEFAULT_TAIL_SLACK, "a cold-tail key stays on its hash owner (where "
                    "its prefix is cached) until that owner's load is more than (1 + this) x "
                    "the mean"),
+    "balance": (str, "first-token", "where no plan or key decides (fallback, no plan, the "
+                "cold tail's overflow): 'first-token' (the destination with the fewest of this "
+                "router's requests awaiting a first token) or 'p2c' (the paper's "
+                "power-of-two-choices on in-flight requests)"),
     "max-inflight": (int, 256, "requests in flight per destination before it counts as full"),
     "max-body-bytes": (int, 8 << 20, "largest request body accepted"),
     "probe-path": (str, "/health", "active health probe path ('' disables probes)"),
@@ -113,6 +117,8 @@ def build_client(args: argparse.Namespace, rid: str, command: str) -> Any:
                  if args.probe_path else None)
         if args.cold_tail not in ("hash", "p2c"):
             raise ValueError(f"--cold-tail {args.cold_tail!r}: use hash or p2c")
+        if args.balance not in BALANCES:
+            raise ValueError(f"--balance {args.balance!r}: use {' or '.join(BALANCES)}")
         if not (args.set_slack >= 0 and args.tail_slack >= 0):
             raise ValueError("--set-slack and --tail-slack must be >= 0")
         if args.history_slack != args.history_slack:
@@ -145,6 +151,7 @@ def build_client(args: argparse.Namespace, rid: str, command: str) -> Any:
         cache_path=args.cache_path or None, max_plan_age_s=args.max_plan_age_s,
         health=health, probe=probe, cold_tail=args.cold_tail)
     client.core.set_slack, client.core.tail_slack = args.set_slack, args.tail_slack
+    client.core.balance = args.balance
     client.core.history_slack = args.history_slack if args.history_slack >= 0 else None
     client.core.idle_rehome_s = args.idle_rehome_s or None
     if args.redis_url and args.history_share_period_s > 0 and client.core.history_slack is not None:

@@ -26,7 +26,12 @@ from typing import Any, Protocol
 import numpy as np
 
 from planner_svc.control import ControlLoop
-from planner_svc.control.capacity import MeasuredQCap, learned_q_cap, measured_q_cap
+from planner_svc.control.capacity import (
+    SLO_BREAK_REPORTS,
+    MeasuredQCap,
+    learned_q_cap,
+    measured_q_cap,
+)
 from planner_svc.control.decision import Action, Decision, DecisionSettings, Penalties
 from planner_svc.control.delivery import (
     DeliveryReport,
@@ -208,6 +213,8 @@ class Tunables:
     # Plan with q_cap measured from the engines' saturation and served loads
     # (control.capacity), within [q/2, 2q] of `q_cap`.
     learn_q_cap: bool = False
+    # The engines' TTFT p99 target for learning q_cap (seconds; 0 = none; control.capacity).
+    q_cap_ttft_slo_s: float = 0.0
     # Plan for a consistent-hashed cold tail (planning.placement); False = the paper's.
     hashed_tail: bool = False
 
@@ -272,6 +279,7 @@ class Planner:
         # started): the first plan waits until one full window length has passed since.
         self._first_window_end_ms: int | None = None
         self._window_ms = 0
+        self._first_ready_s: float | None = None  # when rates first allowed a first plan
         # Replicated planners (orchestration.leadership): only the leader installs, writes
         # the history or takes operator changes; a standby follows the store's plan.
         self.role = "single"
@@ -286,6 +294,10 @@ class Planner:
         # Per destination: the highest load per unit of weight it carried while its engine
         # reported no saturation, and when (ms); evidence that q_cap is at least that.
         self.served_peaks: dict[str, tuple[float, int]] = {}
+        # With a TTFT target: per destination, the lowest recent load that broke it (load,
+        # at ms), and its current run of reports over it (count, last report's time).
+        self.slo_breaks: dict[str, tuple[float, int]] = {}
+        self._slo_over_runs: dict[str, tuple[int, int]] = {}
         self.unknown_signals = 0
 
     # --- start-up ---------------------------------------------------------------
@@ -500,18 +512,35 @@ class Planner:
     SERVED_MEMORY_S = 600.0  # a served load older than this no longer vouches for q_cap
 
     def _note_served_loads(self, now_ms: int) -> None:
-        """Remember loads the engines carried without saturating (control.capacity)."""
+        """Remember loads the engines carried without saturating, and (with a TTFT target)
+        within it, and the loads that kept breaking the target (control.capacity)."""
         if self.telemetry is None:
             return
         max_age_ms = self.saturation_settings.max_age_s * 1000
+        memory_ms = self.SERVED_MEMORY_S * 1000
+        slo = self.tunables.q_cap_ttft_slo_s
         for d in self._destinations:
             signals = self.engine_signals.get(d.id)
-            if (signals is None or not signals.metrics or d.id in self.saturation
+            if (signals is None or not signals.metrics
                     or abs(now_ms - signals.observed_at_ms) > max_age_ms):
-                continue  # no fresh report that it coped
+                continue  # no fresh report
             load = self.telemetry.destination_loads_per_s.get(d.id, 0.0) / d.capacity_weight
+            ttft = signals.ttft_p99_s if signals.HasField("ttft_p99_s") else None
+            over = slo > 0 and ttft is not None and ttft == ttft and ttft > slo
+            run = self._slo_over_runs.get(d.id, (0, 0))
+            if over and signals.observed_at_ms != run[1]:
+                run = (run[0] + 1, signals.observed_at_ms)  # a new report over the target
+            elif not over:
+                run = (0, 0)
+            self._slo_over_runs[d.id] = run
+            if over and run[0] >= SLO_BREAK_REPORTS and load > 0:
+                broke = self.slo_breaks.get(d.id)
+                if broke is None or load <= broke[0] or now_ms - broke[1] > memory_ms:
+                    self.slo_breaks[d.id] = (load, now_ms)
+            if d.id in self.saturation or over:
+                continue  # it did not cope
             held = self.served_peaks.get(d.id)
-            if held is None or load >= held[0] or now_ms - held[1] > self.SERVED_MEMORY_S * 1000:
+            if held is None or load >= held[0] or now_ms - held[1] > memory_ms:
                 self.served_peaks[d.id] = (load, now_ms)
 
     def _realize(self, t: Telemetry) -> None:
@@ -601,12 +630,30 @@ class Planner:
             return False  # windows came, but with no traffic yet
         return self.rates_window_end_ms - self._first_window_end_ms >= self._window_ms
 
-    def _install_first(self, now: float) -> Decision:
+    def _install_first(self, now: float) -> Decision | None:
+        """The first plan, once the guard has judged the traffic. Its predicted affinity
+        gain needs a few windows to send a planned fleet to Flat-LB, and after an install
+        it waits out the rewarm dip as well: judged only after the first plan, low-reuse
+        traffic was routed by a plan for 65 s of the arena's 100-s runs before the guard's
+        fallback (docs/arena.md). So while a run of low predicted gains is under way the
+        first plan waits (for at most that run's length in windows, then plans), and a
+        fallback verdict installs Flat-LB instead of a plan."""
         assert self.traffic is not None
+        if self._first_ready_s is None:
+            self._first_ready_s = now
+        decision = self._loop.guard_only(now, self.telemetry)
+        if decision is None and self._loop.guard.gain_low_windows > 0:
+            window_s = (self._window_ms / 1000.0) or self.tunables.interval_s
+            patience = (self._loop.settings.guard.gain_low_windows + 1) * window_s
+            if now - self._first_ready_s < patience:
+                return None  # the guard's verdict on a low gain is a window or two away
         self._epoch_above_the_fleet()
         plan = self._candidate(fresh=True)
-        self._install(plan, now, forced=False)
         self._last_tick_s = now
+        if decision is not None and decision.action is Action.FALLBACK:
+            self._install(self._fallback_plan(plan), now, forced=False)
+            return self._log(decision)
+        self._install(plan, now, forced=False)
         return self._record(now, Action.INSTALL, "first plan: nothing was installed", None)
 
     def _control_step(self, now: float) -> Decision:
@@ -683,7 +730,7 @@ class Planner:
         assert self.traffic is not None
         config = self.planning_config()
         t = self.traffic
-        if fresh or self.installed is None:
+        if fresh or self.installed is None or self._serving_plan().config.is_fallback:
             return build_plan(t.keys, t.rates, config, prefix_tokens=t.prefix_tokens, clock=_timer)
         return repack(
             self._serving_plan(),
@@ -1038,9 +1085,12 @@ class Planner:
         knees = [rec.knee_per_s / by_id[dest].capacity_weight
                  for dest, rec in self.saturation.items()
                  if dest in by_id and rec.derated and rec.knee_per_s is not None]
+        memory_ms = self.SERVED_MEMORY_S * 1000
         served = [load for dest, (load, at_ms) in self.served_peaks.items()
-                  if dest in by_id and now_ms - at_ms <= self.SERVED_MEMORY_S * 1000]
-        return measured_q_cap(knees, served)
+                  if dest in by_id and now_ms - at_ms <= memory_ms]
+        breaks = [load for dest, (load, at_ms) in self.slo_breaks.items()
+                  if dest in by_id and now_ms - at_ms <= memory_ms]
+        return measured_q_cap(knees, served, breaks)
 
     def _q_cap_in_use(self) -> float:
         """The configured q_cap, or (learn_q_cap) the measured one within [q/2, 2q]."""

@@ -40,7 +40,7 @@ from planner_svc.simulator.hashring import HashRing
 from planner_svc.simulator.policies import Policy, PolicyContext, PolicyFactory
 from router_client.plan import RoutingPlan
 from router_client.ring import DEFAULT_TAIL_SLACK
-from router_client.routing import DEFAULT_HISTORY_SLACK, RouterCore, RoutingTable
+from router_client.routing import BALANCES, DEFAULT_HISTORY_SLACK, RouterCore, RoutingTable
 
 VARIANTS = ("full", "affinity", "replication")
 _NO_REPLICATION_Q_CAP = 1e18
@@ -84,6 +84,9 @@ class CacheRouteSettings:
     # the tail (only with `hashed_tail`) keeps the default, as a planner does whatever the
     # routers are set to.
     tail_slack: float = DEFAULT_TAIL_SLACK
+    # Where no plan or key decides: the paper's P2C, or the gateway's default, the fewest
+    # requests awaiting a first token (router_client.routing, `--balance`).
+    balance: str = "p2c"
 
     def label(self) -> str:
         names = {"full": "CacheRoute", "affinity": "+ affinity", "replication": "+ replication"}
@@ -95,7 +98,8 @@ class CacheRouteSettings:
                 + (" + idle re-homing" if self.idle_rehome_s is not None else "")
                 + (f" (tail slack {self.tail_slack:g})"
                    if self.cold_tail == "hash" and self.tail_slack != DEFAULT_TAIL_SLACK
-                   else ""))
+                   else "")
+                + (" + first-token balance" if self.balance != "p2c" else ""))
 
 
 def planning_config(n_destinations: int, s: CacheRouteSettings) -> PlanningConfig:
@@ -145,7 +149,8 @@ class CacheRoutePolicy:
                                cold_tail=settings.cold_tail, tail_slack=settings.tail_slack,
                                history_slack=(settings.history_slack if settings.session_affinity
                                               else None),
-                               idle_rehome_s=settings.idle_rehome_s)
+                               idle_rehome_s=settings.idle_rehome_s,
+                               balance=settings.balance)
         conversations = ctx.extra.get("conversations") if settings.session_affinity else None
         # Per request: its conversation (the gateway's session key), when the workload has it.
         self._sessions = (conversations.tolist()
@@ -314,23 +319,40 @@ class CacheRoutePolicy:
         return hashed_plan(self.keys, rates, cfg)
 
 
+class _FirstTokenCacheRoutePolicy(CacheRoutePolicy):
+    """With `balance="first-token"`: the simulators tell it each request's first token
+    (before its finish), as the gateway's stream relay tells its core."""
+
+    def first_token(self, i: int, dest: int, now: float) -> None:
+        self.core.first_token(dest)
+
+    def finished(self, i: int, dest: int, now: float) -> None:
+        self.core.finished(dest, answered=True)
+
+
 def gateway_like(q_cap: float, warm_slots_per_destination: int, *,
                  publish_delay_s: float = 0.5, hashed_tail: bool = False,
-                 tail_slack: float = DEFAULT_TAIL_SLACK) -> PolicyFactory:
+                 tail_slack: float = DEFAULT_TAIL_SLACK,
+                 balance: str = "first-token") -> PolicyFactory:
     """CacheRoute as `cacheroute gateway` and the planner run it by default: conversations
     kept on their member and with their history, the cold tail consistent-hashed, replans
     through the production control loop, plans reaching the router after a publish delay."""
     return cacheroute(CacheRouteSettings(
         q_cap=q_cap, warm_slots_per_destination=warm_slots_per_destination,
         session_affinity=True, cold_tail="hash", control_loop=True,
-        publish_delay_s=publish_delay_s, hashed_tail=hashed_tail, tail_slack=tail_slack))
+        publish_delay_s=publish_delay_s, hashed_tail=hashed_tail, tail_slack=tail_slack,
+        balance=balance))
 
 
 def cacheroute(settings: CacheRouteSettings) -> PolicyFactory:
     if settings.variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}")
 
+    if settings.balance not in BALANCES:
+        raise ValueError(f"balance must be one of {BALANCES}")
+    kind = CacheRoutePolicy if settings.balance == "p2c" else _FirstTokenCacheRoutePolicy
+
     def build(ctx: PolicyContext) -> Policy:
-        return CacheRoutePolicy(ctx, settings)
+        return kind(ctx, settings)
 
     return build

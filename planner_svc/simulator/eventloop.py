@@ -49,8 +49,18 @@ def run(w: Workload, routers: list[Policy], engines: list[Replica], block_tokens
     builder = ChainBuilder(w, block_tokens)
     # Policies that match on content (policies.ContentPolicy) get each request's chain.
     by_content = [getattr(r, "route_chain", None) for r in routers]
+    # Policies that balance on requests awaiting a first token (the gateway tells its core
+    # when a stream's first event arrives) hear of each first token before its finish.
+    on_first = [getattr(r, "first_token", None) for r in routers]
+    tell_first = any(f is not None for f in on_first)
+    firsts: list[tuple[float, int]] = []
     for i in range(n):
         now = ts[i]
+        while firsts and firsts[0][0] <= now:
+            t, j = heapq.heappop(firsts)
+            told = on_first[0 if single else router_of[j]]
+            if told is not None:
+                told(j, dest[j], t)
         while pending and pending[0] <= now:
             f = heapq.heappop(pending)
             for j in finishing.pop(f):
@@ -75,6 +85,8 @@ def run(w: Workload, routers: list[Policy], engines: list[Replica], block_tokens
         cached[i] = served.cached_tokens
         finish[i] = served.finish_time
         first[i] = served.first_token_time
+        if tell_first:
+            heapq.heappush(firsts, (served.first_token_time, i))
         f = served.finish_time
         same = finishing.get(f)
         if same is None:

@@ -33,6 +33,7 @@ from planner_svc.simulator.sessions import (
     population,
     sessions,
 )
+from router_client.keys import KeyRule, derive_key
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,9 @@ def simulate_sessions(pop: Population, plan: Sequence[Session], factory: PolicyF
     arrivals = [(s.start_s, k, 0) for k, s in enumerate(sessions)]
     heapq.heapify(arrivals)
     running: list[tuple[float, int, int]] = []  # (finish, request, destination)
+    # First tokens, for a policy that balances on requests awaiting one (eventloop.run).
+    on_first = getattr(policy, "first_token", None)
+    firsts: list[tuple[float, int, int]] = []
     window: list[int] = []
     next_control = control_interval_s if control_interval_s > 0 else float("inf")
     rows: list[tuple[int, int, int, float, int, int, int, float, float]] = []
@@ -86,6 +90,9 @@ def simulate_sessions(pop: Population, plan: Sequence[Session], factory: PolicyF
         now, k, j = heapq.heappop(arrivals)
         if now >= until_s:
             continue
+        while firsts and firsts[0][0] <= now:
+            f, i, d = heapq.heappop(firsts)
+            on_first(i, d, f)  # type: ignore[misc]
         while running and running[0][0] <= now:
             f, i, d = heapq.heappop(running)
             policy.finished(i, d, f)
@@ -95,7 +102,8 @@ def simulate_sessions(pop: Population, plan: Sequence[Session], factory: PolicyF
             next_control += control_interval_s
         s = sessions[k]
         turn = s.turns[j]
-        prompt = txt.render_chat(transcripts[k].ask(j)).encode()
+        messages = transcripts[k].ask(j)
+        prompt = txt.render_chat(messages).encode()
         ids = txt.block_chain(prompt, model.block_tokens)
         answer = txt.answer_text(prompt, turn.output_tokens)
         answer_ids = txt.answer_chain(prompt, answer.encode(), ids, model.block_tokens)
@@ -103,12 +111,15 @@ def simulate_sessions(pop: Population, plan: Sequence[Session], factory: PolicyF
         i = first[k] + j
         chain = txt.as_chain(ids)
         d = (on_content(i, s.tenant, chain, prompt_tokens, turn.output_tokens, now)
-             if on_content else policy.route(i, s.tenant, prompt_tokens, 0, turn.output_tokens,
+             if on_content else policy.route(i, s.tenant, prompt_tokens,
+                                             _reported_prefix(messages), turn.output_tokens,
                                              now))
         served = engines[d].admit(chain, prompt_tokens, turn.output_tokens, now,
                                   txt.as_chain(answer_ids))
         window.append(s.tenant)
         heapq.heappush(running, (served.finish_time, i, d))
+        if on_first is not None:
+            heapq.heappush(firsts, (served.first_token_time, i, d))
         rows.append((s.sid, j, s.tenant, now, d, prompt_tokens, served.cached_tokens,
                      served.first_token_time - now, served.finish_time - now))
         transcripts[k].answered(answer)
@@ -116,6 +127,15 @@ def simulate_sessions(pop: Population, plan: Sequence[Session], factory: PolicyF
             heapq.heappush(arrivals, (served.finish_time + s.turns[j + 1].think_s, k, j + 1))
     cols = list(zip(*rows, strict=True)) if rows else [()] * 9
     return SessionRecords(*(np.asarray(c) for c in cols))
+
+
+_KEY_RULE = KeyRule()  # the gateway's defaults
+
+
+def _reported_prefix(messages: list[dict[str, str]]) -> int:
+    """The reusable prefix a gateway reports for the request (its events' prefix tokens:
+    the characters its key covers / 4), which the planner's guard judges affinity on."""
+    return derive_key({"messages": messages}, {}, _KEY_RULE).prefix_chars // 4
 
 
 def arena_run(scenario: str, seed: int, factory: PolicyFactory, *, rate_scale: float = 1.0,

@@ -173,10 +173,11 @@ class Proxy:
             except BaseException:
                 core.finished(slot)
                 raise
+            answered = [False]  # set by the stream relay at the first event
             try:
-                await self._relay(call, dest, upstream, out)
+                await self._relay(call, dest, slot, upstream, out, answered)
             finally:
-                core.finished(slot)
+                core.finished(slot, answered=answered[0])
             return
         send_error(out, 502, "no destination could take the request", "upstream_error",
                    extra=[(hdr.REQUEST_ID, call.request_id)])
@@ -241,9 +242,13 @@ class Proxy:
             out.append((DESTINATION_HEADER, dest))
         return out
 
-    async def _relay(self, call: _Call, dest: str, upstream: Upstream, out: Responder) -> None:
+    async def _relay(self, call: _Call, dest: str, slot: int, upstream: Upstream,
+                     out: Responder, answered: list[bool]) -> None:
+        """Relay the response; a streamed one tells the core when its first event arrives
+        (`answered[0]` then True): the request no longer waits for a prefill
+        (`RouterCore.first_token`, `--balance first-token`)."""
         if upstream.status < 300 and upstream.content_type == "text/event-stream":
-            await self._relay_stream(call, dest, upstream, out)
+            await self._relay_stream(call, dest, slot, upstream, out, answered)
             return
         try:
             data = await self._read_all(upstream)
@@ -278,8 +283,8 @@ class Proxy:
         except TimeoutError:
             raise UpstreamError("the response body stalled", sent=True, timeout=True) from None
 
-    async def _relay_stream(self, call: _Call, dest: str, upstream: Upstream,
-                            out: Responder) -> None:
+    async def _relay_stream(self, call: _Call, dest: str, slot: int, upstream: Upstream,
+                            out: Responder, answered: list[bool]) -> None:
         splitter = sse.SseSplitter()
         done, usage, first = False, None, None
         idle = self.settings.idle_timeout_s
@@ -296,6 +301,8 @@ class Proxy:
                 if first is None:
                     first = time.perf_counter() - call.started
                     self.metrics.ttft.observe(first)
+                    call.client.core.first_token(slot)
+                    answered[0] = True
                 kept = []
                 for event in events:
                     info = sse.inspect(event)

@@ -221,6 +221,25 @@ def test_a_stream_is_counted_at_its_done_even_if_the_engine_closes_late(
     assert gw.sink.kinds() == ["request", "cache_hit"]
 
 
+def test_a_streamed_request_stops_awaiting_at_its_first_event_and_ends_at_its_close(
+        gw: GatewayThread, fleet: EngineFleet) -> None:
+    """`--balance first-token` counts a request as awaiting a first token until its stream's
+    first event: while an engine keeps a finished stream open it is in flight, not waiting.
+    A non-streamed request waits until it ends."""
+    assert gw.client is not None
+    core = gw.client.core
+    for engine in fleet.urls:
+        fault(fleet, engine, "linger", delay_s=1.5)
+    list(chat(sdk(gw), "a whole answer", stream=True))
+    assert sum(core.inflight) == 1 and sum(core.awaiting) == 0  # the engine still lingers
+    assert eventually(lambda: sum(core.inflight) == 0, 10.0)
+    assert sum(core.awaiting) == 0
+    for engine in fleet.urls:
+        fault(fleet, engine, "up")
+    chat(sdk(gw), "not streamed")
+    assert sum(core.inflight) == 0 and sum(core.awaiting) == 0
+
+
 def test_a_slow_backend_is_not_sent_the_request_twice(gw: GatewayThread,
                                                      fleet: EngineFleet) -> None:
     before = {i: last_request(fleet, i).get("received", 0) for i in fleet.urls}

@@ -549,6 +549,76 @@ def test_guard_gain_floor_serves_flat_lb_where_affinity_cannot_win_and_resumes(
         svc.stop(0)
 
 
+def test_traffic_with_too_little_to_reuse_never_gets_a_plan_before_the_guards_verdict(
+        redis_server, tmp_path):
+    """The guard judges the predicted gain before the first plan: while a run of low
+    gains is under way nothing is installed (routers keep their cold tail), the run's
+    verdict installs Flat-LB as the first table, and a gain that comes back later gets a
+    plan built fresh (there is no planned table to repack)."""
+    settings = planner_settings(redis_server.url, tmp_path, interval_s=5.0,
+                                validated_affinity_gain_min=DEFAULT_AFFINITY_GAIN_MIN,
+                                warm_slots_per_destination=60, guard_resume_dwell_s=10.0)
+    svc = build_service(settings, consume=False)
+    try:
+        keys = paper_like_keys(400)
+        rates = paper_like_rates(400, 300.0, seed=1)
+        start = int(time.time() * 1000)
+
+        def window_at(step: int, prefix: float, hit: float) -> object:
+            end = start + step * 5_000
+            svc.planner.on_window(make_window(
+                keys, rates, window_end_ms=end, window_s=5.0, hit_rate=hit,
+                destinations=list(DESTS), prefix_tokens=prefix))
+            return svc.planner.tick(now_s=end / 1000.0 + 0.1)
+
+        assert window_at(0, 30.0, 0.02) is None  # rates do not cover a window yet
+        assert window_at(1, 30.0, 0.02) is None  # they do: the guard's first low window
+        assert window_at(2, 30.0, 0.02) is None
+        assert svc.planner.installed is None and svc.publisher.current() is None
+        decision = window_at(3, 30.0, 0.02)  # the third low window: the verdict
+        assert decision is not None and decision.action == "fallback"
+        assert "predicted affinity gain" in decision.reason
+        live = svc.publisher.load(svc.publisher.current().version)
+        assert live.config.is_fallback and len(live.table) == 0
+        for step in range(4, 13):
+            window_at(step, 900.0, 0.3)  # the gain is back: resume after the dwell
+        assert svc.planner.mode == "planned"
+        live = svc.publisher.load(svc.publisher.current().version)
+        assert not live.config.is_fallback and len(live.table) > 0
+    finally:
+        svc.stop(0)
+
+
+def test_a_low_gain_that_never_settles_delays_the_first_plan_by_at_most_its_run(
+        redis_server, tmp_path):
+    """One low window, then windows whose gain is unknown: the run neither grows nor ends,
+    so the first plan waits no longer than the run's length in windows (plus one) and
+    then plans as before."""
+    settings = planner_settings(redis_server.url, tmp_path, interval_s=5.0,
+                                validated_affinity_gain_min=DEFAULT_AFFINITY_GAIN_MIN,
+                                warm_slots_per_destination=60)
+    svc = build_service(settings, consume=False)
+    try:
+        keys = paper_like_keys(400)
+        rates = paper_like_rates(400, 300.0, seed=1)
+        start = int(time.time() * 1000)
+        decisions = []
+        for step in range(8):
+            end = start + step * 5_000
+            # No prefix reported and nothing served from cache: the gain is unknown.
+            prefix, hit = (30.0, 0.02) if step == 1 else (0.0, 0.0)
+            svc.planner.on_window(make_window(
+                keys, rates, window_end_ms=end, window_s=5.0, hit_rate=hit,
+                destinations=list(DESTS), prefix_tokens=prefix))
+            decisions.append(svc.planner.tick(now_s=end / 1000.0 + 0.1))
+        installs = [i for i, d in enumerate(decisions) if d is not None]
+        assert installs and installs[0] == 5  # ready at step 1, then (3 + 1) windows of 5 s
+        assert decisions[5].action == "install"
+        assert len(svc.publisher.load(svc.publisher.current().version).table) > 0
+    finally:
+        svc.stop(0)
+
+
 def test_the_guard_acts_while_a_rollback_pins_the_plan(redis_server, tmp_path):
     """The pin holds the plan, not the safety net: out of range, the pinned fleet falls
     back; back in range, it resumes to the pinned plan (not a new candidate)."""

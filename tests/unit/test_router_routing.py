@@ -186,3 +186,65 @@ def test_engine_reported_load_is_fused_with_the_routers_own_and_expires():
     assert core.load == [0, 0]
     core.report_engine_load({"d0": float("nan"), "d1": 1e30})  # garbage is bounded
     assert core.load[0] == 0 and core.load[1] == 10**9
+
+
+def test_first_token_balance_sends_to_the_fewest_awaiting_a_first_token():
+    """`balance="first-token"`: in fallback a destination busy decoding (many in flight,
+    none awaiting a first token) wins over one still prefilling a single request."""
+    core = RouterCore(["d0", "d1", "d2"], seed=0, balance="first-token")
+    core.set_fallback(True)
+    for _ in range(5):
+        core.started(0)
+        core.first_token(0)  # five streams on d0, all past their first token
+    core.started(1)  # one request on d1, still waiting for its first token
+    core.started(2)
+    assert core.awaiting == [0, 1, 1] and core.inflight == [5, 1, 1]
+    assert {core.route_index("k") for _ in range(50)} == {0}
+    p2c = RouterCore(["d0", "d1", "d2"], seed=0)  # the paper's: in-flight counts decide
+    p2c.set_fallback(True)
+    for slot, n in ((0, 5), (1, 1), (2, 1)):
+        for _ in range(n):
+            p2c.started(slot)
+    assert 0 not in {p2c.route_index("k") for _ in range(50)}
+
+
+def test_first_token_balance_breaks_ties_by_load_then_in_turn():
+    core = RouterCore(["d0", "d1", "d2", "d3"], seed=0, balance="first-token")
+    core.started(1)
+    core.first_token(1)  # d1: one decoding, nothing awaiting
+    # No plan: every destination has nothing awaiting, d1 has the higher load, so the
+    # others take turns.
+    picks = [core.route_index(f"k{i}") for i in range(6)]
+    assert 1 not in picks and set(picks) == {0, 2, 3}
+    assert Counter(picks) == Counter({0: 2, 2: 2, 3: 2})
+
+
+def test_awaiting_counts_follow_first_tokens_and_ends_and_never_go_negative():
+    core = RouterCore(["d0"], balance="first-token")
+    core.started(0)
+    core.started(0)
+    core.first_token(0)
+    core.finished(0, answered=True)  # a stream that got its first token, then ended
+    assert core.awaiting == [1] and core.inflight == [1]
+    core.finished(0)  # one that ended with no first token (an error, a plain response)
+    assert core.awaiting == [0] and core.inflight == [0]
+    core.first_token(0)
+    core.finished(0)
+    assert core.awaiting == [0] and core.inflight == [0]
+
+
+def test_first_token_balance_weighs_destinations_by_capacity():
+    plan = RoutingPlan(config=PlanConfig(10.0, 4, 16, built_by="fallback"),
+                       destinations=(DestinationSpec("big", capacity_weight=4.0),
+                                     DestinationSpec("small")),
+                       table=KeyTable.from_sets([], [], []), version=Version(1, 1))
+    core = RouterCore(["big", "small"], seed=0, balance="first-token")
+    core.install(RoutingTable.from_plan(plan))
+    for _ in range(40):  # nobody answers: all wait for a first token
+        core.started(core.route_index("k"))
+    assert core.awaiting == [32, 8]
+
+
+def test_an_unknown_balance_is_refused():
+    with pytest.raises(ValueError, match="balance"):
+        RouterCore(["d0"], balance="round-robin")

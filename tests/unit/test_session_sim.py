@@ -10,8 +10,10 @@ import numpy as np
 from planner_svc.simulator.cacheroute_policy import gateway_like
 from planner_svc.simulator.policies import round_robin
 from planner_svc.simulator.replica import ReplicaModel
-from planner_svc.simulator.session_sim import simulate_sessions
+from planner_svc.simulator.session_sim import arena_run, simulate_sessions
 from planner_svc.simulator.sessions import SCENARIOS, population, sessions
+from planner_svc.simulator.simulator import ClusterSpec, simulate
+from planner_svc.simulator.workload import ScenarioSpec, paper_like
 
 MODEL = ReplicaModel(kv_capacity_tokens=200_000).time_scaled(0.5)
 
@@ -48,3 +50,87 @@ def test_cacheroute_keeps_conversations_and_tenants_warm_where_round_robin_canno
     _, cr = _run(gateway_like(24.0, 12), 4, until_s=40.0)
     _, rr = _run(round_robin, 4, until_s=40.0)
     assert cr.hit_rate(10.0) > rr.hit_rate(10.0) + 0.05
+
+
+class _Recorder:
+    """A round-robin router that records what the simulator tells it, in order."""
+
+    name = "recorder"
+
+    def __init__(self, ctx) -> None:
+        self.n, self.i = ctx.n_destinations, 0
+        self.events: list[tuple[str, int, float]] = []
+
+    def route(self, i, key, prompt, prefix, output, now) -> int:
+        self.events.append(("route", i, now))
+        self.i = (self.i + 1) % self.n
+        return self.i
+
+    def first_token(self, i, dest, now) -> None:
+        self.events.append(("first", i, now))
+
+    def finished(self, i, dest, now) -> None:
+        self.events.append(("finished", i, now))
+
+    def control(self, now, window_keys, window_s) -> None:
+        return None
+
+
+def _check_first_tokens_come_between_route_and_finish(events) -> None:
+    """Each request: routed, then its first token, then (if before the end) its finish,
+    each told at or before the next arrival and never before its own route."""
+    seen: dict[int, list[str]] = {}
+    routed: dict[int, float] = {}
+    told: list[float] = []
+    for kind, i, t in events:
+        if kind == "route":
+            assert all(x <= t for x in told)
+            told = []
+            routed[i] = t
+        else:
+            assert t >= routed[i]
+            told.append(t)
+        seen.setdefault(i, []).append(kind)
+    heard = [kinds for kinds in seen.values() if len(kinds) > 1]
+    assert heard and all(k in (["route", "first"], ["route", "first", "finished"])
+                         for k in heard)
+
+
+def test_a_router_that_balances_on_first_tokens_hears_each_before_its_finish() -> None:
+    routers: list[_Recorder] = []
+
+    def factory(ctx):
+        routers.append(_Recorder(ctx))
+        return routers[-1]
+
+    _run(factory, 3)
+    _check_first_tokens_come_between_route_and_finish(routers[0].events)
+
+
+def test_the_replay_loop_tells_first_tokens_before_finishes_too() -> None:
+    w = paper_like(ScenarioSpec(20.0, 3_000, 1, n_keys=300, interval_s=20.0))
+    routers: list[_Recorder] = []
+
+    def factory(ctx):
+        routers.append(_Recorder(ctx))
+        return routers[-1]
+
+    simulate(w, factory, ClusterSpec(n_destinations=3, model=MODEL), seed=1)
+    _check_first_tokens_come_between_route_and_finish(routers[0].events)
+
+
+def test_the_guard_reads_the_gateways_reported_prefix_and_falls_back_on_low_reuse() -> None:
+    """The session simulator reports each request's prefix as a gateway does (the
+    characters its key covers / 4), so the production guard judges low-reuse tenants
+    (short system prompts) and serves Flat-LB, as in the arena, and keeps planning
+    paper-like tenants."""
+    policies = []
+
+    def factory(ctx):
+        policies.append(gateway_like(3.0, 12)(ctx))
+        return policies[-1]
+
+    for name, mode in (("low-reuse", "fallback"), ("paper-like", "planned")):
+        arena_run(name, 1, factory, rate_scale=4.0, time_scale=4.0, warmup_s=60.0,
+                  measure_s=10.0)
+        assert policies[-1].core.mode == mode, (name, policies[-1].gains)
