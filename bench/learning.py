@@ -19,9 +19,11 @@ the paper-like conversations, a 2-s TTFT p99 SLO):
    events and /metrics, the engine watcher (`python -m streams engines`) feeding the
    planner, CacheRoute's whole stack with `learn_warm_slots` and `learn_q_cap` on, started
    with W and q_cap both twice the best value and then both half of it, driven near
-   capacity. The planner's W and q_cap in use are read every few seconds over gRPC; the
-   figure is where they settle (the median of the last third of the run) against the sweep's
-   best value and its plateau. Target: within 15 % of a value that maximises capacity, i.e.
+   capacity, the planner given the SLO as its TTFT target (`q_cap_ttft_slo_s`: loads that
+   keep breaking it bound q_cap from above; `--no-ttft-target` leaves it out). The
+   planner's W and q_cap in use are read every few seconds over gRPC; the figure is where
+   they settle (the median of the last third of the run) against the sweep's best value
+   and its plateau. Target: within 15 % of a value that maximises capacity, i.e.
    of the plateau (0 % inside it).
 
 Writes docs/results/learning/ (table, CSV, a plot of the values over time); last line JSON.
@@ -148,7 +150,7 @@ def plateau_error(value: float, plateau: list[float]) -> float:
 
 
 def live(start_factor: float, best_q: float, best_w: float, run_s: float, scale: float,
-         seed: int, work: Path) -> list[dict[str, Any]]:
+         seed: int, work: Path, ttft_target: bool = True) -> list[dict[str, Any]]:
     """One learning run: the arena's fleet and CacheRoute's stack with learning on, started
     at `start_factor` x the best values; the planner's values every few seconds."""
     sys.path.insert(0, str(ROOT / "bench"))
@@ -166,7 +168,8 @@ def live(start_factor: float, best_q: float, best_w: float, run_s: float, scale:
         window_s=6.0 * TIME_SCALE, hop_s=2.0 * TIME_SCALE, interval_s=4.0 * TIME_SCALE,
         q_cap=best_q * start_factor, warm_slots_per_destination=max(1, round(best_w
                                                                           * start_factor)),
-        learn=True, engine_watch=_watch_spec(fleet), workdir=str(work / "stack")),
+        learn=True, q_cap_ttft_slo_s=SLO_S if ttft_target else 0.0,
+        engine_watch=_watch_spec(fleet), workdir=str(work / "stack")),
         fresh=True, settle_s=1.0)
     samples: list[dict[str, Any]] = []
     stop = threading.Event()
@@ -190,6 +193,9 @@ def live(start_factor: float, best_q: float, best_w: float, run_s: float, scale:
                             "q_cap_in_use": s.q_cap_in_use,
                             "q_cap_measured": s.measured_q_cap,
                             "q_cap_source": s.measured_q_cap_source,
+                            "q_cap_slo_bound": (s.measured_q_cap_slo_bound
+                                                if s.HasField("measured_q_cap_slo_bound")
+                                                else None),
                             "w_in_use": s.warm_slots_in_use,
                             "w_measured": s.measured_warm_slots})
 
@@ -232,6 +238,9 @@ def main() -> int:
     ap.add_argument("--from-csv", default="", help="summarise an earlier sweep.csv")
     ap.add_argument("--best-q-cap", type=float, default=0.0, help="skip the sweep's q_cap")
     ap.add_argument("--best-w", type=float, default=0.0, help="skip the sweep's W")
+    ap.add_argument("--no-ttft-target", action="store_true",
+                    help="learn q_cap without the planner's TTFT target (saturation and served "
+                    "loads only, as before 2026-12-05)")
     ap.add_argument("--out", default=str(OUT))
     args = ap.parse_args()
     out = Path(args.out)
@@ -275,7 +284,8 @@ def main() -> int:
         samples: list[dict[str, Any]] = []
         for factor in (2.0, 0.5):
             with tempfile.TemporaryDirectory(prefix="learning-") as tmp:
-                samples += live(factor, best_q, best_w, args.run_s, args.scale, 1, Path(tmp))
+                samples += live(factor, best_q, best_w, args.run_s, args.scale, 1, Path(tmp),
+                                ttft_target=not args.no_ttft_target)
         with open(out / "live.csv", "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=list(samples[0]))
             writer.writeheader()
@@ -289,7 +299,9 @@ def main() -> int:
             q_err, w_err = abs(q / best_q - 1), abs(w / best_w - 1)
             q_out, w_out = plateau_error(q, plateaus["q_cap"]), plateau_error(w, plateaus["w"])
             print(f"{factor:>5g}x {q:>14.3g} {q_err:>7.1%} {q_out:>9.1%} {w:>10.3g} "
-                  f"{w_err:>7.1%} {w_out:>9.1%}")
+                  f"{w_err:>7.1%} {w_out:>9.1%}   (last q_cap evidence: "
+                  f"{run[-1]['q_cap_source'] or 'none'}, TTFT bound "
+                  f"{run[-1]['q_cap_slo_bound']})" if run else "")
             tag = "high" if factor > 1 else "low"
             figures.update({f"q_cap_from_{tag}": round(q, 3), f"w_from_{tag}": round(w, 2),
                             f"q_cap_error_from_{tag}": round(q_err, 3),

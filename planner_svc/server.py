@@ -97,6 +97,7 @@ def tunables_from(settings: PlannerSettings) -> Tunables:
         rate_noise_z=settings.rate_noise_z,
         learn_warm_slots=settings.learn_warm_slots,
         learn_q_cap=settings.learn_q_cap,
+        q_cap_ttft_slo_s=settings.q_cap_ttft_slo_s,
         hashed_tail=settings.hashed_tail,
     )
 

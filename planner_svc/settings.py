@@ -64,6 +64,10 @@ class PlannerSettings:
     # Plan with q_cap measured from the engines' /metrics (saturation knees, served loads),
     # bounded to [q/2, 2q] of `q_cap`; the configured q_cap while nothing was measured.
     learn_q_cap: bool = False
+    # With learn_q_cap: the engines' TTFT p99 target (seconds; 0 = none). A load counts as
+    # served only within it, and loads that keep breaking it bound q_cap from above
+    # (control.capacity): set it to the SLO capacity is judged by.
+    q_cap_ttft_slo_s: float = 0.0
     # Model the routers' consistent-hashed cold tail on the shared ring and place keys
     # entering the plan where that tail already sends them (no rewarm on admission). Off by
     # default: in the paper-like replay at the knee it cost capacity (150 against 210 QPS at

@@ -119,6 +119,8 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
         if q is not None:
             measured.update(measured_q_cap=q.value, measured_q_cap_source=q.source,
                             measured_q_cap_destinations=q.destinations)
+            if q.slo_bound is not None:
+                measured.update(measured_q_cap_slo_bound=q.slo_bound)
         return planner_pb2.PlannerStatus(
             mode=convert.MODE_TO_PB[s.mode],
             installed=convert.version_pb(installed.plan.version) if installed else None,

@@ -168,7 +168,9 @@ def status_dict(pb: Any, planner: str) -> dict[str, Any]:
                   "learning": pb.config.learn_q_cap,
                   "measured": pb.measured_q_cap if pb.HasField("measured_q_cap") else None,
                   "source": pb.measured_q_cap_source,
-                  "destinations": pb.measured_q_cap_destinations},
+                  "destinations": pb.measured_q_cap_destinations,
+                  "slo_bound": (pb.measured_q_cap_slo_bound
+                                if pb.HasField("measured_q_cap_slo_bound") else None)},
         "saturated": [{"destination": x.destination, "reason": x.reason,
                        "since_ms": x.since_ms or None,
                        "clear_since_ms": x.clear_since_ms or None, "derated": x.derated,
@@ -345,10 +347,14 @@ def render_engine(e: Mapping[str, Any], now_ms: int) -> str:
 
 def render_q_cap(q: Mapping[str, Any]) -> str:
     """The configured q_cap, what the engines measured and what plans use."""
-    how = ("the median capacity of {n} saturated destination(s)" if q["source"] == "knee"
-           else "the most {n} unsaturated destination(s) carried: a lower bound")
+    how = {"knee": "the median capacity of {n} saturated destination(s)",
+           "slo": "the median load at which {n} destination(s) kept breaking the TTFT target"
+           }.get(q["source"], "the most {n} unsaturated destination(s) carried: a lower bound")
     line = (f"configured {q['configured']:g}/s; measured {q['measured']:.3g}/s per unit of "
             f"weight, {how.format(n=q['destinations'])}")
+    bound = q.get("slo_bound")
+    if bound is not None and q["source"] != "slo":
+        line += f"; at most {bound:.3g}/s (loads that kept breaking the TTFT target)"
     if q["learning"]:
         line += f"; planning with {q['in_use']:.3g}/s (within [q/2, 2q])"
     return line

@@ -11,6 +11,19 @@ stream's per-destination arrival rates:
   that. Without any knee, the highest such load per unit of weight is a lower bound: it
   can raise a q_cap typed in too low, never lower one.
 
+With a TTFT target (`q_cap_ttft_slo_s`) the engines' TTFT p99 joins the evidence, since a
+queue that never grows can still make requests wait past the SLO (the arena's engines carried
+5 req/s per destination without a growing queue, where the SLO capacity peaks at a q_cap of
+2.1; docs/engine-setup.md):
+
+- a served load counts only if the destination's TTFT p99 met the target;
+- **an SLO break**: a destination whose TTFT p99 stayed over the target for two reports in a
+  row showed a load it cannot carry within the SLO: an upper bound. The fleet's bound is the
+  median over the destinations that showed one (one engine's burst does not set it), and the
+  learned q_cap never exceeds it, whatever the knee or the served loads say. Planned at that
+  bound, the hottest destinations carry less; if they still break the SLO the bound moves
+  down again, until the loads the plan allows are loads the engines carry within it.
+
 With `learn_q_cap` the planner plans with the measured value, kept within [q/2, 2q] of the
 operator's q_cap (a cold, idle or misreporting fleet moves it by at most a factor of two),
 and with the operator's while nothing was measured. Passive measurement sees only the loads
@@ -23,34 +36,54 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-KNEE, SERVED = "knee", "served"
+KNEE, SERVED, SLO = "knee", "served", "slo"
+# Consecutive reports over the TTFT target before a destination's load counts as an SLO break.
+SLO_BREAK_REPORTS = 2
 
 
 @dataclass(frozen=True, slots=True)
 class MeasuredQCap:
     value: float
-    source: str  # KNEE: measured at saturation; SERVED: a lower bound from unsaturated load
+    # KNEE: measured at saturation; SERVED: a lower bound from loads carried (within the
+    # SLO, when one is set); SLO: only an upper bound, from loads that broke the SLO.
+    source: str
     destinations: int  # how many destinations the figure comes from
+    # The SLO's upper bound (the median load that broke it), when any destination showed one.
+    slo_bound: float | None = None
 
 
 def measured_q_cap(knees_per_weight: Sequence[float],
-                   served_per_weight: Sequence[float]) -> MeasuredQCap | None:
+                   served_per_weight: Sequence[float],
+                   slo_breaks_per_weight: Sequence[float] = ()) -> MeasuredQCap | None:
     """`knees_per_weight`: each saturated destination's measured capacity / its configured
     weight; `served_per_weight`: each unsaturated destination's highest recent load / its
-    weight. None without either."""
+    weight; `slo_breaks_per_weight`: each destination's lowest recent load that broke the
+    TTFT target / its weight. None without any."""
+    breaks = [b for b in slo_breaks_per_weight if b > 0]
+    bound = float(statistics.median(breaks)) if breaks else None
     knees = [k for k in knees_per_weight if k > 0]
     if knees:
-        return MeasuredQCap(float(statistics.median(knees)), KNEE, len(knees))
+        return MeasuredQCap(float(statistics.median(knees)), KNEE, len(knees), bound)
     served = [s for s in served_per_weight if s > 0]
     if served:
-        return MeasuredQCap(float(max(served)), SERVED, len(served))
+        return MeasuredQCap(float(max(served)), SERVED, len(served), bound)
+    if bound is not None:
+        return MeasuredQCap(bound, SLO, len(breaks), bound)
     return None
 
 
 def learned_q_cap(configured: float, measured: MeasuredQCap | None) -> float:
     """The q_cap to plan with: the measured knee, or a served load above the configured
-    q_cap, within [q/2, 2q]; the configured q_cap otherwise."""
+    q_cap, never above the SLO's bound, within [q/2, 2q]; the configured q_cap otherwise."""
     if measured is None:
         return configured
-    value = measured.value if measured.source == KNEE else max(configured, measured.value)
+    if measured.source == KNEE:
+        value = measured.value
+    elif measured.source == SERVED:
+        value = max(configured, measured.value)
+    else:
+        value = configured
+    if measured.slo_bound is not None:
+        value = min(value, measured.slo_bound)
     return min(2 * configured, max(configured / 2, value))
+

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
 import contextlib
 import json
 import signal
@@ -56,6 +57,11 @@ class Fault:
     delay_s: float = 0.0
 
 
+# vLLM's `vllm:time_to_first_token_seconds` buckets (vllm/v1/metrics/loggers.py, v0.10-0.11).
+TTFT_BUCKETS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
+                  5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+
+
 @dataclass
 class EngineCounters:
     received: int = 0  # requests that arrived (before any fault applies)
@@ -64,6 +70,14 @@ class EngineCounters:
     cached_tokens: int = 0
     running: int = 0
     by_path: dict[str, int] = field(default_factory=dict)
+    # TTFT histogram: per bucket of TTFT_BUCKETS_S (then +Inf), requests whose first token
+    # came within it, not cumulative; the sum in seconds.
+    ttft_counts: list[int] = field(default_factory=lambda: [0] * (len(TTFT_BUCKETS_S) + 1))
+    ttft_sum_s: float = 0.0
+
+    def first_token(self, ttft_s: float) -> None:
+        self.ttft_counts[bisect.bisect_left(TTFT_BUCKETS_S, ttft_s)] += 1
+        self.ttft_sum_s += ttft_s
 
 
 class EmulatedEngine:
@@ -173,8 +187,9 @@ class EmulatedEngine:
         answer = txt.answer_text(prompt, output_tokens)
         answer_ids = txt.answer_chain(prompt, answer.encode(), ids, self.block_tokens)
         prompt_tokens = txt.token_count(prompt)
+        arrived = time.monotonic()
         served = self.replica.admit(txt.as_chain(ids), prompt_tokens, output_tokens,
-                                    time.monotonic(), txt.as_chain(answer_ids))
+                                    arrived, txt.as_chain(answer_ids))
         c = self.counters
         c.requests += 1
         c.prompt_tokens += prompt_tokens
@@ -189,8 +204,10 @@ class EmulatedEngine:
         self._prefill_starts[ticket] = served.prefill_start_time
         try:
             if body.get("stream") is True:
-                await self._stream(out, body, answer, usage, served, meta)
+                await self._stream(out, body, answer, usage, served, meta, arrived)
                 return
+            await _sleep_until(served.first_token_time)
+            c.first_token(served.first_token_time - arrived)
             await _sleep_until(served.finish_time)
             _send(out, 200, meta.full(answer, usage), self._headers())
         finally:
@@ -203,7 +220,8 @@ class EmulatedEngine:
         return sum(1 for t in self._prefill_starts.values() if t > now)
 
     async def _stream(self, out: Responder, body: dict[str, Any], answer: str,
-                      usage: dict[str, Any], served: Any, meta: _Meta) -> None:
+                      usage: dict[str, Any], served: Any, meta: _Meta,
+                      arrived: float) -> None:
         options = body.get("stream_options")
         include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
         words = [answer[i:i + txt.BYTES_PER_TOKEN]
@@ -211,6 +229,7 @@ class EmulatedEngine:
         pieces = ["".join(words[i:i + TOKENS_PER_EVENT])
                   for i in range(0, len(words), TOKENS_PER_EVENT)]
         await _sleep_until(served.first_token_time)
+        self.counters.first_token(served.first_token_time - arrived)
         out.start(200, [("Content-Type", "text/event-stream"), ("Cache-Control", "no-cache"),
                         *self._headers()])
         start, span = served.first_token_time, served.finish_time - served.first_token_time
@@ -308,7 +327,15 @@ class EmulatedEngine:
             f"vllm:prefix_cache_hits_total{labels} {c.cached_tokens}",
             "# TYPE vllm:request_success counter",
             f"vllm:request_success_total{labels} {c.requests}",
+            "# TYPE vllm:time_to_first_token_seconds histogram",
         ]
+        cumulative = 0
+        for le, n in zip((*TTFT_BUCKETS_S, "+Inf"), c.ttft_counts, strict=True):
+            cumulative += n
+            lines.append(f'vllm:time_to_first_token_seconds_bucket{{engine="0",le="{le}",'
+                         f'model_name="{self.served_model}"}} {cumulative}')
+        lines += [f"vllm:time_to_first_token_seconds_sum{labels} {c.ttft_sum_s:.6f}",
+                  f"vllm:time_to_first_token_seconds_count{labels} {cumulative}"]
         out.send(200, [("Content-Type", "text/plain; version=0.0.4")],
                  ("\n".join(lines) + "\n").encode())
 

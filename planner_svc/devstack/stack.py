@@ -61,6 +61,8 @@ class StackOptions:
     rate_noise_z: float = 0.0
     # Plan with W and q_cap learned from the engines' own signals (Tunables.learn_*).
     learn: bool = False
+    # With `learn`: the engines' TTFT p99 target q_cap is learned against (s; 0 = none).
+    q_cap_ttft_slo_s: float = 0.0
     # The engines' signals, read beside the stack by `python -m streams engines`:
     # (--kv "id=tcp://pub/replay,...", --metrics "id=http://engine,..."); empty: not run.
     engine_watch: tuple[str, str] = ("", "")
@@ -229,6 +231,8 @@ def start_planner(stack: LocalStack) -> ManagedProcess:
         argv += ["--rate-noise-z", str(o.rate_noise_z)]
     if o.learn:
         argv += ["--learn-warm-slots", "true", "--learn-q-cap", "true"]
+        if o.q_cap_ttft_slo_s > 0:
+            argv += ["--q-cap-ttft-slo-s", str(o.q_cap_ttft_slo_s)]
     # Only tokens that are set: an empty flag would override the planner's environment.
     for flag, token in (("--operator-token", o.operator_token), ("--reader-token", o.reader_token)):
         if token:

@@ -102,7 +102,7 @@ class EngineLoad:
     kv_usage: float | None
     prefix_hit_rate: float | None  # hits / queries between the two scrapes
     preemptions_per_s: float | None
-    ttft_p50_s: float | None  # of the requests between the two scrapes (bucket bounds)
+    ttft_p50_s: float | None  # of the requests between the two scrapes (interpolated)
     ttft_p99_s: float | None
     requests: float  # first tokens between the two scrapes
 
@@ -133,11 +133,20 @@ def load_between(before: EngineMetrics, after: EngineMetrics, seconds: float) ->
 
 
 def _quantile(buckets: list[tuple[float, float]], n: float, q: float) -> float | None:
-    """The upper bound of the bucket holding the q-quantile (conservative, as a
-    histogram only knows bounds)."""
+    """The q-quantile, interpolated linearly inside the bucket that holds it, as
+    Prometheus's `histogram_quantile` does (vLLM's TTFT buckets jump from 1 s to 2.5 s: the
+    bucket's upper bound would read any p99 past 1 s as 2.5 s, over a 2-s SLO). Past the
+    last finite bucket: infinite (a histogram knows nothing beyond, only that it is past)."""
     if n <= 0:
         return None
+    rank = q * n
+    lower, below = 0.0, 0.0
     for le, cumulative in buckets:
-        if cumulative >= q * n:
-            return le
+        if cumulative >= rank:
+            if math.isinf(le):
+                return math.inf
+            inside = cumulative - below
+            share = (rank - below) / inside if inside > 0 else 1.0
+            return lower + (le - lower) * share
+        lower, below = le, cumulative
     return math.inf

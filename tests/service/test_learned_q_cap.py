@@ -69,3 +69,34 @@ def test_q_cap_follows_the_engines_when_learning_is_on(service):
     assert planned_q_cap(service) == 60.0  # the operator's again; each destination derated
     plan = service.planner.installed.plan  # type: ignore[union-attr]
     assert all(d.capacity_weight == pytest.approx(0.75, rel=0.02) for d in plan.destinations)
+
+
+def test_loads_that_keep_breaking_the_ttft_target_bound_q_cap_from_above(redis_server, tmp_path):
+    """With a TTFT target, a load whose engines' TTFT p99 stays over it (two reports in a
+    row) is no served load but an upper bound: q_cap typed in at 60 is planned at the 50
+    req/s each destination broke the target at; one report over it is not yet a break."""
+    with serving(redis_server.url, tmp_path, q_cap=60.0, learn_q_cap=True,
+                 q_cap_ttft_slo_s=2.0) as svc:
+        stub = planner_pb2_grpc.PlannerStub(grpc.insecure_channel(f"127.0.0.1:{svc.port}"))
+        now_ms = int(time.time() * 1000)
+
+        def report_ttft(at_ms: int, p99_s: float) -> None:
+            for d in DESTS:
+                svc.planner.on_engine_signals(signals_pb2.EngineSignals(
+                    destination=d, observed_at_ms=at_ms, metrics=True, running=8, waiting=0,
+                    ttft_p99_s=p99_s))
+            feed(svc, end_ms=at_ms)
+
+        report_ttft(now_ms, 3.5)
+        status = stub.GetStatus(planner_pb2.GetStatusRequest(), timeout=10)
+        assert not status.HasField("measured_q_cap") and status.q_cap_in_use == 60.0
+        report_ttft(now_ms + 5_000, 3.5)  # the second report over the target in a row
+        status = stub.GetStatus(planner_pb2.GetStatusRequest(), timeout=10)
+        assert status.measured_q_cap_source == "slo"
+        assert status.measured_q_cap_slo_bound == pytest.approx(50.0)
+        assert status.q_cap_in_use == pytest.approx(50.0)
+        assert planned_q_cap(svc) == pytest.approx(50.0)
+        report_ttft(now_ms + 10_000, 1.2)  # within the target: a served load, still bounded
+        status = stub.GetStatus(planner_pb2.GetStatusRequest(), timeout=10)
+        assert status.measured_q_cap_source == "served"
+        assert status.q_cap_in_use == pytest.approx(50.0)

@@ -6,7 +6,14 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from planner_svc.control.capacity import KNEE, SERVED, MeasuredQCap, learned_q_cap, measured_q_cap
+from planner_svc.control.capacity import (
+    KNEE,
+    SERVED,
+    SLO,
+    MeasuredQCap,
+    learned_q_cap,
+    measured_q_cap,
+)
 
 
 def test_knees_win_over_served_loads_and_their_median_is_the_fleets():
@@ -44,3 +51,24 @@ def test_status_says_what_was_measured_and_what_plans_use():
     served = {**q, "learning": False, "measured": 50.0, "source": "served"}
     assert render_q_cap(served).endswith("the most 6 unsaturated destination(s) carried: "
                                          "a lower bound")
+
+
+def test_loads_that_broke_the_ttft_target_bound_q_cap_from_above():
+    # The bound is the median of the destinations' breaking loads: one burst does not set it.
+    assert measured_q_cap([], [], [3.0, 2.5, 0.4]) == MeasuredQCap(2.5, SLO, 3, 2.5)
+    assert measured_q_cap([6.0], [5.0], [3.0]) == MeasuredQCap(6.0, KNEE, 1, 3.0)
+    assert learned_q_cap(4.2, MeasuredQCap(2.5, SLO, 3, 2.5)) == 2.5  # from above: lowered
+    assert learned_q_cap(4.2, MeasuredQCap(5.0, SERVED, 4, 2.5)) == 2.5  # no served load past it
+    assert learned_q_cap(4.2, MeasuredQCap(6.0, KNEE, 1, 3.0)) == 3.0
+    assert learned_q_cap(1.05, MeasuredQCap(2.0, SERVED, 4, 2.5)) == 2.0  # from below: raised
+    assert learned_q_cap(4.2, MeasuredQCap(0.5, SLO, 1, 0.5)) == 2.1  # still within [q/2, 2q]
+    assert learned_q_cap(4.2, MeasuredQCap(9.0, SLO, 1, 9.0)) == 4.2  # a bound never raises it
+
+
+@given(q=st.floats(0.1, 1e4), value=st.floats(0.0, 1e6), bound=st.floats(0.01, 1e6),
+       source=st.sampled_from([KNEE, SERVED, SLO]))
+def test_the_ttft_bound_only_ever_lowers_the_learned_q_cap(q, value, bound, source):
+    free = learned_q_cap(q, MeasuredQCap(value, source, 1))
+    got = learned_q_cap(q, MeasuredQCap(value, source, 1, bound))
+    assert q / 2 <= got <= free
+    assert got <= max(q / 2, bound) + 1e-9

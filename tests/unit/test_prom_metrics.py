@@ -72,7 +72,8 @@ def test_rates_and_quantiles_between_two_scrapes():
     load = load_between(before, after, 10.0)
     assert load.running == 9.0 and load.prefix_hit_rate == pytest.approx(1900 / 2000)
     assert load.requests == 100.0
-    assert load.ttft_p50_s == 0.5 and load.ttft_p99_s == 2.5  # 50 in (0.1, 0.5], 50 above
+    # 50 in (0.1, 0.5], 50 in (0.5, 2.5]: interpolated inside the bucket, as Prometheus does
+    assert load.ttft_p50_s == 0.5 and load.ttft_p99_s == pytest.approx(0.5 + 2.0 * 49 / 50)
     # a restarted engine: counters back to small numbers count from zero
     restarted = parse_engine_metrics(vllm(queries=100.0, hits=50.0, b1=1, b2=2, b3=4))
     again = load_between(after, restarted, 10.0)

@@ -71,7 +71,7 @@ class Decision(_message.Message):
     def __init__(self, id: _Optional[int] = ..., at_ms: _Optional[int] = ..., action: _Optional[str] = ..., reason: _Optional[str] = ..., drift: _Optional[_Union[Drift, _Mapping]] = ..., penalties: _Optional[_Union[Penalties, _Mapping]] = ..., installed: _Optional[_Union[_plan_pb2.PlanVersion, _Mapping]] = ..., moved_traffic_share: _Optional[float] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class PlannerStatus(_message.Message):
-    __slots__ = ("mode", "installed", "installed_age_s", "drift", "penalties", "last_decision", "rates_age_s", "rates_recovering", "config", "pinned", "mode_reason", "role", "leader_id", "engines", "measured_warm_slots", "measured_warm_slots_destinations", "measured_mean_prefix_tokens", "saturated", "measured_q_cap", "measured_q_cap_source", "measured_q_cap_destinations", "q_cap_in_use", "warm_slots_in_use")
+    __slots__ = ("mode", "installed", "installed_age_s", "drift", "penalties", "last_decision", "rates_age_s", "rates_recovering", "config", "pinned", "mode_reason", "role", "leader_id", "engines", "measured_warm_slots", "measured_warm_slots_destinations", "measured_mean_prefix_tokens", "saturated", "measured_q_cap", "measured_q_cap_source", "measured_q_cap_destinations", "q_cap_in_use", "warm_slots_in_use", "measured_q_cap_slo_bound")
     MODE_FIELD_NUMBER: _ClassVar[int]
     INSTALLED_FIELD_NUMBER: _ClassVar[int]
     INSTALLED_AGE_S_FIELD_NUMBER: _ClassVar[int]
@@ -95,6 +95,7 @@ class PlannerStatus(_message.Message):
     MEASURED_Q_CAP_DESTINATIONS_FIELD_NUMBER: _ClassVar[int]
     Q_CAP_IN_USE_FIELD_NUMBER: _ClassVar[int]
     WARM_SLOTS_IN_USE_FIELD_NUMBER: _ClassVar[int]
+    MEASURED_Q_CAP_SLO_BOUND_FIELD_NUMBER: _ClassVar[int]
     mode: Mode
     installed: _plan_pb2.PlanVersion
     installed_age_s: float
@@ -118,7 +119,8 @@ class PlannerStatus(_message.Message):
     measured_q_cap_destinations: int
     q_cap_in_use: float
     warm_slots_in_use: int
-    def __init__(self, mode: _Optional[_Union[Mode, str]] = ..., installed: _Optional[_Union[_plan_pb2.PlanVersion, _Mapping]] = ..., installed_age_s: _Optional[float] = ..., drift: _Optional[_Union[Drift, _Mapping]] = ..., penalties: _Optional[_Union[Penalties, _Mapping]] = ..., last_decision: _Optional[_Union[Decision, _Mapping]] = ..., rates_age_s: _Optional[float] = ..., rates_recovering: _Optional[bool] = ..., config: _Optional[_Union[PlannerConfig, _Mapping]] = ..., pinned: _Optional[bool] = ..., mode_reason: _Optional[str] = ..., role: _Optional[str] = ..., leader_id: _Optional[str] = ..., engines: _Optional[_Iterable[_Union[_signals_pb2.EngineSignals, _Mapping]]] = ..., measured_warm_slots: _Optional[float] = ..., measured_warm_slots_destinations: _Optional[int] = ..., measured_mean_prefix_tokens: _Optional[float] = ..., saturated: _Optional[_Iterable[_Union[SaturatedDestination, _Mapping]]] = ..., measured_q_cap: _Optional[float] = ..., measured_q_cap_source: _Optional[str] = ..., measured_q_cap_destinations: _Optional[int] = ..., q_cap_in_use: _Optional[float] = ..., warm_slots_in_use: _Optional[int] = ...) -> None: ...
+    measured_q_cap_slo_bound: float
+    def __init__(self, mode: _Optional[_Union[Mode, str]] = ..., installed: _Optional[_Union[_plan_pb2.PlanVersion, _Mapping]] = ..., installed_age_s: _Optional[float] = ..., drift: _Optional[_Union[Drift, _Mapping]] = ..., penalties: _Optional[_Union[Penalties, _Mapping]] = ..., last_decision: _Optional[_Union[Decision, _Mapping]] = ..., rates_age_s: _Optional[float] = ..., rates_recovering: _Optional[bool] = ..., config: _Optional[_Union[PlannerConfig, _Mapping]] = ..., pinned: _Optional[bool] = ..., mode_reason: _Optional[str] = ..., role: _Optional[str] = ..., leader_id: _Optional[str] = ..., engines: _Optional[_Iterable[_Union[_signals_pb2.EngineSignals, _Mapping]]] = ..., measured_warm_slots: _Optional[float] = ..., measured_warm_slots_destinations: _Optional[int] = ..., measured_mean_prefix_tokens: _Optional[float] = ..., saturated: _Optional[_Iterable[_Union[SaturatedDestination, _Mapping]]] = ..., measured_q_cap: _Optional[float] = ..., measured_q_cap_source: _Optional[str] = ..., measured_q_cap_destinations: _Optional[int] = ..., q_cap_in_use: _Optional[float] = ..., warm_slots_in_use: _Optional[int] = ..., measured_q_cap_slo_bound: _Optional[float] = ...) -> None: ...
 
 class SaturatedDestination(_message.Message):
     __slots__ = ("destination", "reason", "since_ms", "clear_since_ms", "derated", "knee_per_s", "configured_weight", "planned_weight")
