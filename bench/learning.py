@@ -301,7 +301,7 @@ def main() -> int:
             print(f"{factor:>5g}x {q:>14.3g} {q_err:>7.1%} {q_out:>9.1%} {w:>10.3g} "
                   f"{w_err:>7.1%} {w_out:>9.1%}   (last q_cap evidence: "
                   f"{run[-1]['q_cap_source'] or 'none'}, TTFT bound "
-                  f"{run[-1]['q_cap_slo_bound']})" if run else "")
+                  f"{_maybe(run[-1]['q_cap_slo_bound'])})" if run else "")
             tag = "high" if factor > 1 else "low"
             figures.update({f"q_cap_from_{tag}": round(q, 3), f"w_from_{tag}": round(w, 2),
                             f"q_cap_error_from_{tag}": round(q_err, 3),
@@ -313,6 +313,10 @@ def main() -> int:
     figures["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
     print(json.dumps(figures))
     return 0
+
+
+def _maybe(value: float | None) -> str:
+    return "none" if value is None else f"{value:.3g}"
 
 
 def _plot(samples: list[dict[str, Any]], plateaus: dict[str, list[float]], out: Path) -> None:

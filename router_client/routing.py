@@ -52,7 +52,7 @@ affinity):
   a new request queues behind. In-flight counts are mostly decodes, which cost a new
   request little, and P2C on them loses to plain round robin on low-reuse traffic (arena
   simulator, one router, TTFT p99 at x4-x5: P2C 1.38-2.22 s, round robin 0.87-1.70 s,
-  fewest awaiting a first token 0.98-1.54 s; docs/arena.md). A caller that never reports
+  fewest awaiting a first token 0.95-1.56 s; docs/arena.md). A caller that never reports
   first tokens (`first_token`) gets least in-flight, in turn among equals.
 
 *Usable* means healthy (not marked down: see `router_client.health`) and not draining.

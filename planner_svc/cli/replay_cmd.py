@@ -39,7 +39,7 @@ from planner_svc.simulator.trace import (
 )
 from planner_svc.simulator.workload import SCENARIOS, WHALE_SHARE, WHALES, Workload
 from router_client.ring import DEFAULT_TAIL_SLACK
-from router_client.routing import DEFAULT_HISTORY_SLACK
+from router_client.routing import BALANCES, DEFAULT_HISTORY_SLACK
 
 
 def add_commands(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -77,6 +77,9 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:  # type: ignor
     rp.add_argument("--tail-slack", type=float, default=DEFAULT_TAIL_SLACK,
                     help="policies with the hashed cold tail (cacheroute-gateway, -rehome, "
                          "-tail, -hashed): the gateway's --tail-slack")
+    rp.add_argument("--balance", choices=BALANCES, default="first-token",
+                    help="policies run as the gateway (cacheroute-gateway, -rehome): the "
+                         "gateway's --balance where no plan decides")
     rp.add_argument("--replan", choices=("once", "repack", "repack-ewma"), default="repack",
                     help="CacheRoute plans once, repacks every interval, or repacks on "
                     "smoothed rates")
@@ -235,6 +238,7 @@ def config_from_args(args: argparse.Namespace) -> ReplayConfig:
             publish_delay_s=args.publish_delay_s,
             history_slack=args.history_slack,
             tail_slack=args.tail_slack,
+            balance=args.balance,
             q_cap=args.q_cap,
             warm_slots_per_destination=args.warm_slots,
             workers=args.workers,

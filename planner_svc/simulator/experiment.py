@@ -108,6 +108,9 @@ class ReplayConfig:
     history_slack: float = DEFAULT_HISTORY_SLACK
     # Policies with the hashed cold tail: the gateway's `--tail-slack`.
     tail_slack: float = DEFAULT_TAIL_SLACK
+    # Policies run as the gateway (cacheroute-gateway, -rehome): the gateway's `--balance`
+    # (the others keep the paper's P2C).
+    balance: str = "first-token"
     # `cacheroute-loop`: seconds from the planner's install decision to the routers' use
     # (publish to Redis, notify, apply).
     publish_delay_s: float = 1.0
@@ -228,6 +231,7 @@ def policy_factory(name: str, cfg: ReplayConfig, w: Workload) -> PolicyFactory:
         publish_delay_s=cfg.publish_delay_s,
         history_slack=cfg.history_slack,
         tail_slack=cfg.tail_slack,
+        balance=cfg.balance if as_gateway else "p2c",
         # The cold tail consistent-hashed (the gateway's default); the plan placing keys
         # where that tail sends them only for `cacheroute-hashed` (the planner's
         # `--hashed-tail`, off by default: `cacheroute-gateway` is the defaults as shipped).

@@ -510,26 +510,36 @@ def test_guard_falls_back_outside_the_validated_range_and_resumes(redis_server, 
         svc.stop(0)
 
 
+def gain_floor_planner(redis_url: str, tmp_path: Path,
+                       **overrides: Any) -> tuple[PlannerService, Any]:
+    """A planner with the default floor on the predicted gain, and `window_at(step, prefix,
+    hit)`: feed the 5-s window ending at `step` (400 paper-like keys whose prompts share
+    `prefix` of 1000 tokens, `hit` served from cache) and run the control step after it."""
+    settings = planner_settings(redis_url, tmp_path, interval_s=5.0,
+                                validated_affinity_gain_min=DEFAULT_AFFINITY_GAIN_MIN,
+                                warm_slots_per_destination=60, **overrides)
+    svc = build_service(settings, consume=False)
+    keys = paper_like_keys(400)
+    rates = paper_like_rates(400, 300.0, seed=1)
+    start = int(time.time() * 1000)
+
+    def window_at(step: int, prefix: float, hit: float) -> Any:
+        end = start + step * 5_000
+        svc.planner.on_window(make_window(
+            keys, rates, window_end_ms=end, window_s=5.0, hit_rate=hit,
+            destinations=list(DESTS), prefix_tokens=prefix))
+        return svc.planner.tick(now_s=end / 1000.0 + 0.1)
+
+    return svc, window_at
+
+
 def test_guard_gain_floor_serves_flat_lb_where_affinity_cannot_win_and_resumes(
         redis_server, tmp_path):
     """The default floor on affinity's predicted gain, in the planner: windows whose keys
     share 30 of 1000 prompt tokens send the fleet to Flat-LB (a fallback plan published),
     windows of 900-token prefixes on caches that hold the hot keys bring the plan back."""
-    settings = planner_settings(redis_server.url, tmp_path, interval_s=5.0,
-                                validated_affinity_gain_min=DEFAULT_AFFINITY_GAIN_MIN,
-                                warm_slots_per_destination=60, guard_resume_dwell_s=10.0)
-    svc = build_service(settings, consume=False)
+    svc, window_at = gain_floor_planner(redis_server.url, tmp_path, guard_resume_dwell_s=10.0)
     try:
-        keys = paper_like_keys(400)
-        rates = paper_like_rates(400, 300.0, seed=1)
-        start = int(time.time() * 1000)
-
-        def window_at(step: int, prefix: float, hit: float) -> None:
-            end = start + step * 5_000
-            svc.planner.on_window(make_window(
-                keys, rates, window_end_ms=end, window_s=5.0, hit_rate=hit,
-                destinations=list(DESTS), prefix_tokens=prefix))
-            svc.planner.tick(now_s=end / 1000.0 + 0.1)
 
         for step in range(3):
             window_at(step, 900.0, 0.8)
@@ -555,21 +565,8 @@ def test_traffic_with_too_little_to_reuse_never_gets_a_plan_before_the_guards_ve
     gains is under way nothing is installed (routers keep their cold tail), the run's
     verdict installs Flat-LB as the first table, and a gain that comes back later gets a
     plan built fresh (there is no planned table to repack)."""
-    settings = planner_settings(redis_server.url, tmp_path, interval_s=5.0,
-                                validated_affinity_gain_min=DEFAULT_AFFINITY_GAIN_MIN,
-                                warm_slots_per_destination=60, guard_resume_dwell_s=10.0)
-    svc = build_service(settings, consume=False)
+    svc, window_at = gain_floor_planner(redis_server.url, tmp_path, guard_resume_dwell_s=10.0)
     try:
-        keys = paper_like_keys(400)
-        rates = paper_like_rates(400, 300.0, seed=1)
-        start = int(time.time() * 1000)
-
-        def window_at(step: int, prefix: float, hit: float) -> object:
-            end = start + step * 5_000
-            svc.planner.on_window(make_window(
-                keys, rates, window_end_ms=end, window_s=5.0, hit_rate=hit,
-                destinations=list(DESTS), prefix_tokens=prefix))
-            return svc.planner.tick(now_s=end / 1000.0 + 0.1)
 
         assert window_at(0, 30.0, 0.02) is None  # rates do not cover a window yet
         assert window_at(1, 30.0, 0.02) is None  # they do: the guard's first low window
@@ -594,23 +591,13 @@ def test_a_low_gain_that_never_settles_delays_the_first_plan_by_at_most_its_run(
     """One low window, then windows whose gain is unknown: the run neither grows nor ends,
     so the first plan waits no longer than the run's length in windows (plus one) and
     then plans as before."""
-    settings = planner_settings(redis_server.url, tmp_path, interval_s=5.0,
-                                validated_affinity_gain_min=DEFAULT_AFFINITY_GAIN_MIN,
-                                warm_slots_per_destination=60)
-    svc = build_service(settings, consume=False)
+    svc, window_at = gain_floor_planner(redis_server.url, tmp_path)
     try:
-        keys = paper_like_keys(400)
-        rates = paper_like_rates(400, 300.0, seed=1)
-        start = int(time.time() * 1000)
         decisions = []
         for step in range(8):
-            end = start + step * 5_000
             # No prefix reported and nothing served from cache: the gain is unknown.
             prefix, hit = (30.0, 0.02) if step == 1 else (0.0, 0.0)
-            svc.planner.on_window(make_window(
-                keys, rates, window_end_ms=end, window_s=5.0, hit_rate=hit,
-                destinations=list(DESTS), prefix_tokens=prefix))
-            decisions.append(svc.planner.tick(now_s=end / 1000.0 + 0.1))
+            decisions.append(window_at(step, prefix, hit))
         installs = [i for i, d in enumerate(decisions) if d is not None]
         assert installs and installs[0] == 5  # ready at step 1, then (3 + 1) windows of 5 s
         assert decisions[5].action == "install"
