@@ -66,7 +66,8 @@ class EppSettings:
 
 
 class Exchange:
-    __slots__ = ("_body", "_decided_at", "_finished", "_injected", "_pick", "_resp_copy",
+    __slots__ = ("_answered", "_body", "_decided_at", "_finished", "_injected", "_pick",
+                 "_resp_copy",
                  "_splitter", "_status", "_ttft_s", "_usage", "affinity", "done", "headers",
                  "key", "metrics", "picker", "prefix_chars", "req_mode", "resp_mode",
                  "served_slot", "settings", "sink", "subset")
@@ -95,6 +96,7 @@ class Exchange:
         self._resp_copy = bytearray()
         self._status = 0
         self._ttft_s: float | None = None
+        self._answered = False  # a streamed answer's first chunk came (RouterCore.first_token)
         self._usage: dict[str, Any] | None = None
 
     # --- the message loop ------------------------------------------------------------
@@ -238,6 +240,10 @@ class Exchange:
     def _response_body(self, body: ep.HttpBody) -> list[ep.ProcessingResponse]:
         if self._ttft_s is None and body.body:
             self._ttft_s = time.perf_counter() - self._decided_at
+            if self._splitter is not None and self._pick is not None and not self._finished:
+                # A stream's first chunk: the request no longer waits for its prefill.
+                self.picker.first_token(self._pick.slots[0])
+                self._answered = True
         data = self._observe(body.body)
         if body.end_of_stream:
             if self._injected and self._splitter is not None:
@@ -282,7 +288,7 @@ class Exchange:
         status = self._status
         outcome = (None if status == 0 else Outcome.SUCCESS if status < 400
                    else Outcome.CLIENT_ERROR if status < 500 else Outcome.HTTP_5XX)
-        self.picker.finished(primary, None)
+        self.picker.finished(primary, None, answered=self._answered)
         dest = self.picker.destination(slot)
         if outcome is not None:
             self.picker.client.report(dest, outcome)

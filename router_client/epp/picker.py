@@ -137,8 +137,12 @@ class EndpointPicker:
     def started(self, slot: int) -> None:
         self.core.started(slot)
 
-    def finished(self, slot: int, outcome: Outcome | None) -> None:
-        self.core.finished(slot)
+    def first_token(self, slot: int) -> None:
+        self.core.first_token(slot)
+
+    def finished(self, slot: int, outcome: Outcome | None, *, answered: bool = False) -> None:
+        """`answered`: `first_token` was called for this request."""
+        self.core.finished(slot, answered=answered)
         if outcome is not None:
             self.client.report(self.core.destination_ids[slot], outcome)
 

@@ -216,6 +216,7 @@ def test_a_streamed_request_reports_usage_the_client_never_sees(epp, channel):
     assert json.loads(forwarded)["stream_options"] == {"include_usage": True}
     s.send(response_headers(200, "text/event-stream", served=epp.endpoint(3)))
     s.read(1)
+    assert epp.call(lambda: epp.client.core.awaiting[0]) == 1  # no first token yet
     events = [
         {"choices": [{"delta": {"content": "Hel"}}]},
         {"choices": [{"delta": {"content": "lo"}}]},
@@ -228,6 +229,10 @@ def test_a_streamed_request_reports_usage_the_client_never_sees(epp, channel):
     for i in range(0, len(stream), 40):  # split mid-event, as TCP does
         s.send(response_body(stream[i:i + 40], end=i + 40 >= len(stream)))
         got += streamed_bytes(s.read(1), request=False)[0]
+        if i == 0:  # the first chunk is the first token: in flight, no longer awaiting it
+            assert epp.call(lambda: (epp.client.core.awaiting[0],
+                                     epp.client.core.inflight[0])) == (0, 1)
+    assert epp.call(lambda: (epp.client.core.awaiting[0], epp.client.core.inflight[0])) == (0, 0)
     assert b"usage" not in got and got.count(b"data: ") == 3 and got.endswith(b"[DONE]\n\n")
     assert s.ended()
     hit = [e for e in epp.sink.events if e[0] == "cache_hit"]
