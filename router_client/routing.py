@@ -38,11 +38,12 @@ affinity):
   several destinations that has been idle longer than this is cold wherever it was, so
   affinity buys it nothing: it goes to the least-loaded destination and stays there (its
   home, over the plan) while it comes back within the window and that one is within twice
-  the mean load. Set it to the fleet's eviction window. On the wide-active-set replay
-  (equally hot keys, a working set larger than the fleet's cache) it lowers CacheRoute's p99
-  at every load (3.93 -> 3.53 s at 60 QPS) and lifts the 5-s capacity from 70 to 80 QPS;
-  Preble-like, which places every cold request by its windowed prefill cost, does better
-  still (docs/replay.md).
+  the mean load (with `balance="first-token"`: the one with the fewest requests awaiting a
+  first token, as the balance below). Set it to the fleet's eviction window. On the
+  wide-active-set replay (equally hot keys, a working set larger than the fleet's cache) it
+  lowers CacheRoute's p99 at every load (3.93 -> 3.53 s at 60 QPS) and lifts the 5-s
+  capacity from 70 to 80 QPS; Preble-like, which places every cold request by its windowed
+  prefill cost, does better still (docs/replay.md).
 
 - `balance="first-token"`: wherever the paper uses P2C (fallback, no plan, the cold tail
   and its overflow), send the request to the usable destination with the fewest of this
@@ -628,7 +629,10 @@ class RouterCore:
         elif seen is None and m is not None and a.usable[m]:  # type: ignore[index]
             slot = m  # type: ignore[assignment]
         else:
-            slot = self._least_loaded(a.pool, a)
+            # Cold wherever it goes: its whole prefill is owed, so with `first-token` it
+            # goes where the fewest prefills are owed.
+            slot = (self._least_loaded(a.pool, a) if self.balance == "p2c" or not a.pool
+                    else self._fewest_awaiting(a))
             if slot < 0:
                 return -1
             self.rehomed += 1

@@ -77,3 +77,15 @@ def test_the_gateway_flag_reaches_the_core_and_refuses_a_negative_window():
     with pytest.raises(SystemExit, match="idle-rehome-s"):
         build_client(parser.parse_args(["--destinations", "a,b", "--idle-rehome-s", "-1"]),
                      "r", "gateway")
+
+
+def test_with_first_token_balance_a_cold_key_goes_where_the_fewest_prefills_are_owed():
+    core = RouterCore(["d0", "d1", "d2", "d3"], seed=3, cold_tail="hash", idle_rehome_s=100.0,
+                      balance="first-token")
+    core.install(RoutingTable.from_plan(plan_of({"app": (2,)})))
+    _load(core, [4, 1, 1, 1])  # d0 busiest by in-flight requests...
+    for _ in range(4):
+        core.first_token(0)  # ...all of them decoding; d1-d3 each still owe a prefill
+    assert core.route_index("app", now=0.0) == 2
+    assert core.route_index("app", now=500.0) == 0  # idle: cold anywhere, no prefill owed at d0
+    assert core.counters()["rehomed"] == 1
