@@ -229,9 +229,17 @@ def test_a_streamed_request_stops_awaiting_at_its_first_event_and_ends_at_its_cl
     assert gw.client is not None
     core = gw.client.core
     for engine in fleet.urls:
-        fault(fleet, engine, "linger", delay_s=1.5)
-    list(chat(sdk(gw), "a whole answer", stream=True))
-    assert sum(core.inflight) == 1 and sum(core.awaiting) == 0  # the engine still lingers
+        fault(fleet, engine, "linger", delay_s=3.0)
+    body = {"model": "m", "stream": True, "max_tokens": 8,
+            "messages": [SYSTEM, {"role": "user", "content": "a whole answer"}]}
+    # The client holds its connection open (an SDK that read [DONE] hangs up, which ends the
+    # request at once): the gateway is still draining the lingering engine, so the request is
+    # in flight, its first token long past.
+    with httpx.stream("POST", gw.url + "/v1/chat/completions", json=body, timeout=10) as reply:
+        lines = [line for line in reply.iter_lines() if line.startswith("data: ")]
+        assert lines[-1] == "data: [DONE]"
+        assert eventually(lambda: sum(core.inflight) == 1, 2.0)
+        assert sum(core.awaiting) == 0
     assert eventually(lambda: sum(core.inflight) == 0, 10.0)
     assert sum(core.awaiting) == 0
     for engine in fleet.urls:
