@@ -43,7 +43,7 @@ def edit_destinations(
             raise InvalidRequest(f"unknown destination {ident!r}")
     for ident in drain:
         by_id[ident] = dataclasses.replace(by_id[ident], draining=True)
-    for ident in remove:
+    for ident in dict.fromkeys(remove):  # an id named twice is removed once
         del by_id[ident]
     if not by_id:
         raise InvalidRequest("removing every destination leaves nowhere to route")

@@ -96,3 +96,10 @@ def test_rounds_of_edits_reach_the_pool_and_every_edit_is_valid(start, target):
     assert sorted((x.id, x.address) for x in current if not x.draining) == \
         sorted((x.id, x.address) for x in desired)
     assert not any(x.draining for x in current)
+
+
+def test_an_id_removed_twice_in_one_edit_is_removed_once():
+    # Found by the gRPC fuzzer: UpdateConfig(remove_destinations=[x, x]) was a KeyError (an
+    # INTERNAL answer) instead of an edit.
+    current = [DestinationSpec("a"), DestinationSpec("b")]
+    assert [d.id for d in edit_destinations(current, [], [], ["b", "b"])] == ["a"]
