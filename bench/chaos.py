@@ -373,7 +373,16 @@ class Chaos(Soak):
         return fig
 
     def end_figures(self, traffic_stopped_ms: int) -> dict[str, Any]:
+        # The planner keeps publishing after the last convergence check (its control loop
+        # runs on): give a version it published just now the routers' normal propagation time
+        # (converge_max_s is ~0.5 s) before comparing, so the figure is "on the newest
+        # version", not "published in the same millisecond".
         planner = self.planner_version()
+        settle_until = time.monotonic() + 2.0
+        while (time.monotonic() < settle_until
+               and any(c.version != planner for c in self.clients)):
+            time.sleep(0.05)
+            planner = self.planner_version()
         pointer = Pointer.decode(redis.Redis.from_url(self.redis.url).get(Layout().current)
                                  or b"")
         routers = [c.version for c in self.clients]
