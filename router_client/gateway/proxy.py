@@ -67,6 +67,10 @@ class _Call:
     request_id: str
     headers: list[tuple[str, str]]
     started: float
+    # The destination slot of the attempt being relayed, and whether its stream's first
+    # event came (the core then no longer counts it as awaiting a prefill).
+    slot: int = -1
+    answered: bool = False
 
 
 class Proxy:
@@ -173,11 +177,11 @@ class Proxy:
             except BaseException:
                 core.finished(slot)
                 raise
-            answered = [False]  # set by the stream relay at the first event
+            call.slot = slot
             try:
-                await self._relay(call, dest, slot, upstream, out, answered)
+                await self._relay(call, dest, upstream, out)
             finally:
-                core.finished(slot, answered=answered[0])
+                core.finished(slot, answered=call.answered)
             return
         send_error(out, 502, "no destination could take the request", "upstream_error",
                    extra=[(hdr.REQUEST_ID, call.request_id)])
@@ -242,13 +246,12 @@ class Proxy:
             out.append((DESTINATION_HEADER, dest))
         return out
 
-    async def _relay(self, call: _Call, dest: str, slot: int, upstream: Upstream,
-                     out: Responder, answered: list[bool]) -> None:
+    async def _relay(self, call: _Call, dest: str, upstream: Upstream, out: Responder) -> None:
         """Relay the response; a streamed one tells the core when its first event arrives
-        (`answered[0]` then True): the request no longer waits for a prefill
+        (`call.answered`): the request no longer waits for a prefill
         (`RouterCore.first_token`, `--balance first-token`)."""
         if upstream.status < 300 and upstream.content_type == "text/event-stream":
-            await self._relay_stream(call, dest, slot, upstream, out, answered)
+            await self._relay_stream(call, dest, upstream, out)
             return
         try:
             data = await self._read_all(upstream)
@@ -283,8 +286,8 @@ class Proxy:
         except TimeoutError:
             raise UpstreamError("the response body stalled", sent=True, timeout=True) from None
 
-    async def _relay_stream(self, call: _Call, dest: str, slot: int, upstream: Upstream,
-                            out: Responder, answered: list[bool]) -> None:
+    async def _relay_stream(self, call: _Call, dest: str, upstream: Upstream,
+                            out: Responder) -> None:
         splitter = sse.SseSplitter()
         done, usage, first = False, None, None
         idle = self.settings.idle_timeout_s
@@ -301,8 +304,8 @@ class Proxy:
                 if first is None:
                     first = time.perf_counter() - call.started
                     self.metrics.ttft.observe(first)
-                    call.client.core.first_token(slot)
-                    answered[0] = True
+                    call.client.core.first_token(call.slot)
+                    call.answered = True
                 kept = []
                 for event in events:
                     info = sse.inspect(event)
