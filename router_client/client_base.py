@@ -421,6 +421,11 @@ class BaseRouterClient:
             ejections=self.ejections,
             readmissions=self.readmissions,
         )
+        core = self.core
+        if core.idle_rehome_s is not None:
+            m["rehome_window_s"] = core.idle_rehome_s
+            if core.rehome_window is not None:
+                m["rehome_outcomes"] = core.rehome_window.outcomes
         return m
 
     def _reconnects(self) -> int:

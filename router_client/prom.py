@@ -37,6 +37,11 @@ METRICS: dict[str, tuple[str, str]] = {
     "destinations_unhealthy": ("gauge", "Destinations currently skipped as unhealthy."),
     "ejections": ("counter", "Destinations marked unhealthy (outlier detection or probes)."),
     "readmissions": ("counter", "Destinations readmitted after being unhealthy."),
+    # Idle re-homing (`--idle-rehome-s`), when it is on:
+    "rehome_window_s": ("gauge", "Idle gap after which a key is re-homed (learned with "
+                        "--idle-rehome-learn)."),
+    "rehome_outcomes": ("gauge", "Returns' cache outcomes the learned window rests on "
+                        "(faded, weighted)."),
     # The shared conversation memory (router_client.redis_history), when it is on:
     "history_moves_sent": ("counter", "Conversation placements published to the other routers."),
     "history_moves_lost": ("counter", "Placements not published (Redis unreachable)."),

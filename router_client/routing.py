@@ -97,6 +97,7 @@ import numpy as np
 
 from cacheroute.v1 import plan_pb2
 from router_client.errors import NoPlanAvailable, PlanRejected
+from router_client.eviction_window import EvictionWindow
 from router_client.layered import LayeredLookup, Members, flat
 from router_client.plan import (
     BuiltBy,
@@ -374,6 +375,10 @@ class RouterCore:
         self.idle_rehome_s = idle_rehome_s
         self._seen: OrderedDict[str, tuple[float, int]] = OrderedDict()
         self.rehomed = 0
+        # With `learn_idle_rehome`: the window learned from returns' cache outcomes, and the
+        # last decision's return home (idle gap, its outcome's weight, slot), if it was one.
+        self.rehome_window: EvictionWindow | None = None
+        self.last_return: tuple[float, float, int] | None = None
         # affinity -> the slot its last request went to (see the module doc); None: off
         self.history_slack = history_slack
         self._history: OrderedDict[str, int] = OrderedDict()
@@ -448,23 +453,27 @@ class RouterCore:
         self._forced_fallback = on
         self._refresh()
 
-    def started(self, slot: int) -> None:
+    def started(self, slot: int, cost: int = 1) -> None:
+        """A request was sent to `slot`. `cost`: what its prefill weighs in the first-token
+        balance (its prompt tokens, when the caller knows them); give the same cost to
+        `first_token` or `finished`."""
         self.inflight[slot] += 1
         self.load[slot] += 1
-        self.awaiting[slot] += 1
+        self.awaiting[slot] += cost
 
-    def first_token(self, slot: int) -> None:
+    def first_token(self, slot: int, cost: int = 1) -> None:
         """A request sent to `slot` got its first token (once per request, at most)."""
-        if self.awaiting[slot] > 0:
-            self.awaiting[slot] -= 1
+        left = self.awaiting[slot] - cost
+        self.awaiting[slot] = left if left > 0 else 0
 
-    def finished(self, slot: int, *, answered: bool = False) -> None:
+    def finished(self, slot: int, *, answered: bool = False, cost: int = 1) -> None:
         """A request sent to `slot` ended; `answered`: `first_token` was called for it."""
         if self.inflight[slot] > 0:
             self.inflight[slot] -= 1
             self.load[slot] -= 1
-        if not answered and self.awaiting[slot] > 0:
-            self.awaiting[slot] -= 1
+        if not answered:
+            left = self.awaiting[slot] - cost
+            self.awaiting[slot] = left if left > 0 else 0
 
     def report_engine_load(self, reported: Mapping[str, float]) -> None:
         """Fuse what the engines say they hold (running + waiting, all routers' requests
@@ -623,9 +632,17 @@ class RouterCore:
         seen = self._seen.get(key)
         window = self.idle_rehome_s
         assert window is not None
-        if (seen is not None and now - seen[0] <= window
+        learner = self.rehome_window
+        self.last_return = None
+        if (seen is not None and (now - seen[0] <= window or (
+                learner is not None and now - seen[0] <= 2 * window
+                and self._rand() < learner.probe_share))
                 and self._within(seen[1], a, DEFAULT_HISTORY_SLACK)):
+            # Home (within the window, or a learner's probe just past it).
             slot = seen[1]
+            if learner is not None:
+                gap = now - seen[0]
+                self.last_return = (gap, learner.weight(gap), slot)
         elif seen is None and m is not None and a.usable[m]:  # type: ignore[index]
             slot = m  # type: ignore[assignment]
         else:
@@ -641,6 +658,24 @@ class RouterCore:
         if len(self._seen) > self._history_capacity:
             self._seen.popitem(last=False)
         return slot
+
+    def learn_idle_rehome(self, window: EvictionWindow | None) -> None:
+        """Learn the idle re-homing window from returns' cache outcomes (`observe_return`),
+        starting from `window.window_s`; None stops learning (the window stays)."""
+        self.rehome_window = window
+        if window is not None:
+            self.idle_rehome_s = window.window_s
+
+    def observe_return(self, returned: tuple[float, float, int] | None, slot: int,
+                       hit: bool | None) -> None:
+        """How a request ended that `route_index` sent home after an idle gap
+        (`last_return` right after it): `hit`: its reusable prefix was served from cache
+        at `slot`, where it went in the end (a request moved elsewhere teaches nothing)."""
+        learner = self.rehome_window
+        if learner is None or returned is None or hit is None or returned[2] != slot:
+            return
+        learner.observe(returned[0], hit, returned[1])
+        self.idle_rehome_s = learner.window_s
 
     def _within(self, slot: int, a: _Active, slack: float) -> bool:
         """Usable and, with one more request, within (1 + slack) x the pool's mean load

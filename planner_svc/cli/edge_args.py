@@ -21,7 +21,17 @@ from router_client.routing import BALANCES, DEFAULT_HISTORY_SLACK
 log = logging.getLogger("cacheroute.edge")
 
 # flag -> (type, default, help)
-Flags = dict[str, tuple[type, Any, str]]
+Flags = dict[str, tuple[Callable[[str], Any], Any, str]]
+
+
+def boolean(raw: str) -> bool:
+    """An on/off flag's value: on/off, true/false, yes/no, 1/0."""
+    value = raw.strip().lower()
+    if value in ("on", "true", "yes", "1"):
+        return True
+    if value in ("off", "false", "no", "0"):
+        return False
+    raise ValueError(f"{raw!r} is not on or off")
 
 ROUTING_FLAGS: Flags = {
     "router-id": (str, "", "this router's id in events and router status (default: host-pid)"),
@@ -53,6 +63,11 @@ ROUTING_FLAGS: Flags = {
                       "long is cold wherever it was: it goes to the least-loaded destination "
                       "and stays there while it comes back sooner (set it to the fleet's "
                       "eviction window; 0 = off, the paper's)"),
+    "idle-rehome-learn": (boolean, True, "with --idle-rehome-s: learn the window from "
+                          "what comes back: a key sent home after an idle gap either finds "
+                          "its prefix cached there or not (the response's cached tokens), "
+                          "and the window moves to the gap that separates the two; "
+                          "--idle-rehome-s is where it starts ('off': keep it as given)"),
     "tail-slack": (float, DEFAULT_TAIL_SLACK, "a cold-tail key stays on its hash owner (where "
                    "its prefix is cached) until that owner's load is more than (1 + this) x "
                    "the mean"),
@@ -77,14 +92,15 @@ def add_flags(parser: argparse.ArgumentParser, flags: Flags, env_prefix: str) ->
                             help=f"{text} (env {env})")
 
 
-def _env(name: str, kind: type, default: Any) -> Any:
+def _env(name: str, kind: Callable[[str], Any], default: Any) -> Any:
     raw = os.environ.get(name)
     if raw is None:
         return default
     try:
         return kind(raw)
     except ValueError:
-        raise SystemExit(f"{name}={raw!r}: not a valid {kind.__name__}") from None
+        what = getattr(kind, "__name__", "value")
+        raise SystemExit(f"{name}={raw!r}: not a valid {what}") from None
 
 
 def router_id(args: argparse.Namespace, role: str) -> str:
@@ -104,6 +120,7 @@ def build_client(args: argparse.Namespace, rid: str, command: str) -> Any:
     reason when they do not fit together."""
     from router_client import signing
     from router_client.aio import AsyncRouterClient
+    from router_client.eviction_window import EvictionWindow
     from router_client.health import HealthPolicy, ProbeSettings
     from router_client.plan import parse_destinations
     from router_client.source import AsyncStaticPlanSource, StaticPlanSource
@@ -154,6 +171,8 @@ def build_client(args: argparse.Namespace, rid: str, command: str) -> Any:
     client.core.balance = args.balance
     client.core.history_slack = args.history_slack if args.history_slack >= 0 else None
     client.core.idle_rehome_s = args.idle_rehome_s or None
+    if args.idle_rehome_s and args.idle_rehome_learn:
+        client.core.learn_idle_rehome(EvictionWindow(args.idle_rehome_s))
     if args.redis_url and args.history_share_period_s > 0 and client.core.history_slack is not None:
         from router_client.redis_history import RedisHistoryExchange
 

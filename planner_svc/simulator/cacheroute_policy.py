@@ -38,6 +38,7 @@ from planner_svc.planning.build import assemble
 from planner_svc.planning.placement import cold_tail_loads
 from planner_svc.simulator.hashring import HashRing
 from planner_svc.simulator.policies import Policy, PolicyContext, PolicyFactory
+from router_client.eviction_window import EvictionWindow, prefix_hit
 from router_client.plan import RoutingPlan
 from router_client.ring import DEFAULT_TAIL_SLACK
 from router_client.routing import BALANCES, DEFAULT_HISTORY_SLACK, RouterCore, RoutingTable
@@ -77,6 +78,10 @@ class CacheRouteSettings:
     # paper's: always plan).
     affinity_gain_min: float | None = DEFAULT_AFFINITY_GAIN_MIN
     idle_rehome_s: float | None = None
+    # Learn the re-homing window from the cache outcomes of keys sent home after an idle gap
+    # (router_client.eviction_window, the gateway's `--idle-rehome-learn`), starting from
+    # `idle_rehome_s`.
+    learn_idle_rehome: bool = False
     # With sessions: how far above the mean load a conversation stays with its history
     # (the gateway's `--history-slack`).
     history_slack: float = DEFAULT_HISTORY_SLACK
@@ -96,6 +101,8 @@ class CacheRouteSettings:
                 + (" (control loop)" if self.control_loop else "")
                 + (" without guard" if self.affinity_gain_min is None else "")
                 + (" + idle re-homing" if self.idle_rehome_s is not None else "")
+                + (" (learned)" if self.idle_rehome_s is not None and self.learn_idle_rehome
+                   else "")
                 + (f" (tail slack {self.tail_slack:g})"
                    if self.cold_tail == "hash" and self.tail_slack != DEFAULT_TAIL_SLACK
                    else "")
@@ -151,6 +158,11 @@ class CacheRoutePolicy:
                                               else None),
                                idle_rehome_s=settings.idle_rehome_s,
                                balance=settings.balance)
+        if settings.learn_idle_rehome and settings.idle_rehome_s:
+            self.core.learn_idle_rehome(EvictionWindow(settings.idle_rehome_s))
+        # Requests sent home after an idle gap: their return and reusable prefix, until the
+        # engine says what it served from cache (`served`).
+        self._returns: dict[int, tuple[tuple[float, float, int], int]] = {}
         conversations = ctx.extra.get("conversations") if settings.session_affinity else None
         # Per request: its conversation (the gateway's session key), when the workload has it.
         self._sessions = (conversations.tolist()
@@ -208,7 +220,17 @@ class CacheRoutePolicy:
                                 str(sessions[i]) if sessions is not None else None,
                                 now if self.settings.idle_rehome_s is not None else None)
         core.started(slot)
+        if core.last_return is not None:
+            self._returns[i] = (core.last_return, prefix)
         return slot
+
+    def served(self, i: int, dest: int, cached_tokens: int) -> None:
+        """What the engine served `i` from cache (before its `finished`), as the gateway
+        reads it from the response's usage."""
+        returned = self._returns.pop(i, None)
+        if returned is not None:
+            self.core.observe_return(returned[0], dest,
+                                     prefix_hit(cached_tokens, returned[1]))
 
     def finished(self, i: int, dest: int, now: float) -> None:
         self.core.finished(dest)

@@ -54,6 +54,9 @@ def run(w: Workload, routers: list[Policy], engines: list[Replica], block_tokens
     on_first = [getattr(r, "first_token", None) for r in routers]
     tell_first = any(f is not None for f in on_first)
     firsts: list[tuple[float, int]] = []
+    # Policies that learn from what was served from cache (the gateway reads a response's
+    # usage) hear each request's cached tokens before its finish.
+    on_served = [getattr(r, "served", None) for r in routers]
     for i in range(n):
         now = ts[i]
         while firsts and firsts[0][0] <= now:
@@ -64,7 +67,11 @@ def run(w: Workload, routers: list[Policy], engines: list[Replica], block_tokens
         while pending and pending[0] <= now:
             f = heapq.heappop(pending)
             for j in finishing.pop(f):
-                routers[0 if single else router_of[j]].finished(j, dest[j], f)
+                which = 0 if single else router_of[j]
+                told_served = on_served[which]
+                if told_served is not None:
+                    told_served(j, dest[j], cached[j])
+                routers[which].finished(j, dest[j], f)
         if now >= next_control:
             window = window_of[window_start_i:i]
             for r in routers:

@@ -194,7 +194,7 @@ def eviction_window_s(w: Workload, model: ReplicaModel, warmup_fraction: float,
 
 # The variants that route as `cacheroute gateway` does with the planner's defaults: sessions,
 # the production control loop, the cold tail consistent-hashed (`-rehome` adds re-homing).
-_AS_GATEWAY = ("cacheroute-gateway", "cacheroute-rehome")
+_AS_GATEWAY = ("cacheroute-gateway", "cacheroute-rehome", "cacheroute-rehome-learned")
 
 
 def policy_factory(name: str, cfg: ReplayConfig, w: Workload) -> PolicyFactory:
@@ -215,7 +215,7 @@ def policy_factory(name: str, cfg: ReplayConfig, w: Workload) -> PolicyFactory:
                 "cacheroute-sessions": "full", "cacheroute-loop": "full",
                 "cacheroute-tail": "full", "cacheroute-hashed": "full",
                 "cacheroute-gateway": "full", "cacheroute-no-guard": "full",
-                "cacheroute-rehome": "full"}
+                "cacheroute-rehome": "full", "cacheroute-rehome-learned": "full"}
     if name not in variants and name != "cacheroute-known":
         raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICY_NAMES)}")
     q_cap, slots = calibrate(w, cfg.model, cfg.warmup_fraction)
@@ -239,7 +239,9 @@ def policy_factory(name: str, cfg: ReplayConfig, w: Workload) -> PolicyFactory:
         else "p2c",
         hashed_tail=name == "cacheroute-hashed",  # off in the planner by default
         idle_rehome_s=(eviction_window_s(w, cfg.model, cfg.warmup_fraction, cfg.n_destinations)
-                       if name == "cacheroute-rehome" else None),
+                       if name.startswith("cacheroute-rehome") else None),
+        # `-learned`: from there, the window the router measures (`--idle-rehome-learn`).
+        learn_idle_rehome=name == "cacheroute-rehome-learned",
         # `cacheroute-no-guard`: the paper's CacheRoute, planning whatever affinity can win.
         affinity_gain_min=None if name == "cacheroute-no-guard" else DEFAULT_AFFINITY_GAIN_MIN,
     )
@@ -264,6 +266,7 @@ POLICY_NAMES = (
     "cacheroute-gateway",
     "cacheroute-no-guard",
     "cacheroute-rehome",
+    "cacheroute-rehome-learned",
     "affinity",
     "replication",
 )

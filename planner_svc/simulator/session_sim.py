@@ -79,9 +79,12 @@ def simulate_sessions(pop: Population, plan: Sequence[Session], factory: PolicyF
     transcripts = [Transcript(pop, s) for s in sessions]
     arrivals = [(s.start_s, k, 0) for k, s in enumerate(sessions)]
     heapq.heapify(arrivals)
-    running: list[tuple[float, int, int]] = []  # (finish, request, destination)
+    # (finish, request, destination, cached tokens)
+    running: list[tuple[float, int, int, int]] = []
     # First tokens, for a policy that balances on requests awaiting one (eventloop.run).
     on_first = getattr(policy, "first_token", None)
+    # What each request was served from cache, for a policy that learns from it (eventloop).
+    on_served = getattr(policy, "served", None)
     firsts: list[tuple[float, int, int]] = []
     window: list[int] = []
     next_control = control_interval_s if control_interval_s > 0 else float("inf")
@@ -94,7 +97,9 @@ def simulate_sessions(pop: Population, plan: Sequence[Session], factory: PolicyF
             f, i, d = heapq.heappop(firsts)
             on_first(i, d, f)  # type: ignore[misc]
         while running and running[0][0] <= now:
-            f, i, d = heapq.heappop(running)
+            f, i, d, c = heapq.heappop(running)
+            if on_served is not None:
+                on_served(i, d, c)
             policy.finished(i, d, f)
         while now >= next_control:
             policy.control(next_control, np.asarray(window, np.int64), control_interval_s)
@@ -117,7 +122,7 @@ def simulate_sessions(pop: Population, plan: Sequence[Session], factory: PolicyF
         served = engines[d].admit(chain, prompt_tokens, turn.output_tokens, now,
                                   txt.as_chain(answer_ids))
         window.append(s.tenant)
-        heapq.heappush(running, (served.finish_time, i, d))
+        heapq.heappush(running, (served.finish_time, i, d, served.cached_tokens))
         if on_first is not None:
             heapq.heappush(firsts, (served.first_token_time, i, d))
         rows.append((s.sid, j, s.tenant, now, d, prompt_tokens, served.cached_tokens,

@@ -34,6 +34,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from router_client.epp import protocol as proto
 from router_client.epp.metrics import EppMetrics
 from router_client.epp.picker import EndpointPicker, Pick
+from router_client.eviction_window import prefix_hit
 from router_client.gateway import jsonio, sse
 from router_client.gateway.telemetry import EventSink
 from router_client.health import Outcome
@@ -302,6 +303,9 @@ class Exchange:
         e2e_ms = (time.perf_counter() - self._decided_at) * 1000
         if isinstance(usage, dict) and outcome is Outcome.SUCCESS:
             counts = from_openai_usage(usage)
+            self.picker.core.observe_return(
+                self._pick.returned, slot, prefix_hit(counts.cached_tokens,
+                                                      self.prefix_chars // 4))
             ttft_ms = self._ttft_s * 1000 if self._ttft_s is not None else e2e_ms
             self.sink.emit_cache_hit(
                 self.key, dest, prompt_tokens=counts.prompt_tokens,

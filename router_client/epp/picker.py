@@ -41,6 +41,9 @@ def endpoint_of(address: str, destination_id: str) -> str:
 class Pick:
     slots: tuple[int, ...]  # primary first, then fallbacks
     endpoints: tuple[str, ...]
+    # The primary was the key's home after an idle gap (RouterCore.last_return): its cache
+    # outcome teaches the re-homing window (`RouterCore.observe_return`).
+    returned: tuple[float, float, int] | None = None
 
     @property
     def header_value(self) -> str:
@@ -110,13 +113,14 @@ class EndpointPicker:
                    else core.route_avoiding(key, avoid))
         if primary is None:
             return None
+        returned = core.last_return if now is not None and not avoid else None
         chosen = [primary]
         for _ in range(self.fallbacks):
             more = core.route_avoiding(key, avoid.union(chosen))
             if more is None:
                 break
             chosen.append(more)
-        return Pick(tuple(chosen), tuple(endpoints[s] for s in chosen))
+        return Pick(tuple(chosen), tuple(endpoints[s] for s in chosen), returned)
 
     def _unusable(self) -> frozenset[int]:
         """Slots never to answer: unknown address, ejected or draining (with none left the

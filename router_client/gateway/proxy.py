@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from router_client.aio import AsyncRouterClient
+from router_client.eviction_window import prefix_hit
 from router_client.gateway import headers as hdr
 from router_client.gateway import jsonio, sse
 from router_client.gateway.http11 import ClientGone, Request, Responder, UpstreamError
@@ -71,6 +72,9 @@ class _Call:
     # event came (the core then no longer counts it as awaiting a prefill).
     slot: int = -1
     answered: bool = False
+    # The first pick was the key's home after an idle gap (RouterCore.last_return): the
+    # response's cache outcome teaches the re-homing window.
+    returned: tuple[float, float, int] | None = None
 
 
 class Proxy:
@@ -144,7 +148,7 @@ class Proxy:
         tried: list[int] = []
         core = call.client.core
         for attempt in range(self.settings.max_retries + 1):
-            slot = self._pick(core, call.key, call.affinity, tried)
+            slot = self._pick(core, call, tried)
             if slot is None:
                 if not tried:
                     self.metrics.saturated.inc()
@@ -186,13 +190,14 @@ class Proxy:
         send_error(out, 502, "no destination could take the request", "upstream_error",
                    extra=[(hdr.REQUEST_ID, call.request_id)])
 
-    def _pick(self, core: RouterCore, key: str, affinity: str | None,
-              tried: list[int]) -> int | None:
+    def _pick(self, core: RouterCore, call: _Call, tried: list[int]) -> int | None:
         cap = self.settings.max_inflight_per_destination
+        key, affinity = call.key, call.affinity
         if not tried:
             # Idle re-homing needs a clock; the core has none of its own.
-            slot = core.route_index(key, affinity, time.monotonic()
-                                    if core.idle_rehome_s is not None else None)
+            now = time.monotonic() if core.idle_rehome_s is not None else None
+            slot = core.route_index(key, affinity, now)
+            call.returned = core.last_return if now is not None else None
             if core.inflight[slot] < cap:
                 return slot
         full = {s for s, n in enumerate(core.inflight) if n >= cap}
@@ -227,6 +232,10 @@ class Proxy:
         e2e_ms = (time.perf_counter() - call.started) * 1000
         if isinstance(usage, dict):
             counts = from_openai_usage(usage)
+            if outcome is Outcome.SUCCESS:
+                call.client.core.observe_return(
+                    call.returned, call.slot, prefix_hit(counts.cached_tokens,
+                                                         call.prefix_chars // 4))
             self.sink.emit_cache_hit(
                 call.key, dest, prompt_tokens=counts.prompt_tokens,
                 cached_tokens=counts.cached_tokens, output_tokens=counts.output_tokens,

@@ -16,6 +16,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from router_client.epp import protocol as proto
 from router_client.epp.exchange import EppSettings
+from router_client.eviction_window import EvictionWindow
 from router_client.keys import KeyRule, derive_key
 from tests.epp_harness import (
     BUFFERED,
@@ -300,3 +301,30 @@ def test_the_command_serves_and_refuses_bad_settings(tmp_path):
         timeout=60)
     assert bad.returncode != 0 and "CACHEROUTE_EPP_FALLBACKS='two'" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+def test_a_key_sent_home_after_an_idle_gap_teaches_the_re_homing_window(epp, channel):
+    """As in the gateway: a request the core sent home after an idle gap reports whether its
+    prefix was cached there (the response's cached tokens against the prefix it reported)."""
+    payload = chat()
+    epp.publish({key_of(payload): (2,)})
+
+    def learn() -> None:
+        core = epp.client.core
+        core.idle_rehome_s = 60.0
+        core.learn_idle_rehome(EvictionWindow(60.0, min_outcomes=1, refresh_every=1))
+
+    epp.call(learn)
+    for cached in (0, 384, 0):  # first sight (no return), then a warm and a cold return
+        s, answers = route(channel, payload)
+        assert destination_of(answers[0])[0].split(",")[0] == epp.endpoint(2)
+        served = {"id": "x", "choices": [{"message": {"content": "hi"}}],
+                  "usage": {"prompt_tokens": 400, "completion_tokens": 5,
+                            "prompt_tokens_details": {"cached_tokens": cached}}}
+        s.send(response_headers(200, "application/json"))
+        s.read(1)
+        s.send(response_body(json.dumps(served).encode(), end=True))
+        s.read(1)
+        assert eventually(lambda: epp.call(lambda: epp.client.core.inflight[2]) == 0, 5)
+    window = epp.call(lambda: epp.client.core.rehome_window)
+    assert window.outcomes == 2  # the two returns, one warm and one cold

@@ -16,10 +16,12 @@ import openai
 import pytest
 
 from planner_svc.devstack.engines import EngineFleet, start_engines
+from router_client.eviction_window import EvictionWindow
 from router_client.gateway import GatewaySettings
 from router_client.health import HealthPolicy, ProbeSettings
 from router_client.keys import derive_key
 from router_client.plan import DestinationSpec
+from router_client.routing import RouterCore
 from tests.gateway_harness import GatewayThread, fault, gateway_process, last_request
 from tests.timing import bound
 from tests.waiting import eventually
@@ -431,3 +433,33 @@ def test_gateway_cli_serves_and_stops(tmp_path: Path, fleet: EngineFleet) -> Non
         r = c.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}],
                                       max_tokens=3)
         assert r.usage.completion_tokens == 3
+
+
+def test_a_key_sent_home_after_an_idle_gap_teaches_the_re_homing_window(
+        gw: GatewayThread, fleet: EngineFleet) -> None:
+    """With `--idle-rehome-s` learned (`--idle-rehome-learn`, on by default), each request the
+    core sends back to its key's home after an idle gap reports, from the response's cached
+    tokens, whether the prefix was still there; the window and what it rests on are in the
+    router's metrics."""
+    assert gw.client is not None
+    core = gw.client.core
+    gw.publish(specs(fleet))  # a plan (re-homing steps aside in fallback): every key cold tail
+    assert eventually(lambda: core.mode == "planned", 5.0)
+    core.idle_rehome_s = 60.0
+    gw.run(_learn(core))
+    client = sdk(gw)
+    chat(client, "first sight: no return")
+    assert core.rehome_window is not None and core.rehome_window.outcomes == 0
+    chat(client, "back soon: home, and its system prompt is cached there")
+    list(chat(client, "streamed back", stream=True))
+    assert eventually(lambda: core.rehome_window is not None
+                      and core.rehome_window.outcomes == 2, 5.0)
+    assert core.idle_rehome_s >= 60.0  # every return warm: nothing says it is shorter
+    text = httpx.get(gw.url + "/metrics", timeout=5).text
+    assert 'cacheroute_router_rehome_outcomes{router="gw-test"} 2.0' in text
+    assert "cacheroute_router_rehome_window_s{" in text
+
+
+async def _learn(core: RouterCore) -> None:
+    # On the gateway's loop, where the core is used; min_outcomes=1: each outcome counts.
+    core.learn_idle_rehome(EvictionWindow(60.0, min_outcomes=1, refresh_every=1))

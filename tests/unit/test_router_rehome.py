@@ -74,6 +74,14 @@ def test_the_gateway_flag_reaches_the_core_and_refuses_a_negative_window():
                       "r", "gateway")
     off = build_client(parser.parse_args(["--destinations", "a,b"]), "r", "gateway")
     assert on.core.idle_rehome_s == 180.0 and off.core.idle_rehome_s is None
+    # The window is learned from where it starts unless told not to (`--idle-rehome-learn`).
+    assert on.core.rehome_window is not None and on.core.rehome_window.window_s == 180.0
+    assert off.core.rehome_window is None
+    fixed = build_client(parser.parse_args(["--destinations", "a,b", "--idle-rehome-s", "180",
+                                            "--idle-rehome-learn", "off"]), "r", "gateway")
+    assert fixed.core.idle_rehome_s == 180.0 and fixed.core.rehome_window is None
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--idle-rehome-learn", "maybe"])
     with pytest.raises(SystemExit, match="idle-rehome-s"):
         build_client(parser.parse_args(["--destinations", "a,b", "--idle-rehome-s", "-1"]),
                      "r", "gateway")
