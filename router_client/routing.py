@@ -373,7 +373,8 @@ class RouterCore:
         # A single-member or unplanned key idle longer than this is cold wherever it was:
         # it goes by P2C and stays where that sent it while it keeps coming back sooner.
         self.idle_rehome_s = idle_rehome_s
-        self._seen: OrderedDict[str, tuple[float, int]] = OrderedDict()
+        # key -> (its last arrival or finish at its home, the home, its requests open there)
+        self._seen: OrderedDict[str, tuple[float, int, int]] = OrderedDict()
         self.rehomed = 0
         # With `learn_idle_rehome`: the window learned from returns' cache outcomes, and the
         # last decision's return home (idle gap, its outcome's weight, slot), if it was one.
@@ -605,7 +606,7 @@ class RouterCore:
             history.move_to_end(affinity)
             self.history_kept += 1
             if idle >= 0:
-                self._seen[key] = (now, last)  # type: ignore[assignment]
+                self._seen_at(key, now, last)  # type: ignore[arg-type]
             return last
         slot = idle if idle >= 0 else self._decide(key, affinity)
         if slot != last and self._history_out is not None:
@@ -640,7 +641,9 @@ class RouterCore:
                 and self._within(seen[1], a, DEFAULT_HISTORY_SLACK)):
             # Home (within the window, or a learner's probe just past it).
             slot = seen[1]
-            if learner is not None:
+            if learner is not None and seen[2] == 0:
+                # Evidence only when its last request there had finished: one still queued
+                # has not written the prefix yet, and its miss says nothing of eviction.
                 gap = now - seen[0]
                 self.last_return = (gap, learner.weight(gap), slot)
         elif seen is None and m is not None and a.usable[m]:  # type: ignore[index]
@@ -653,11 +656,22 @@ class RouterCore:
             if slot < 0:
                 return -1
             self.rehomed += 1
-        self._seen[key] = (now, slot)
+        self._seen_at(key, now, slot)
+        return slot
+
+    def _seen_at(self, key: str, now: float, slot: int) -> None:
+        seen = self._seen.get(key)
+        self._seen[key] = (now, slot, seen[2] + 1 if seen is not None and seen[1] == slot else 1)
         self._seen.move_to_end(key)
         if len(self._seen) > self._history_capacity:
             self._seen.popitem(last=False)
-        return slot
+
+    def key_finished(self, key: str, slot: int, now: float) -> None:
+        """A request of `key` that went to `slot` ended at `now` (with idle re-homing): its
+        prefix was last touched there then, so the key's idle time counts from now."""
+        seen = self._seen.get(key)
+        if seen is not None and seen[1] == slot:
+            self._seen[key] = (max(now, seen[0]), slot, max(0, seen[2] - 1))
 
     def learn_idle_rehome(self, window: EvictionWindow | None) -> None:
         """Learn the idle re-homing window from returns' cache outcomes (`observe_return`),

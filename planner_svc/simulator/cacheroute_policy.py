@@ -163,6 +163,7 @@ class CacheRoutePolicy:
         # Requests sent home after an idle gap: their return and reusable prefix, until the
         # engine says what it served from cache (`served`).
         self._returns: dict[int, tuple[tuple[float, float, int], int]] = {}
+        self._open: dict[int, int] = {}  # with re-homing: request -> its key, until finished
         conversations = ctx.extra.get("conversations") if settings.session_affinity else None
         # Per request: its conversation (the gateway's session key), when the workload has it.
         self._sessions = (conversations.tolist()
@@ -220,8 +221,10 @@ class CacheRoutePolicy:
                                 str(sessions[i]) if sessions is not None else None,
                                 now if self.settings.idle_rehome_s is not None else None)
         core.started(slot)
-        if core.last_return is not None:
-            self._returns[i] = (core.last_return, prefix)
+        if core.idle_rehome_s is not None:
+            self._open[i] = key
+            if core.last_return is not None:
+                self._returns[i] = (core.last_return, prefix)
         return slot
 
     def served(self, i: int, dest: int, cached_tokens: int) -> None:
@@ -234,6 +237,12 @@ class CacheRoutePolicy:
 
     def finished(self, i: int, dest: int, now: float) -> None:
         self.core.finished(dest)
+        self._key_finished(i, dest, now)
+
+    def _key_finished(self, i: int, dest: int, now: float) -> None:
+        key = self._open.pop(i, None)
+        if key is not None:
+            self.core.key_finished(self.keys[key], dest, now)
 
     def control(self, now: float, window_keys: np.ndarray, window_s: float) -> None:
         if window_s <= 0:
@@ -350,6 +359,7 @@ class _FirstTokenCacheRoutePolicy(CacheRoutePolicy):
 
     def finished(self, i: int, dest: int, now: float) -> None:
         self.core.finished(dest, answered=True)
+        self._key_finished(i, dest, now)
 
 
 def gateway_like(q_cap: float, warm_slots_per_destination: int, *,

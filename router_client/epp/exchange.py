@@ -290,6 +290,9 @@ class Exchange:
         outcome = (None if status == 0 else Outcome.SUCCESS if status < 400
                    else Outcome.CLIENT_ERROR if status < 500 else Outcome.HTTP_5XX)
         self.picker.finished(primary, None, answered=self._answered)
+        core = self.picker.core
+        if core.idle_rehome_s is not None:
+            core.key_finished(self.key, primary, time.monotonic())
         dest = self.picker.destination(slot)
         if outcome is not None:
             self.picker.client.report(dest, outcome)

@@ -186,6 +186,8 @@ class Proxy:
                 await self._relay(call, dest, upstream, out)
             finally:
                 core.finished(slot, answered=call.answered)
+                if core.idle_rehome_s is not None:
+                    core.key_finished(call.key, slot, time.monotonic())
             return
         send_error(out, 502, "no destination could take the request", "upstream_error",
                    extra=[(hdr.REQUEST_ID, call.request_id)])

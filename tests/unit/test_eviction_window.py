@@ -92,9 +92,13 @@ def _core(window: float) -> RouterCore:
 def test_the_core_reports_a_return_home_and_learns_only_from_where_it_went() -> None:
     core = _core(100.0)
     assert core.route_index("app", now=0.0) == 2 and core.last_return is None  # first sight
-    assert core.route_index("app", now=50.0) == 2
+    assert core.route_index("app", now=5.0) == 2
+    assert core.last_return is None  # its first request is still open: its prefix may not be there
+    core.key_finished("app", 2, 8.0)
+    core.key_finished("app", 2, 10.0)
+    assert core.route_index("app", now=60.0) == 2
     returned = core.last_return
-    assert returned == (50.0, 1.0, 2)
+    assert returned == (50.0, 1.0, 2)  # idle since its last request there finished
     core.observe_return(returned, 1, False)  # it went elsewhere in the end (a retry)
     core.observe_return(returned, 2, None)  # no prefix reported
     assert core.rehome_window is not None and core.rehome_window.outcomes == 0
@@ -109,12 +113,33 @@ def test_a_probe_past_the_window_goes_home_and_counts_for_the_returns_it_stands_
     for i in range(200):
         key = f"tail-{i}"
         home = core.route_index(key, now=0.0)
+        core.key_finished(key, home, 0.0)
         slot = core.route_index(key, now=150.0)  # idle 150 s: past the window, within 2x
         if core.last_return is not None:
             assert slot == home and core.last_return == (150.0, pytest.approx(2.0), home)
             probes += 1
         assert core.route_index(key, now=500.0) >= 0 and core.last_return is None  # > 2x
     assert 70 <= probes <= 130  # probe_share 0.5 of 200
+
+
+def test_returns_behind_a_queue_teach_nothing_so_an_overload_does_not_shrink_the_window(
+) -> None:
+    """Each key's requests queue for 30 s (an overloaded fleet) and come back every 10 s:
+    every return finds its last request still open, so none is evidence, and the window
+    stays where it was instead of reading the queue as evictions."""
+    core = _core(100.0)
+    assert core.rehome_window is not None
+    open_until: dict[str, list[tuple[float, int]]] = {}
+    for step in range(3_000):
+        now = step * 0.1
+        key = f"k{step % 100}"
+        for done_at, slot in [x for x in open_until.get(key, []) if x[0] <= now]:
+            core.key_finished(key, slot, done_at)
+            open_until[key].remove((done_at, slot))
+        slot = core.route_index(key, now=now)
+        core.observe_return(core.last_return, slot, False)  # a queued request: no cache yet
+        open_until.setdefault(key, []).append((now + 30.0, slot))
+    assert core.rehome_window.outcomes == 0 and core.idle_rehome_s == 100.0
 
 
 def test_a_core_without_learning_reports_no_return() -> None:
@@ -144,4 +169,5 @@ def test_closed_loop_the_core_finds_a_fleets_eviction_window() -> None:
             warm = now - last_at.get((key, slot), -math.inf) < 40.0
             last_at[(key, slot)] = now
             core.observe_return(returned, slot, warm)
+            core.key_finished(key, slot, now)  # served at once: written when it arrived
         assert core.idle_rehome_s == pytest.approx(40.0, rel=0.12), start
