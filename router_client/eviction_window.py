@@ -3,10 +3,11 @@
 Idle re-homing (`RouterCore.idle_rehome_s`) needs the time a key's prefix stays in its home's
 cache once the key goes quiet. Computed from a cache model (Che's characteristic time over the
 fleet's cache), it comes out too long wherever a key's content is more than one prompt or
-re-homed keys leave dead copies behind: on the wide-active-set replay the prefix of a key
-returning home is still cached after 0.6 x Che's time (100 % of returns) and gone after
-0.8 x (2 %), so a window of 1 x sends keys home to recompute (p99 3.52 s at 80 QPS) where
-0.7 x re-homes them to the least-busy destination (3.13 s; docs/replay.md).
+re-homed keys leave dead copies behind: on the wide-active-set replay at 80 QPS a key returning
+home after 0.5-0.6 x Che's time finds its prefix cached every time, after 0.8-0.9 x 2 % of the
+time; the warm share crosses one half at 0.71 x (bench/rehome_window.py). With the window at
+Che's time keys go home to recompute (p99 3.53 s); learned, the window settles at 0.73 x and
+keys past it are re-homed to the least-busy destination (p99 3.20 s, hit 67.7 against 67.0 %).
 
 The router sees exactly this cliff: a key routed home after an idle gap either finds its
 prefix cached (`usage.prompt_tokens_details.cached_tokens`) or not. `EvictionWindow` keeps
@@ -21,9 +22,9 @@ the window within a few thousand returns; it moves by at most 25 % per refresh.
 The gap is counted from when the key's prefix was last touched at its home (its last request
 there finished: `RouterCore.key_finished`), and a return while an earlier request of the key is
 still open there teaches nothing: its prefix may not be written yet. Counted from arrivals, an
-overloaded fleet's queued requests looked like evictions at short gaps, the window collapsed,
-and the bulk re-homing that followed overloaded it further (wide-active-set replay at 97.5 QPS:
-p99 217 s against 4.2 s with the fixed window).
+overloaded fleet's queued requests looked like evictions at short gaps; the window collapsed,
+and the bulk re-homing that followed overloaded the fleet further (the wide-active-set replay
+lost its capacity past 95 QPS that way; docs/replay.md).
 """
 
 from __future__ import annotations

@@ -39,11 +39,14 @@ affinity):
   affinity buys it nothing: it goes to the least-loaded destination and stays there (its
   home, over the plan) while it comes back within the window and that one is within twice
   the mean load (with `balance="first-token"`: the one with the fewest requests awaiting a
-  first token, as the balance below). Set it to the fleet's eviction window. On the
-  wide-active-set replay (equally hot keys, a working set larger than the fleet's cache) it
-  lowers CacheRoute's p99 at every load (3.93 -> 3.53 s at 60 QPS) and lifts the 5-s
-  capacity from 70 to 80 QPS; Preble-like, which places every cold request by its windowed
-  prefill cost, does better still (docs/replay.md).
+  first token, as the balance below). Set it to the fleet's eviction window, or start it
+  there and let `learn_idle_rehome` measure it: each key sent home after an idle gap
+  (`last_return`) either finds its prefix cached there or not, which the caller reports
+  (`observe_return`, with `key_finished` when each request ends), and the window moves to
+  the gap that separates the two (router_client.eviction_window). On the wide-active-set
+  replay (equally hot keys, a working set larger than the fleet's cache) a window computed
+  from Che's time is ~1.4x the measured one; learned, CacheRoute's capacity there passes
+  Preble-like's (docs/replay.md).
 
 - `balance="first-token"`: wherever the paper uses P2C (fallback, no plan, the cold tail
   and its overflow), send the request to the usable destination with the fewest of this

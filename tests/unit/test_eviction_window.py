@@ -171,3 +171,16 @@ def test_closed_loop_the_core_finds_a_fleets_eviction_window() -> None:
             core.observe_return(returned, slot, warm)
             core.key_finished(key, slot, now)  # served at once: written when it arrived
         assert core.idle_rehome_s == pytest.approx(40.0, rel=0.12), start
+
+
+def test_the_bench_finds_the_cliff_where_the_warm_share_crosses_one_half() -> None:
+    import numpy as np
+
+    from tests.bench_module import load_bench
+
+    bench = load_bench("rehome_window")
+    edges = np.arange(0.0, 2.05, 0.1)
+    share = np.where(edges[:-1] < 0.7, 1.0, 0.0)
+    share[7] = 0.25  # 0.7-0.8: a quarter warm
+    assert bench.cliff(edges, share) == pytest.approx(0.65 + 0.5 / 0.75 * 0.1)
+    assert math.isnan(bench.cliff(edges, np.ones(len(edges) - 1)))  # never cold: no cliff
