@@ -35,6 +35,11 @@ from planner_svc.planning.affinity import characteristic_time, fleet_gain
 from planner_svc.simulator.workload import Workload
 
 WIN_GAIN, LOSE_GAIN = 0.15, 0.05
+# Where at least this share of a trace's repeat requests come back to a key whose prefix its
+# home has evicted by then (idle longer than the affinity window), placing those by load
+# instead of sending them home pays: the advice is the gateway's idle re-homing. Wide active
+# set 21 %, paper-like, shared system prompts and whales under 1 % (docs/results/diagnose.md).
+REHOME_ADVICE_SHARE = 0.10
 CONFIDENCE = 0.9  # share of bootstrap resamples that must agree with a verdict
 BOOTSTRAP_DRAWS = 400
 
@@ -62,6 +67,18 @@ class Diagnosis:
     predicted_hit_cacheroute: float = 0.0
     guard_gain: float | None = None  # planning.affinity.fleet_gain on the trace
     falls_back: bool = False  # the guard would serve Flat-LB: CacheRoute ties it
+    # Of the requests whose key came before, the share idle longer than the affinity window.
+    returns_after_window: float = 0.0
+
+    @property
+    def rehome_advice(self) -> str | None:
+        """The gateway settings for a trace where many keys come back to an evicted home."""
+        if self.falls_back or self.returns_after_window < REHOME_ADVICE_SHARE:
+            return None
+        return (f"{self.returns_after_window:.0%} of repeat requests come back after their "
+                f"home's eviction window: run the gateway with --idle-rehome-s "
+                f"{self.eviction_window_affinity_s:.0f} (learned from there) and "
+                f"--history-slack 0 (docs/gateway.md, idle re-homing)")
 
     @property
     def gain(self) -> float:
@@ -97,7 +114,9 @@ class Diagnosis:
             f"{self.gain_interval[0] * 100:+.1f} to {self.gain_interval[1] * 100:+.1f} pp"
             + ("" if self.verdict != "undecided" else
                f" (below {CONFIDENCE:.0%}: record a longer trace)"),
-        ]
+            f"repeat requests idle longer than the affinity window: "
+            f"{self.returns_after_window:.1%}",
+        ] + ([f"advice: {self.rehome_advice}"] if self.rehome_advice else [])
 
 
 def recent_counts(key: np.ndarray, t: np.ndarray, window_s: float) -> np.ndarray:
@@ -155,6 +174,7 @@ def diagnose(w: Workload, n_destinations: int, cache_capacity_tokens: int,
     t_aff = characteristic_time(rates, sizes, cache_capacity_tokens * n_destinations)
     prefix, prompt = w.prefix.astype(np.float64), float(w.prompt.sum())
     aff_reuse = recent_counts(w.key, w.t, t_aff) > 0
+    repeat = recent_counts(w.key, w.t, np.inf) > 0  # the key came before
     n_flat = recent_counts(w.key, w.t, t_flat)
     p_flat = 1.0 - (1.0 - 1.0 / n_destinations) ** n_flat
     hit_aff = float(prefix[aff_reuse].sum() / prompt)
@@ -202,6 +222,7 @@ def diagnose(w: Workload, n_destinations: int, cache_capacity_tokens: int,
         eviction_window_flat_s=t_flat,
         eviction_window_affinity_s=t_aff,
         reuse_within_window=float(aff_reuse.mean()),
+        returns_after_window=float((repeat & ~aff_reuse).sum() / max(1, int(repeat.sum()))),
         predicted_hit_flat=hit_flat,
         predicted_hit_affinity=hit_aff,
         hottest_key_share=float(counts.max() / len(w)),

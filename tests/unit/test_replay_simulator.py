@@ -460,3 +460,18 @@ def test_the_replay_runs_the_gateways_history_slack_when_told() -> None:
         PolicyContext(4, list(w.keys), SIM_MODEL, seed=1,
                       extra={"conversations": np.zeros(len(w), np.int64)}))
     assert isinstance(policy, CacheRoutePolicy) and policy.core.history_slack == 0.0
+
+
+def test_diagnose_advises_idle_re_homing_only_where_keys_come_back_to_an_evicted_home() -> None:
+    """The wide active set's keys come back after their home has evicted them (a working set
+    larger than the fleet's cache); paper-like's come back within the window."""
+    wide = diagnose(make_workload(ReplayConfig(scenario="wide-active-set", n_requests=60_000),
+                                  60.0, 1), 30, 1_000_000)
+    paper = diagnose(make_workload(ReplayConfig(scenario="paper-like", n_requests=60_000),
+                                   200.0, 1), 30, 1_000_000)
+    assert wide.returns_after_window > 0.10 > 0.02 > paper.returns_after_window
+    advice = wide.rehome_advice
+    assert advice is not None and "--idle-rehome-s" in advice and "--history-slack 0" in advice
+    assert any(line.startswith("advice: ") for line in wide.evidence(30))
+    assert paper.rehome_advice is None
+    assert not any(line.startswith("advice: ") for line in paper.evidence(30))
