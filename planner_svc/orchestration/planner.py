@@ -31,6 +31,7 @@ from planner_svc.control.capacity import (
     MeasuredQCap,
     learned_q_cap,
     measured_q_cap,
+    slo_step,
 )
 from planner_svc.control.decision import Action, Decision, DecisionSettings, Penalties
 from planner_svc.control.delivery import (
@@ -298,6 +299,8 @@ class Planner:
         # at ms), and its current run of reports over it (count, last report's time).
         self.slo_breaks: dict[str, tuple[float, int]] = {}
         self._slo_over_runs: dict[str, tuple[int, int]] = {}
+        # While breaks persist: the bound they stepped q_cap down to, and when it last moved.
+        self.slo_stepped: tuple[float, int] | None = None
         self.unknown_signals = 0
 
     # --- start-up ---------------------------------------------------------------
@@ -537,6 +540,10 @@ class Planner:
                 broke = self.slo_breaks.get(d.id)
                 if broke is None or load <= broke[0] or now_ms - broke[1] > memory_ms:
                     self.slo_breaks[d.id] = (load, now_ms)
+                stepped = self.slo_stepped
+                if stepped is not None and now_ms - stepped[1] > memory_ms:
+                    stepped = None  # no break for a while: that bound is history
+                self.slo_stepped = slo_step(stepped, self._q_cap_in_use(), now_ms)
             if d.id in self.saturation or over:
                 continue  # it did not cope
             held = self.served_peaks.get(d.id)
@@ -1090,7 +1097,10 @@ class Planner:
                   if dest in by_id and now_ms - at_ms <= memory_ms]
         breaks = [load for dest, (load, at_ms) in self.slo_breaks.items()
                   if dest in by_id and now_ms - at_ms <= memory_ms]
-        return measured_q_cap(knees, served, breaks)
+        stepped = self.slo_stepped
+        return measured_q_cap(knees, served, breaks,
+                              stepped[0] if stepped is not None
+                              and now_ms - stepped[1] <= memory_ms else None)
 
     def _q_cap_in_use(self) -> float:
         """The configured q_cap, or (learn_q_cap) the measured one within [q/2, 2q]."""

@@ -202,6 +202,7 @@ class CacheRoutePolicy:
         if settings.rates == "known" and isinstance(self._known, np.ndarray):
             self._install(0.0, self._known[0])
         elif isinstance(self._warmup, np.ndarray) and isinstance(warmup_s, float) and warmup_s > 0:
+            self._judge_warmup(ctx.extra)
             counts = np.bincount(self._warmup, minlength=len(self.keys))
             self._install(0.0, counts / warmup_s)
 
@@ -275,6 +276,39 @@ class CacheRoutePolicy:
                 self._install(now, self._rates())
             else:
                 self._decide(now, counts / window_s, tokens)
+
+    def _judge_warmup(self, extra: dict[str, object]) -> None:
+        """The production planner judges the predicted gain before its first plan (a run of
+        low-gain windows sends the first table to Flat-LB: orchestration.planner): the
+        warm-up's requests, as that many windows as the guard needs in a row plus one,
+        go through the same guard before the warm-up plan is installed. Without this the
+        guard first saw a whole control interval (300 s) of planned routing per window."""
+        if self.guard is None:
+            return
+        t, prefix, prompt = (extra.get("warmup_t"), extra.get("warmup_prefix"),
+                             extra.get("warmup_prompt"))
+        keys = self._warmup
+        if not (isinstance(t, np.ndarray) and isinstance(prefix, np.ndarray)
+                and isinstance(prompt, np.ndarray) and isinstance(keys, np.ndarray)
+                and len(t) == len(keys) == len(prefix) == len(prompt) and len(t) > 1):
+            return
+        n = len(self.keys)
+        parts = self.guard.settings.guard.gain_low_windows + 1
+        edges = np.linspace(float(t[0]), float(t[-1]), parts + 1)
+        system = np.asarray(self._system) if self._system is not None else None
+        for lo, hi in zip(edges[:-1], edges[1:], strict=True):
+            part = (t >= lo) & (t <= hi) if hi == edges[-1] else (t >= lo) & (t < hi)
+            k = keys[part]
+            counts = np.bincount(k, minlength=n).astype(np.float64)
+            seen = np.maximum(counts, 1.0)
+            pre = prefix[part].astype(np.float64)
+            shared = (None if system is None else
+                      np.bincount(k, weights=np.minimum(system[k], pre), minlength=n) / seen)
+            # (its clock ends at 0, where the run's begins: the verdict comes first)
+            self._guard_step(float(hi - edges[-1]), counts, max(float(hi - lo), 1e-9),
+                             np.bincount(k, weights=pre, minlength=n) / seen,
+                             np.bincount(k, weights=prompt[part].astype(np.float64),
+                                         minlength=n) / seen, shared)
 
     def _guard_step(self, now: float, counts: np.ndarray, window_s: float,
                     prefix: np.ndarray, prompt: np.ndarray,

@@ -93,6 +93,10 @@ def _simulate(workload: Workload, factory: PolicyFactory, cluster: ClusterSpec,
         "known_rates": workload.interval_rates,
         "plans": {},
         "warmup_keys": workload.key[:n_warm],
+        # and what the stream reports of them (the guard judges them before the first plan)
+        "warmup_t": workload.t[:n_warm],
+        "warmup_prefix": workload.prefix[:n_warm],
+        "warmup_prompt": workload.prompt[:n_warm],
         "conversations": workload.conv,  # the session a gateway would key affinity on
         # per key, the system prompt its routing key covers (what a gateway reports as the
         # key's prefix); None for length-only traces

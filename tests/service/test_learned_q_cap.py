@@ -100,3 +100,33 @@ def test_loads_that_keep_breaking_the_ttft_target_bound_q_cap_from_above(redis_s
         status = stub.GetStatus(planner_pb2.GetStatusRequest(), timeout=10)
         assert status.measured_q_cap_source == "served"
         assert status.q_cap_in_use == pytest.approx(50.0)
+
+
+def test_breaks_that_persist_under_the_bound_step_q_cap_down_to_half(redis_server, tmp_path):
+    """A destination can keep breaking the target below the load it first broke it at (the
+    plan still stacks hot keys on it): every dwell while that lasts, q_cap steps to 0.85 x
+    the value in use, never below half the operator's; reports within the target stop it."""
+    from planner_svc.control.capacity import SLO_STEP, SLO_STEP_DWELL_S
+
+    with serving(redis_server.url, tmp_path, q_cap=60.0, learn_q_cap=True,
+                 q_cap_ttft_slo_s=2.0) as svc:
+        stub = planner_pb2_grpc.PlannerStub(grpc.insecure_channel(f"127.0.0.1:{svc.port}"))
+        start_ms = int(time.time() * 1000) - 400_000  # windows in the recent past
+        dwell_ms = int(SLO_STEP_DWELL_S * 1000)
+
+        def report_ttft(at_ms: int, p99_s: float) -> float:
+            for d in DESTS:
+                svc.planner.on_engine_signals(signals_pb2.EngineSignals(
+                    destination=d, observed_at_ms=at_ms, metrics=True, running=8, waiting=0,
+                    ttft_p99_s=p99_s))
+            feed(svc, end_ms=at_ms)
+            return stub.GetStatus(planner_pb2.GetStatusRequest(), timeout=10).q_cap_in_use
+
+        report_ttft(start_ms, 3.5)
+        assert report_ttft(start_ms + 5_000, 3.5) == pytest.approx(50.0)  # the breaking load
+        in_use = [report_ttft(start_ms + 5_000 + k * dwell_ms, 3.5) for k in range(1, 6)]
+        assert in_use[:3] == pytest.approx([SLO_STEP ** k * 50.0 for k in (1, 2, 3)])
+        assert in_use[3:] == pytest.approx([30.0, 30.0])  # 0.85^4 x 50 = 26.1: the floor q/2
+        later = start_ms + 5_000 + 6 * dwell_ms
+        assert report_ttft(later, 1.0) == pytest.approx(30.0)  # within target: it stays
+        assert report_ttft(later + dwell_ms, 1.0) == pytest.approx(30.0)

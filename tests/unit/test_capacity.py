@@ -10,9 +10,12 @@ from planner_svc.control.capacity import (
     KNEE,
     SERVED,
     SLO,
+    SLO_STEP,
+    SLO_STEP_DWELL_S,
     MeasuredQCap,
     learned_q_cap,
     measured_q_cap,
+    slo_step,
 )
 
 
@@ -72,3 +75,24 @@ def test_the_ttft_bound_only_ever_lowers_the_learned_q_cap(q, value, bound, sour
     got = learned_q_cap(q, MeasuredQCap(value, source, 1, bound))
     assert q / 2 <= got <= free
     assert got <= max(q / 2, bound) + 1e-9
+
+
+def test_breaks_that_persist_step_the_bound_down_once_per_dwell():
+    dwell_ms = int(SLO_STEP_DWELL_S * 1000)
+    first = slo_step(None, 4.2, 1_000)
+    assert first == (float("inf"), 1_000)  # the dwell starts; the breaking load bounds q_cap
+    assert slo_step(first, 4.2, 1_000 + dwell_ms - 1) == first  # within the dwell: nothing
+    second = slo_step(first, 3.7, 1_000 + dwell_ms)
+    assert second == (SLO_STEP * 3.7, 1_000 + dwell_ms)
+    third = slo_step(second, second[0], 1_000 + 2 * dwell_ms)
+    assert third[0] == SLO_STEP * second[0]  # each step from the q_cap in use
+    assert slo_step(third, 9.0, 1_000 + 3 * dwell_ms)[0] == third[0]  # never back up
+
+
+def test_the_stepped_bound_joins_the_breaking_loads_and_only_lowers():
+    assert measured_q_cap([], [], [3.7], 3.15) == MeasuredQCap(3.15, SLO, 1, 3.15)
+    assert measured_q_cap([], [], [3.0], 3.15) == MeasuredQCap(3.0, SLO, 1, 3.0)
+    assert measured_q_cap([], [5.4], [], 2.7) == MeasuredQCap(5.4, SERVED, 1, 2.7)
+    assert measured_q_cap([], [], [], float("inf")) is None  # the dwell only started
+    assert learned_q_cap(4.2, measured_q_cap([], [5.4], [3.7], 2.7)) == 2.7
+    assert learned_q_cap(4.2, measured_q_cap([], [5.4], [3.7], 1.0)) == 2.1  # floor q/2

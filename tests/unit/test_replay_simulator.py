@@ -23,6 +23,7 @@ from planner_svc.simulator.experiment import (
     policy_factory,
     run_experiment,
     run_point,
+    scenario_model,
 )
 from planner_svc.simulator.metrics import run_metrics, slo_capacity
 from planner_svc.simulator.policies import PolicyContext, flat_lb
@@ -475,3 +476,28 @@ def test_diagnose_advises_idle_re_homing_only_where_keys_come_back_to_an_evicted
     assert any(line.startswith("advice: ") for line in wide.evidence(30))
     assert paper.rehome_advice is None
     assert not any(line.startswith("advice: ") for line in paper.evidence(30))
+
+
+def test_the_guard_judges_the_warm_up_before_the_first_plan_as_the_planner_does() -> None:
+    """Low reuse: the warm-up's windows predict too little gain, so the first table is
+    Flat-LB and no request is routed by a plan (the guard used to see its first window only
+    a control interval, 300 s, into the run). Paper-like plans from the start."""
+    def run(scenario: str, load: float) -> CacheRoutePolicy:
+        cfg = ReplayConfig(scenario=scenario, model=scenario_model(scenario), n_requests=20_000)
+        w = make_workload(cfg, load, 1)
+        made: list[CacheRoutePolicy] = []
+        factory = policy_factory("cacheroute-gateway", cfg, w)
+
+        def keep(ctx: PolicyContext) -> CacheRoutePolicy:
+            policy = factory(ctx)
+            assert isinstance(policy, CacheRoutePolicy)
+            made.append(policy)
+            return policy
+
+        simulate(w, keep, ClusterSpec(cfg.n_destinations, cfg.model), seed=1)
+        return made[0]
+
+    low, paper = run("low-reuse", 70.0), run("paper-like", 200.0)
+    assert low.decisions.get("fallback") == 1 and low.core.planned == 0
+    assert low.core.fallback == 20_000
+    assert "fallback" not in paper.decisions and paper.core.planned > 0
