@@ -23,6 +23,7 @@ LPT); "full" = `build_plan` (LPT).
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -296,7 +297,7 @@ class CacheRoutePolicy:
         parts = self.guard.settings.guard.gain_low_windows + 1
         edges = np.linspace(float(t[0]), float(t[-1]), parts + 1)
         system = np.asarray(self._system) if self._system is not None else None
-        for lo, hi in zip(edges[:-1], edges[1:], strict=True):
+        for lo, hi in itertools.pairwise(edges.tolist()):
             part = (t >= lo) & (t <= hi) if hi == edges[-1] else (t >= lo) & (t < hi)
             k = keys[part]
             counts = np.bincount(k, minlength=n).astype(np.float64)
