@@ -27,8 +27,9 @@ queue that never grows can still make requests wait past the SLO (the arena's en
   q_cap: a destination carrying less than the bound can still break it when the plan stacks
   hot keys on it (bursts). While breaks keep coming, every `SLO_STEP_DWELL_S` the bound steps
   to `SLO_STEP` x the q_cap in use (`slo_step`), down to half the operator's value. On the arena
-  fleet the per-destination bound stayed at 3.7 req/s from 2x too high while SLO capacity peaks
-  at q_cap 1.5-2.1 (docs/engine-setup.md, bench/learning.py).
+  fleet one run from 2x too high kept the bound at 3.7 req/s (no break after the first) while
+  SLO capacity peaks at q_cap 1.5-2.1; passive evidence alone does not find that optimum
+  (docs/engine-setup.md, bench/learning.py).
 
 With `learn_q_cap` the planner plans with the measured value, kept within [q/2, 2q] of the
 operator's q_cap (a cold, idle or misreporting fleet moves it by at most a factor of two),
