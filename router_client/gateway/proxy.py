@@ -77,6 +77,14 @@ class _Call:
     returned: tuple[float, float, int] | None = None
 
 
+def _ended(core: RouterCore, key: str, slot: int, *, answered: bool) -> None:
+    """An attempt at `slot` is over: out of flight, and (with idle re-homing) the key's
+    prefix last touched there now."""
+    core.finished(slot, answered=answered)
+    if core.idle_rehome_s is not None:
+        core.key_finished(key, slot, time.monotonic())
+
+
 class Proxy:
     def __init__(self, clients: Mapping[str, AsyncRouterClient], routes: PoolRoutes,
                  upstreams: Upstreams, settings: GatewaySettings, sink: EventSink,
@@ -170,7 +178,7 @@ class Proxy:
                 upstream = await self.upstreams.send(request.method, address, request.target,
                                                      call.headers, call.body)
             except UpstreamFailure as failure:
-                core.finished(slot)
+                _ended(core, call.key, slot, answered=False)
                 tried.append(slot)
                 self._failed(call, dest, failure)
                 if failure.retryable and attempt < self.settings.max_retries:
@@ -179,15 +187,13 @@ class Proxy:
                 self._give_up(out, call, failure)
                 return
             except BaseException:
-                core.finished(slot)
+                _ended(core, call.key, slot, answered=False)
                 raise
             call.slot = slot
             try:
                 await self._relay(call, dest, upstream, out)
             finally:
-                core.finished(slot, answered=call.answered)
-                if core.idle_rehome_s is not None:
-                    core.key_finished(call.key, slot, time.monotonic())
+                _ended(core, call.key, slot, answered=call.answered)
             return
         send_error(out, 502, "no destination could take the request", "upstream_error",
                    extra=[(hdr.REQUEST_ID, call.request_id)])
