@@ -30,6 +30,15 @@ def report(svc: PlannerService, at_ms: int, *, waiting: int) -> None:
             destination=d, observed_at_ms=at_ms, metrics=True, running=8, waiting=waiting))
 
 
+def report_engine_ttft(svc: PlannerService, at_ms: int, p99_s: float) -> None:
+    """Every destination's engine reports a TTFT p99 at `at_ms`, then a window ends there."""
+    for d in DESTS:
+        svc.planner.on_engine_signals(signals_pb2.EngineSignals(
+            destination=d, observed_at_ms=at_ms, metrics=True, running=8, waiting=0,
+            ttft_p99_s=p99_s))
+    feed(svc, end_ms=at_ms)
+
+
 def planned_q_cap(svc: PlannerService) -> float:
     svc.planner.replan(fresh=True, force=True, dry_run=False)
     return svc.planner.installed.plan.config.q_cap  # type: ignore[union-attr]
@@ -81,11 +90,7 @@ def test_loads_that_keep_breaking_the_ttft_target_bound_q_cap_from_above(redis_s
         now_ms = int(time.time() * 1000)
 
         def report_ttft(at_ms: int, p99_s: float) -> None:
-            for d in DESTS:
-                svc.planner.on_engine_signals(signals_pb2.EngineSignals(
-                    destination=d, observed_at_ms=at_ms, metrics=True, running=8, waiting=0,
-                    ttft_p99_s=p99_s))
-            feed(svc, end_ms=at_ms)
+            report_engine_ttft(svc, at_ms, p99_s)
 
         report_ttft(now_ms, 3.5)
         status = stub.GetStatus(planner_pb2.GetStatusRequest(), timeout=10)
@@ -115,11 +120,7 @@ def test_breaks_that_persist_under_the_bound_step_q_cap_down_to_half(redis_serve
         dwell_ms = int(SLO_STEP_DWELL_S * 1000)
 
         def report_ttft(at_ms: int, p99_s: float) -> float:
-            for d in DESTS:
-                svc.planner.on_engine_signals(signals_pb2.EngineSignals(
-                    destination=d, observed_at_ms=at_ms, metrics=True, running=8, waiting=0,
-                    ttft_p99_s=p99_s))
-            feed(svc, end_ms=at_ms)
+            report_engine_ttft(svc, at_ms, p99_s)
             return stub.GetStatus(planner_pb2.GetStatusRequest(), timeout=10).q_cap_in_use
 
         report_ttft(start_ms, 3.5)
