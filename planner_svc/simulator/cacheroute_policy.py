@@ -165,6 +165,12 @@ class CacheRoutePolicy:
         # engine says what it served from cache (`served`).
         self._returns: dict[int, tuple[tuple[float, float, int], int]] = {}
         self._open: dict[int, int] = {}  # with re-homing: request -> its key, until finished
+        # With the control loop, the window's telemetry as the stream reports it: prompt and
+        # cached tokens of the requests served in it, and arrivals per destination.
+        self._prompt_of: dict[int, int] = {}
+        self._win_cached = 0.0
+        self._win_prompt = 0.0
+        self._win_arrivals = [0] * ctx.n_destinations
         conversations = ctx.extra.get("conversations") if settings.session_affinity else None
         # Per request: its conversation (the gateway's session key), when the workload has it.
         self._sessions = (conversations.tolist()
@@ -223,6 +229,9 @@ class CacheRoutePolicy:
                                 str(sessions[i]) if sessions is not None else None,
                                 now if self.settings.idle_rehome_s is not None else None)
         core.started(slot)
+        if self.loop is not None:
+            self._prompt_of[i] = prompt
+            self._win_arrivals[slot] += 1
         if core.idle_rehome_s is not None:
             self._open[i] = key
             if core.last_return is not None:
@@ -232,6 +241,10 @@ class CacheRoutePolicy:
     def served(self, i: int, dest: int, cached_tokens: int) -> None:
         """What the engine served `i` from cache (before its `finished`), as the gateway
         reads it from the response's usage."""
+        prompt = self._prompt_of.pop(i, None)
+        if prompt is not None:  # the window's served hit rate, as the stream measures it
+            self._win_cached += cached_tokens
+            self._win_prompt += prompt
         returned = self._returns.pop(i, None)
         if returned is not None:
             self.core.observe_return(returned[0], dest,
@@ -259,6 +272,7 @@ class CacheRoutePolicy:
             shared = np.zeros(len(counts))
             np.divide(np.asarray(self._shared_sum), counts, out=shared, where=counts > 0)
             self._shared_sum = [0.0] * len(self.keys)
+        prompt_tokens = float(sum(self._prompt_sum))
         self._prefix_sum = [0.0] * len(self.keys)
         self._prompt_sum = [0.0] * len(self.keys)
         self._guard_step(now, counts, window_s, tokens, prompts, shared)
@@ -276,7 +290,24 @@ class CacheRoutePolicy:
             if self.loop is None:
                 self._install(now, self._rates())
             else:
-                self._decide(now, counts / window_s, tokens)
+                self._decide(now, counts / window_s, tokens,
+                             self._telemetry(now, window_s, counts, prompt_tokens))
+        self._win_cached = self._win_prompt = 0.0
+        self._win_arrivals = [0] * len(self._win_arrivals)
+
+    def _telemetry(self, now: float, window_s: float, counts: np.ndarray,
+                   prompt_tokens: float) -> Telemetry:
+        """The window as the stream reports it to the planner. Without it the loop never
+        saw an install settle and skipped every step after its first install ("still
+        rewarming"): on the drifting replay the gateway installed once in 16 intervals."""
+        ids = self.core.destination_ids
+        return Telemetry(
+            window_end_s=now, window_s=window_s,
+            hit_rate=self._win_cached / self._win_prompt if self._win_prompt > 0 else 0.0,
+            prompt_tokens_per_s=prompt_tokens / window_s, requests=int(counts.sum()),
+            active_keys=int((counts > 0).sum()),
+            destination_loads_per_s={ids[d]: n / window_s
+                                     for d, n in enumerate(self._win_arrivals) if d < len(ids)})
 
     def _judge_warmup(self, extra: dict[str, object]) -> None:
         """The production planner judges the predicted gain before its first plan (a run of
@@ -334,7 +365,8 @@ class CacheRoutePolicy:
         self.decisions[decision.action.value] = self.decisions.get(decision.action.value, 0) + 1
         self.core.set_fallback(decision.action is Action.FALLBACK)
 
-    def _decide(self, now: float, window_rates: np.ndarray, tokens: np.ndarray) -> None:
+    def _decide(self, now: float, window_rates: np.ndarray, tokens: np.ndarray,
+                telemetry: Telemetry | None = None) -> None:
         """One production control step on the window's counts: price the repack against
         the installed plan, install only if the loop decides to."""
         assert self.loop is not None and self.plan is not None
@@ -343,7 +375,7 @@ class CacheRoutePolicy:
         candidate = self._plan(rates)
         traffic = Traffic(self.keys, window_rates, prefix_tokens=tokens, window_end_s=now)
         decision = self.loop.step(now, installed=installed, traffic=traffic,
-                                  candidate=candidate)
+                                  candidate=candidate, telemetry=telemetry)
         self.decisions[decision.action.value] = self.decisions.get(decision.action.value, 0) + 1
         if decision.action is Action.INSTALL:
             self.loop.record_install(now)

@@ -501,3 +501,37 @@ def test_the_guard_judges_the_warm_up_before_the_first_plan_as_the_planner_does(
     assert low.decisions.get("fallback") == 1 and low.core.planned == 0
     assert low.core.fallback == 20_000
     assert "fallback" not in paper.decisions and paper.core.planned > 0
+
+
+def test_the_control_loop_gets_each_windows_telemetry_so_an_install_settles() -> None:
+    """The planner's loop hears each stream window (served hit rate, loads); the simulator's
+    did not, so after its first install it skipped every step as "still rewarming" (the
+    drifting replay installed once in 16 intervals and lost to Preble-like)."""
+    cfg = ReplayConfig(scenario="drifting", model=scenario_model("drifting"),
+                       replan="repack-ewma")
+    w = make_workload(cfg, 150.0, 2)
+    actions: list[str] = []
+    telemetry: list[object] = []
+    factory = policy_factory("cacheroute-gateway", cfg, w)
+
+    def keep(ctx: PolicyContext) -> CacheRoutePolicy:
+        policy = factory(ctx)
+        assert isinstance(policy, CacheRoutePolicy) and policy.loop is not None
+        step = policy.loop.step
+
+        def record(now: float, **kw: object):  # type: ignore[no-untyped-def]
+            telemetry.append(kw.get("telemetry"))
+            decision = step(now, **kw)  # type: ignore[arg-type]
+            actions.append(decision.action.value)
+            return decision
+
+        policy.loop.step = record  # type: ignore[method-assign]
+        return policy
+
+    simulate(w, keep, ClusterSpec(cfg.n_destinations, cfg.model), seed=2)
+    assert "install" in actions
+    after = actions[actions.index("install") + 1:]
+    assert any(a in ("keep", "install") for a in after), actions  # it settled and decided again
+    seen = [t for t in telemetry if t is not None]
+    assert len(seen) == len(telemetry) and all(0.5 < t.hit_rate < 1.0 for t in seen)  # type: ignore[attr-defined]
+    assert all(len(t.destination_loads_per_s) == cfg.n_destinations for t in seen)  # type: ignore[attr-defined]
