@@ -43,15 +43,19 @@ from planner_svc.simulator.policies import PolicyFactory, flat_lb, round_robin  
 from planner_svc.simulator.reactive import sglang_cache_aware  # noqa: E402
 from planner_svc.simulator.session_sim import arena_run  # noqa: E402
 from planner_svc.simulator.sessions import SCENARIOS  # noqa: E402
+from router_client.ring import DEFAULT_TAIL_SLACK  # noqa: E402
 
 HIT_TOLERANCE_PP = 3.0
 P99_TOLERANCE = 0.20
 
 
-def policies(time_scale: float) -> dict[str, PolicyFactory]:
-    """Arena router name -> its simulated counterpart (q_cap and W as the arena sets them)."""
+def policies(time_scale: float, *, tail_slack: float = DEFAULT_TAIL_SLACK,
+             balance: str = "first-token") -> dict[str, PolicyFactory]:
+    """Arena router name -> its simulated counterpart (q_cap and W as the arena sets them;
+    the gateway's cold-tail bound and balance as the arena rows ran with them)."""
     return {
-        "cacheroute": gateway_like(12.0 / time_scale, 12),
+        "cacheroute": gateway_like(12.0 / time_scale, 12, tail_slack=tail_slack,
+                                   balance=balance),
         "sglang cache_aware": sglang_cache_aware(),
         "sglang round_robin": round_robin,
         "sglang power_of_two": flat_lb,
@@ -77,7 +81,8 @@ def arena_rows(paths: list[Path]) -> list[dict[str, str]]:
 def simulate(row: dict[str, str], args: argparse.Namespace) -> tuple[float, float]:
     ts = float(row.get("time_scale") or args.time_scale)
     warmup = float(row.get("warmup_s") or args.warmup_s)
-    r = arena_run(row["scenario"], int(row.get("seed") or 1), policies(ts)[row["router"]],
+    factory = policies(ts, tail_slack=args.tail_slack, balance=args.balance)[row["router"]]
+    r = arena_run(row["scenario"], int(row.get("seed") or 1), factory,
              rate_scale=float(row["rate_scale"]), time_scale=ts, warmup_s=warmup,
              measure_s=float(row.get("measure_s") or args.measure_s),
              kv_tokens=int(float(row.get("kv_tokens") or args.kv_tokens)),
@@ -97,6 +102,13 @@ def main() -> int:
     ap.add_argument("--kv-tokens", type=int, default=60_000)
     ap.add_argument("--warmup-s", type=float, default=18.0)
     ap.add_argument("--measure-s", type=float, default=12.0)
+    # The gateway's settings changed after some arena rows were recorded, and the CSVs do not
+    # record them: replay each row with the gateway it ran (before 2026-12-04 the cold tail's
+    # bound was 0.25; before 2026-12-05 the balance was p2c).
+    ap.add_argument("--tail-slack", type=float, default=DEFAULT_TAIL_SLACK,
+                    help="the gateways' --tail-slack when the rows ran")
+    ap.add_argument("--balance", default="first-token", choices=("p2c", "first-token"),
+                    help="the gateways' --balance when the rows ran")
     args = ap.parse_args()
     t0 = time.perf_counter()
     known = policies(1.0)
