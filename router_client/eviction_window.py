@@ -36,15 +36,19 @@ MIN_GAP_S = 0.1
 MAX_GAP_S = 100_000.0
 BINS_PER_DOUBLING = 12
 N_BINS = math.ceil(math.log2(MAX_GAP_S / MIN_GAP_S) * BINS_PER_DOUBLING)
-# The most the window moves per refresh, either way.
+# The most the window moves per refresh, either way, and the least it can be.
 MAX_STEP = 1.25
+MIN_WINDOW_S = 1.0
+# A reusable prefix shorter than this (two 16-token blocks) cannot show whether it was cached.
+MIN_PREFIX_TOKENS = 32
 
 
 def prefix_hit(cached_tokens: int, prefix_tokens: int) -> bool | None:
     """Whether a request found its reusable prefix cached: at least half of it served from
     cache (block rounding and a partly evicted tail still count as found). None when the
-    request reported no reusable prefix: nothing to learn from."""
-    if prefix_tokens <= 0:
+    prefix is too short to read (under `MIN_PREFIX_TOKENS`: engines cache whole blocks, so a
+    short prefix reads as a miss wherever it is): nothing to learn from."""
+    if prefix_tokens < MIN_PREFIX_TOKENS:
         return None
     return cached_tokens * 2 >= prefix_tokens
 
@@ -63,7 +67,7 @@ def _edge(index: int) -> float:
 class EvictionWindow:
     """Learns the idle gap after which a returning key's prefix is no longer cached."""
 
-    __slots__ = ("_hits", "_misses", "_seen", "_since", "memory", "min_outcomes",
+    __slots__ = ("_count", "_hits", "_misses", "_seen", "_since", "memory", "min_outcomes",
                  "probe_share", "refresh_every", "window_s")
 
     def __init__(self, window_s: float, *, probe_share: float = 0.05,
@@ -82,6 +86,7 @@ class EvictionWindow:
         self._hits = [0.0] * N_BINS
         self._misses = [0.0] * N_BINS
         self._seen = 0  # outcomes since the last halving
+        self._count = 0.0  # outcomes, unweighted (and faded alike): what `min_outcomes` counts
         self._since = 0  # outcomes since the window was last recomputed
 
     @property
@@ -100,9 +105,11 @@ class EvictionWindow:
         if not (gap_s >= 0 and math.isfinite(gap_s) and 0 < weight <= 1e6):
             return  # a caller's bad figure teaches nothing
         (self._hits if hit else self._misses)[_bin(gap_s)] += weight
+        self._count += 1.0
         self._seen += 1
         if self._seen >= self.memory:
             self._seen = 0
+            self._count *= 0.5
             self._hits = [h * 0.5 for h in self._hits]
             self._misses = [m * 0.5 for m in self._misses]
         self._since += 1
@@ -112,16 +119,22 @@ class EvictionWindow:
 
     def _refresh(self) -> None:
         hits, misses = self._hits, self._misses
-        if sum(hits) + sum(misses) < self.min_outcomes:
+        if self._count < self.min_outcomes or not any(hits):
+            # Too little evidence, or no return ever found its prefix: an engine that does
+            # not report cached tokens (vLLM without prompt-token details) reads as all
+            # misses, and that says nothing about evictions.
             return
-        # errors(j): with the window at bin j's lower edge, the misses below it (kept home,
+        # errors[j]: with the window at bin j's lower edge, the misses below it (kept home,
         # recomputed) plus the hits at or above it (sent away from a warm cache).
-        errors = sum(hits)
-        best_errors, best = errors, 0
+        errors = [sum(hits)]
         for j in range(N_BINS):
-            errors += misses[j] - hits[j]
-            if errors < best_errors:
-                best_errors, best = errors, j + 1
+            errors.append(errors[-1] + misses[j] - hits[j])
+        fewest = min(errors)
+        tied = [j for j, e in enumerate(errors) if e <= fewest + 1e-9]
+        current = min(N_BINS, _bin(self.window_s) + 1)
+        if tied[0] <= current <= tied[-1] and errors[current] <= fewest + 1e-9:
+            return  # the window in use already errs least: no evidence to move it
+        best = tied[len(tied) // 2]  # the middle of cuts that err alike, not the lowest
         if best >= N_BINS or not any(misses[best:]):
             # No miss beyond the cut: every return observed was warm. The window may grow
             # to the longest gap seen warm (the probes reach at most twice the window).
@@ -136,4 +149,5 @@ class EvictionWindow:
         # A step at a time: the routing this window decides changes the traffic it learns
         # from (a window cut short re-homes keys in bulk, each a cold prefill), so a sudden
         # jump on early, thin evidence could feed on itself.
-        self.window_s = min(self.window_s * MAX_STEP, max(self.window_s / MAX_STEP, target))
+        self.window_s = max(MIN_WINDOW_S, min(self.window_s * MAX_STEP,
+                                              max(self.window_s / MAX_STEP, target)))

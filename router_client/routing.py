@@ -383,6 +383,8 @@ class RouterCore:
         # last decision's return home (idle gap, its outcome's weight, slot), if it was one.
         self.rehome_window: EvictionWindow | None = None
         self.last_return: tuple[float, float, int] | None = None
+        # With idle re-homing: affinity -> its last turn's time (`_history_gone`).
+        self._history_at: OrderedDict[str, float] = OrderedDict()
         # affinity -> the slot its last request went to (see the module doc); None: off
         self.history_slack = history_slack
         self._history: OrderedDict[str, int] = OrderedDict()
@@ -605,11 +607,14 @@ class RouterCore:
         history = self._history
         a = self._active
         last = history.get(affinity)
+        if idle >= 0 and self._history_gone(affinity, now) and last is not None:  # type: ignore[arg-type]
+            last = None  # its history is evicted: the turn goes where its key goes
         if last is not None and not a.fallback and self._within(last, a, self.history_slack):
             history.move_to_end(affinity)
             self.history_kept += 1
-            if idle >= 0:
-                self._seen_at(key, now, last)  # type: ignore[arg-type]
+            if idle >= 0 and last != idle:
+                # `_idle` counted this request open at `idle`; it goes to `last` instead.
+                self._seen[key] = (now, last, 1)  # type: ignore[assignment]
             return last
         slot = idle if idle >= 0 else self._decide(key, affinity)
         if slot != last and self._history_out is not None:
@@ -620,12 +625,27 @@ class RouterCore:
             history.popitem(last=False)
         return slot
 
+    def _history_gone(self, affinity: str, now: float) -> bool:
+        """With idle re-homing: whether the conversation's last turn came longer ago than
+        the eviction window (its history is no longer cached where it went, so it earns the
+        turn no place there). Notes this turn's time. A history learned from another router
+        has no time here and counts as present."""
+        turns = self._history_at
+        previous = turns.get(affinity)
+        turns[affinity] = now
+        turns.move_to_end(affinity)
+        if len(turns) > self._history_capacity:
+            turns.popitem(last=False)
+        window = self.idle_rehome_s
+        return previous is not None and window is not None and now - previous > window
+
     def _idle(self, key: str, now: float) -> int:
         """Idle re-homing (`idle_rehome_s`): the slot for a key not planned on several
         destinations, or -1 to let the plan decide. A key back within the window returns
         where it went last (its prefix is cached there) unless that is over twice the mean
         load; a key idle longer, or new and unplanned, is cold everywhere, so affinity buys
         it nothing and it goes to the least-loaded destination, its home from then on."""
+        self.last_return = None  # set below only for a return home
         a = self._active
         if a.fallback:
             return -1
@@ -637,7 +657,6 @@ class RouterCore:
         window = self.idle_rehome_s
         assert window is not None
         learner = self.rehome_window
-        self.last_return = None
         if (seen is not None and (now - seen[0] <= window or (
                 learner is not None and now - seen[0] <= 2 * window
                 and self._rand() < learner.probe_share))

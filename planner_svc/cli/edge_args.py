@@ -140,8 +140,8 @@ def build_client(args: argparse.Namespace, rid: str, command: str) -> Any:
             raise ValueError("--set-slack and --tail-slack must be >= 0")
         if args.history_slack != args.history_slack:
             raise ValueError("--history-slack must be a number")
-        if not args.idle_rehome_s >= 0:
-            raise ValueError("--idle-rehome-s must be >= 0 (0 = off)")
+        if not (args.idle_rehome_s >= 0 and args.idle_rehome_s < float("inf")):
+            raise ValueError("--idle-rehome-s must be a finite number >= 0 (0 = off)")
         if not args.history_share_period_s >= 0:
             raise ValueError("--history-share-period-s must be >= 0 (0 = off)")
     except ValueError as exc:

@@ -291,7 +291,7 @@ class Exchange:
                    else Outcome.CLIENT_ERROR if status < 500 else Outcome.HTTP_5XX)
         self.picker.finished(primary, None, answered=self._answered)
         core = self.picker.core
-        if core.idle_rehome_s is not None:
+        if self._pick.counted:
             core.key_finished(self.key, primary, time.monotonic())
         dest = self.picker.destination(slot)
         if outcome is not None:

@@ -44,6 +44,9 @@ class Pick:
     # The primary was the key's home after an idle gap (RouterCore.last_return): its cache
     # outcome teaches the re-homing window (`RouterCore.observe_return`).
     returned: tuple[float, float, int] | None = None
+    # The primary came from `route_index` with a clock: the core counts it open for its key
+    # there until `key_finished` (a constrained pick, by `route_avoiding`, is not counted).
+    counted: bool = False
 
     @property
     def header_value(self) -> str:
@@ -113,14 +116,15 @@ class EndpointPicker:
                    else core.route_avoiding(key, avoid))
         if primary is None:
             return None
-        returned = core.last_return if now is not None and not avoid else None
+        counted = now is not None and not avoid
+        returned = core.last_return if counted else None
         chosen = [primary]
         for _ in range(self.fallbacks):
             more = core.route_avoiding(key, avoid.union(chosen))
             if more is None:
                 break
             chosen.append(more)
-        return Pick(tuple(chosen), tuple(endpoints[s] for s in chosen), returned)
+        return Pick(tuple(chosen), tuple(endpoints[s] for s in chosen), returned, counted)
 
     def _unusable(self) -> frozenset[int]:
         """Slots never to answer: unknown address, ejected or draining (with none left the

@@ -205,9 +205,11 @@ class Proxy:
             # Idle re-homing needs a clock; the core has none of its own.
             now = time.monotonic() if core.idle_rehome_s is not None else None
             slot = core.route_index(key, affinity, now)
-            call.returned = core.last_return if now is not None else None
             if core.inflight[slot] < cap:
+                call.returned = core.last_return if now is not None else None
                 return slot
+            if now is not None:  # not sent there after all: not open there
+                core.key_finished(key, slot, now)
         full = {s for s, n in enumerate(core.inflight) if n >= cap}
         moved = core.route_avoiding(key, full.union(tried))
         if moved is not None and affinity is not None:

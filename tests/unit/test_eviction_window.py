@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from router_client.eviction_window import EvictionWindow, prefix_hit
+from router_client.eviction_window import MIN_WINDOW_S, EvictionWindow, prefix_hit
 from router_client.routing import RouterCore, RoutingTable
 from tests.unit.test_router_routing import plan_of
 
@@ -65,17 +65,42 @@ def test_nothing_moves_before_enough_outcomes_and_bad_figures_teach_nothing() ->
         EvictionWindow(10.0, probe_share=1.0)
 
 
-def test_every_return_cold_puts_the_window_at_its_floor() -> None:
+def test_all_cold_teaches_nothing_and_a_cache_keeping_almost_nothing_floors_it() -> None:
+    # An engine that reports no cached tokens reads as every return cold: no evidence.
+    silent = EvictionWindow(100.0, min_outcomes=10, refresh_every=1)
+    for i in range(400):
+        silent.observe(1.0 + i % 40, False)
+    assert silent.window_s == 100.0
+    # Warm only right after the last request: the window falls between the two, never
+    # under its floor.
+    short = EvictionWindow(100.0, min_outcomes=10, refresh_every=1)
+    for i in range(400):
+        short.observe(0.2, True)
+        short.observe(2.0 + i % 40, False)
+    assert MIN_WINDOW_S <= short.window_s <= 2.0
+    floor = EvictionWindow(100.0, min_outcomes=10, refresh_every=1)
+    for i in range(400):
+        floor.observe(0.2, True)
+        floor.observe(0.5 + i % 40, False)
+    assert floor.window_s == MIN_WINDOW_S
+
+
+def test_a_window_that_already_errs_least_stays_where_it_is() -> None:
+    """Warm returns at ~5 s, cold probes at ~150 s: every cut between errs alike, and the
+    window in use (100 s) is one of them. Taking the lowest tied cut slid it to 5 s, from
+    where probes (at most 2x) never reach back (the review's reproduction)."""
     learner = EvictionWindow(100.0, min_outcomes=10, refresh_every=1)
-    for i in range(40):
-        learner.observe(1.0 + i, False)
-    assert learner.window_s < 1.0  # the cache keeps nothing: every idle key re-homes
+    for _ in range(300):
+        learner.observe(5.0, True)
+        learner.observe(150.0, False, learner.weight(150.0))
+    assert learner.window_s == 100.0
 
 
 def test_a_hit_is_half_the_reported_prefix_or_more_and_no_prefix_is_no_evidence() -> None:
     assert prefix_hit(100, 200) is True
     assert prefix_hit(99, 200) is False
     assert prefix_hit(500, 0) is None
+    assert prefix_hit(0, 20) is None  # under two blocks: a miss whatever the cache holds
 
 
 # --- in the router core --------------------------------------------------------------------

@@ -472,7 +472,7 @@ def test_diagnose_advises_idle_re_homing_only_where_keys_come_back_to_an_evicted
                                    200.0, 1), 30, 1_000_000)
     assert wide.returns_after_window > 0.10 > 0.02 > paper.returns_after_window
     advice = wide.rehome_advice
-    assert advice is not None and "--idle-rehome-s" in advice and "--history-slack 0" in advice
+    assert advice is not None and "--idle-rehome-s" in advice and "history-slack" not in advice
     assert any(line.startswith("advice: ") for line in wide.evidence(30))
     assert paper.rehome_advice is None
     assert not any(line.startswith("advice: ") for line in paper.evidence(30))

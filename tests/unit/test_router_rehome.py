@@ -57,8 +57,13 @@ def test_re_homing_keeps_a_conversation_with_its_history():
     _load(core, [1, 1, 1, 0])
     first = core.route_index("app", "conv-1", now=0.0)
     assert first == 2
-    assert core.route_index("app", "conv-1", now=500.0) == 2  # its history outranks re-homing
-    assert core.route_index("app", "conv-2", now=501.0) == 2  # the key was just seen there
+    core.remember("conv-1", 1)  # a retry took the turn to d1: its history is there
+    assert core.route_index("app", "conv-1", now=50.0) == 1  # its history outranks the home
+    assert core.route_index("app", "conv-2", now=51.0) == 1  # the key was just seen there
+    # Both idle past the window: the history is evicted too, so the turn is re-homed with
+    # its key (to the least busy) and the key's next conversation follows it there.
+    assert core.route_index("app", "conv-1", now=500.0) == 3
+    assert core.route_index("app", "conv-3", now=501.0) == 3
 
 
 def test_the_gateway_flag_reaches_the_core_and_refuses_a_negative_window():
@@ -97,3 +102,31 @@ def test_with_first_token_balance_a_cold_key_goes_where_the_fewest_prefills_are_
     assert core.route_index("app", now=0.0) == 2
     assert core.route_index("app", now=500.0) == 0  # idle: cold anywhere, no prefill owed at d0
     assert core.counters()["rehomed"] == 1
+
+
+def test_with_re_homing_a_conversation_idle_past_the_window_has_no_history_to_keep():
+    """Its last turn's history was evicted where it went: the next turn goes where its key
+    goes (home while the key is warm), not back to a destination for a cache that is no
+    longer there. A turn within the window keeps its history."""
+    def core_with_history_on_d1() -> RouterCore:
+        core = RouterCore(["d0", "d1", "d2", "d3"], seed=3, cold_tail="hash",
+                          idle_rehome_s=100.0, history_slack=1.0)
+        core.install(RoutingTable.from_plan(plan_of({"app": (2,)})))
+        assert core.route_index("app", "conv-1", now=0.0) == 2
+        core.remember("conv-1", 1)  # a retry took that turn to d1: its history is there
+        _load(core, [0, 1, 1, 0])
+        return core
+
+    warm = core_with_history_on_d1()
+    assert warm.route_index("app", "conv-1", now=50.0) == 1  # within the window: kept
+    assert warm.counters()["history_kept"] == 1
+    stale = core_with_history_on_d1()
+    assert stale.route_index("app", "conv-2", now=60.0) == 2  # other conversations keep
+    assert stale.route_index("app", "conv-2", now=120.0) == 2  # the key warm at its home
+    assert stale.route_index("app", "conv-1", now=200.0) == 2  # idle 200 s: history evicted
+    assert stale.counters()["history_kept"] == 1  # conv-2's second turn only
+    # without re-homing the paper's rule is unchanged: history outranks everything
+    plain = RouterCore(["d0", "d1"], seed=3, cold_tail="hash", history_slack=1.0)
+    plain.route_index("k", "c", now=0.0)
+    first = plain.route_index("k", "c")
+    assert plain.route_index("k", "c", now=1e6) == first
