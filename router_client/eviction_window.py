@@ -6,8 +6,8 @@ fleet's cache), it comes out too long wherever a key's content is more than one 
 re-homed keys leave dead copies behind: on the wide-active-set replay at 80 QPS a key returning
 home after 0.5-0.6 x Che's time finds its prefix cached every time, after 0.8-0.9 x 2 % of the
 time; the warm share crosses one half at 0.71 x (bench/rehome_window.py). With the window at
-Che's time keys go home to recompute (p99 3.53 s); learned, the window settles at 0.73 x and
-keys past it are re-homed to the least-busy destination (p99 3.20 s, hit 67.7 against 67.0 %).
+Che's time keys go home to recompute (p99 3.07 s); learned, the window settles at 0.69 x and
+keys past it are re-homed to the least-busy destination (p99 2.50 s, hit 67.6 against 67.5 %).
 
 The router sees exactly this cliff: a key routed home after an idle gap either finds its
 prefix cached (`usage.prompt_tokens_details.cached_tokens`) or not. `EvictionWindow` keeps
