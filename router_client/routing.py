@@ -459,27 +459,23 @@ class RouterCore:
         self._forced_fallback = on
         self._refresh()
 
-    def started(self, slot: int, cost: int = 1) -> None:
-        """A request was sent to `slot`. `cost`: what its prefill weighs in the first-token
-        balance (its prompt tokens, when the caller knows them); give the same cost to
-        `first_token` or `finished`."""
+    def started(self, slot: int) -> None:
         self.inflight[slot] += 1
         self.load[slot] += 1
-        self.awaiting[slot] += cost
+        self.awaiting[slot] += 1
 
-    def first_token(self, slot: int, cost: int = 1) -> None:
+    def first_token(self, slot: int) -> None:
         """A request sent to `slot` got its first token (once per request, at most)."""
-        left = self.awaiting[slot] - cost
-        self.awaiting[slot] = left if left > 0 else 0
+        if self.awaiting[slot] > 0:
+            self.awaiting[slot] -= 1
 
-    def finished(self, slot: int, *, answered: bool = False, cost: int = 1) -> None:
+    def finished(self, slot: int, *, answered: bool = False) -> None:
         """A request sent to `slot` ended; `answered`: `first_token` was called for it."""
         if self.inflight[slot] > 0:
             self.inflight[slot] -= 1
             self.load[slot] -= 1
-        if not answered:
-            left = self.awaiting[slot] - cost
-            self.awaiting[slot] = left if left > 0 else 0
+        if not answered and self.awaiting[slot] > 0:
+            self.awaiting[slot] -= 1
 
     def report_engine_load(self, reported: Mapping[str, float]) -> None:
         """Fuse what the engines say they hold (running + waiting, all routers' requests
