@@ -94,7 +94,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -356,6 +356,14 @@ HISTORY_OUTBOX_CAPACITY = 20_000
 DEFAULT_HISTORY_SLACK = 1.0
 
 
+def _lru_put(memory: OrderedDict[str, Any], key: str, value: Any, capacity: int) -> None:
+    """Remember `key` as the most recent, forgetting the least recent past `capacity`."""
+    memory[key] = value
+    memory.move_to_end(key)
+    if len(memory) > capacity:
+        memory.popitem(last=False)
+
+
 class RouterCore:
     """In-flight counts, health and the decision; no I/O, no clock, no locks."""
 
@@ -615,10 +623,7 @@ class RouterCore:
         slot = idle if idle >= 0 else self._decide(key, affinity)
         if slot != last and self._history_out is not None:
             self._placed(affinity, slot)
-        history[affinity] = slot
-        history.move_to_end(affinity)
-        if len(history) > self._history_capacity:
-            history.popitem(last=False)
+        _lru_put(history, affinity, slot, self._history_capacity)
         return slot
 
     def _history_gone(self, affinity: str, now: float) -> bool:
@@ -626,12 +631,8 @@ class RouterCore:
         the eviction window (its history is no longer cached where it went, so it earns the
         turn no place there). Notes this turn's time. A history learned from another router
         has no time here and counts as present."""
-        turns = self._history_at
-        previous = turns.get(affinity)
-        turns[affinity] = now
-        turns.move_to_end(affinity)
-        if len(turns) > self._history_capacity:
-            turns.popitem(last=False)
+        previous = self._history_at.get(affinity)
+        _lru_put(self._history_at, affinity, now, self._history_capacity)
         window = self.idle_rehome_s
         return previous is not None and window is not None and now - previous > window
 
@@ -679,10 +680,9 @@ class RouterCore:
 
     def _seen_at(self, key: str, now: float, slot: int) -> None:
         seen = self._seen.get(key)
-        self._seen[key] = (now, slot, seen[2] + 1 if seen is not None and seen[1] == slot else 1)
-        self._seen.move_to_end(key)
-        if len(self._seen) > self._history_capacity:
-            self._seen.popitem(last=False)
+        _lru_put(self._seen, key,
+                 (now, slot, seen[2] + 1 if seen is not None and seen[1] == slot else 1),
+                 self._history_capacity)
 
     def key_finished(self, key: str, slot: int, now: float) -> None:
         """A request of `key` that went to `slot` ended at `now` (with idle re-homing): its

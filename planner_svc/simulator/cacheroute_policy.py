@@ -263,14 +263,10 @@ class CacheRoutePolicy:
         if window_s <= 0:
             return
         counts = np.bincount(window_keys, minlength=len(self.keys)).astype(np.float64)
-        tokens = np.zeros(len(counts))  # the window's mean reusable prefix per key
-        np.divide(np.asarray(self._prefix_sum), counts, out=tokens, where=counts > 0)
-        prompts = np.zeros(len(counts))
-        np.divide(np.asarray(self._prompt_sum), counts, out=prompts, where=counts > 0)
-        shared = None
+        tokens, prompts, shared = _per_key_means(
+            counts, np.asarray(self._prefix_sum), np.asarray(self._prompt_sum),
+            np.asarray(self._shared_sum) if self._system is not None else None)
         if self._system is not None:
-            shared = np.zeros(len(counts))
-            np.divide(np.asarray(self._shared_sum), counts, out=shared, where=counts > 0)
             self._shared_sum = [0.0] * len(self.keys)
         prompt_tokens = float(sum(self._prompt_sum))
         self._prefix_sum = [0.0] * len(self.keys)
@@ -306,8 +302,8 @@ class CacheRoutePolicy:
             hit_rate=self._win_cached / self._win_prompt if self._win_prompt > 0 else 0.0,
             prompt_tokens_per_s=prompt_tokens / window_s, requests=int(counts.sum()),
             active_keys=int((counts > 0).sum()),
-            destination_loads_per_s={ids[d]: n / window_s
-                                     for d, n in enumerate(self._win_arrivals) if d < len(ids)})
+            destination_loads_per_s={d: n / window_s
+                                     for d, n in zip(ids, self._win_arrivals, strict=True)})
 
     def _judge_warmup(self, extra: dict[str, object]) -> None:
         """The production planner judges the predicted gain before its first plan (a run of
@@ -331,16 +327,15 @@ class CacheRoutePolicy:
         for lo, hi in itertools.pairwise(edges.tolist()):
             part = (t >= lo) & (t <= hi) if hi == edges[-1] else (t >= lo) & (t < hi)
             k = keys[part]
-            counts = np.bincount(k, minlength=n).astype(np.float64)
-            seen = np.maximum(counts, 1.0)
             pre = prefix[part].astype(np.float64)
-            shared = (None if system is None else
-                      np.bincount(k, weights=np.minimum(system[k], pre), minlength=n) / seen)
+            counts = np.bincount(k, minlength=n).astype(np.float64)
+            means = _per_key_means(
+                counts, np.bincount(k, weights=pre, minlength=n),
+                np.bincount(k, weights=prompt[part].astype(np.float64), minlength=n),
+                None if system is None else
+                np.bincount(k, weights=np.minimum(system[k], pre), minlength=n))
             # (its clock ends at 0, where the run's begins: the verdict comes first)
-            self._guard_step(float(hi - edges[-1]), counts, max(float(hi - lo), 1e-9),
-                             np.bincount(k, weights=pre, minlength=n) / seen,
-                             np.bincount(k, weights=prompt[part].astype(np.float64),
-                                         minlength=n) / seen, shared)
+            self._guard_step(float(hi - edges[-1]), counts, max(float(hi - lo), 1e-9), *means)
 
     def _guard_step(self, now: float, counts: np.ndarray, window_s: float,
                     prefix: np.ndarray, prompt: np.ndarray,
@@ -415,6 +410,19 @@ class CacheRoutePolicy:
                 return repack(self.plan, self.keys, rates, cfg)
             return build_plan(self.keys, rates, cfg)
         return hashed_plan(self.keys, rates, cfg)
+
+
+def _per_key_means(counts: np.ndarray, prefix_sum: np.ndarray, prompt_sum: np.ndarray,
+                   shared_sum: np.ndarray | None
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """A window's per-key mean reusable prefix, prompt and shared prefix (0 for keys with no
+    request in it), from their sums: what the stream's token columns report."""
+    def mean(total: np.ndarray) -> np.ndarray:
+        out = np.zeros(len(counts))
+        np.divide(total, counts, out=out, where=counts > 0)
+        return out
+
+    return mean(prefix_sum), mean(prompt_sum), None if shared_sum is None else mean(shared_sum)
 
 
 class _FirstTokenCacheRoutePolicy(CacheRoutePolicy):

@@ -174,7 +174,8 @@ def diagnose(w: Workload, n_destinations: int, cache_capacity_tokens: int,
     t_aff = characteristic_time(rates, sizes, cache_capacity_tokens * n_destinations)
     prefix, prompt = w.prefix.astype(np.float64), float(w.prompt.sum())
     aff_reuse = recent_counts(w.key, w.t, t_aff) > 0
-    repeat = recent_counts(w.key, w.t, np.inf) > 0  # the key came before
+    repeat = np.ones(len(w.key), bool)  # the key came before: all but each key's first
+    repeat[np.unique(w.key, return_index=True)[1]] = False
     n_flat = recent_counts(w.key, w.t, t_flat)
     p_flat = 1.0 - (1.0 - 1.0 / n_destinations) ** n_flat
     hit_aff = float(prefix[aff_reuse].sum() / prompt)
