@@ -63,6 +63,19 @@ def _on_a_free_port(start: Callable[[int], T], attempts: int = 3) -> T:
     raise AssertionError("unreachable")
 
 
+# What a server prints when the port it was handed was taken between `free_port()` and
+# its own bind (gRPC's, asyncio's and the Rust routers' wording).
+_PORT_TAKEN = ("failed to bind to address", "address already in use", "addrinuse")
+
+
+def lost_its_port(process: ManagedProcess | None) -> bool:
+    """Whether `process` exited because its port was taken before it could bind it."""
+    if process is None or process.alive():
+        return False
+    tail = process.log_tail(40).lower()
+    return any(marker in tail for marker in _PORT_TAKEN)
+
+
 def wait_for_port(host: str, port: int, timeout_s: float, proc: subprocess.Popen[bytes]) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

@@ -18,7 +18,12 @@ from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from planner_svc.devstack.processes import ManagedProcess, free_port, stop_all
+from planner_svc.devstack.processes import (
+    ManagedProcess,
+    free_port,
+    lost_its_port,
+    stop_all,
+)
 
 
 def peer_versions() -> dict[str, str]:
@@ -91,20 +96,31 @@ def start_routers(spec: RouterSpec, replicas: int, destinations: dict[str, str],
     """`replicas` processes of `spec`, each ready before this returns. They start together
     (a cold start of one takes ~0.8 s, mostly waiting on its workers' health checks)."""
     running = RunningRouters(spec)
+
+    def launch(i: int) -> tuple[ManagedProcess, str, str]:
+        port, metrics_port = free_port(), free_port()
+        argv, ready = spec.argv(port, metrics_port, destinations,
+                                {**(cacheroute or {}), "router-id": f"arena-{i}"}
+                                if spec.kind == "cacheroute" else None)
+        proc = ManagedProcess(f"{spec.name}-{i}", [*wrap, *argv],
+                              workdir / f"{spec.name.replace(' ', '_')}-{i}.log")
+        proc.start()
+        return proc, f"http://127.0.0.1:{port}", ready
+
     try:
+        launched = [launch(i) for i in range(replicas)]
+        running.processes = [proc for proc, _, _ in launched]
+        running.urls = [url for _, url, _ in launched]
         for i in range(replicas):
-            port, metrics_port = free_port(), free_port()
-            argv, ready = spec.argv(port, metrics_port, destinations,
-                                    {**(cacheroute or {}), "router-id": f"arena-{i}"}
-                                    if spec.kind == "cacheroute" else None)
-            proc = ManagedProcess(f"{spec.name}-{i}", [*wrap, *argv],
-                                  workdir / f"{spec.name.replace(' ', '_')}-{i}.log")
-            proc.start()
-            running.processes.append(proc)
-            running.urls.append(f"http://127.0.0.1:{port}")
-        for proc, url in zip(running.processes, running.urls, strict=True):
-            if not wait_ready(url, ready, timeout_s, proc):
-                raise RuntimeError(f"{spec.name} did not become ready:\n{proc.log_tail(8)}")
+            for attempt in range(3):
+                proc, url, ready = launched[i]
+                if wait_ready(url, ready, timeout_s, proc):
+                    break
+                if attempt == 2 or not lost_its_port(proc):
+                    raise RuntimeError(f"{spec.name} did not become ready:\n{proc.log_tail(8)}")
+                # Its port was taken between free_port() and its bind: new ports.
+                launched[i] = launch(i)
+                running.processes[i], running.urls[i] = launched[i][0], launched[i][1]
     except BaseException:
         running.stop()
         raise

@@ -46,3 +46,32 @@ def test_broker_round_trip(broker):
             got.add(m.value())
     c.close()
     assert got == {f"v{i}".encode() for i in range(10)}
+
+
+def test_the_stack_starts_again_when_its_ports_are_taken_before_its_servers_bind(
+        tmp_path, monkeypatch):
+    """`free_port()` finds a port; the server binds it seconds later. Here something else
+    holds it in between (as an outgoing connection's ephemeral port did once in CI): the
+    worker and the planner exit on the bind and start again on new ports."""
+    import socket
+
+    from planner_svc.devstack import stack as stack_mod
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    handed = iter([port, port])  # the worker's web port, then the planner's gRPC port
+    real = stack_mod.free_port
+    monkeypatch.setattr(stack_mod, "free_port", lambda: next(handed, None) or real())
+    options = stack_mod.StackOptions(destinations=2, event_partitions=1, workers=1,
+                                     workdir=str(tmp_path))
+    s = stack_mod.start_stack(options)
+    try:
+        assert s.planner is not None and s.planner.alive()
+        assert s.grpc_port != port
+        assert all(w.alive() for w in s.workers)
+        assert stack_mod.worker_web_port(s.workers[0]) != port
+    finally:
+        s.stop()
+        taken.close()
