@@ -173,9 +173,10 @@ class PlanFollower:
             last_rejection=self.last_rejection,
             reported_at_ms=now_ms,
             decisions_planned=counters.get("planned", 0),
-            # a turn kept with its conversation's history was placed by an earlier decision
+            # a turn kept with its conversation's history, or a key back at where idle
+            # re-homing sent it, was placed by an earlier decision
             decisions_fallback=sum(v for k, v in counters.items()
-                                   if k not in ("planned", "history_kept")),
+                                   if k not in ("planned", "history_kept", "rehome_kept")),
             mode=mode,
             unhealthy_destinations=list(unhealthy),
         )

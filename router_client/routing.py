@@ -37,9 +37,10 @@ affinity):
 - `idle_rehome_s` (with a clock: `route_index(key, affinity, now)`): a key not planned on
   several destinations that has been idle longer than this is cold wherever it was, so
   affinity buys it nothing: it goes to the least-loaded destination and stays there (its
-  home, over the plan) while it comes back within the window and that one is within twice
-  the mean load (with `balance="first-token"`: the one with the fewest requests awaiting a
-  first token, as the balance below). Set it to the fleet's eviction window, or start it
+  home, over the plan, until the plan moves it) while it comes back within the window and
+  that one is within twice the mean load (with `balance="first-token"`: the one with the
+  fewest requests awaiting a first token, as the balance below). A key's first request
+  goes where the plan or the hashed tail puts it. Set it to the fleet's eviction window, or start it
   there and let `learn_idle_rehome` measure it: each key sent home after an idle gap
   (`last_return`) either finds its prefix cached there or not, which the caller reports
   (`observe_return`, with `key_finished` when each request ends), and the window moves to
@@ -384,9 +385,11 @@ class RouterCore:
         # A single-member or unplanned key idle longer than this is cold wherever it was:
         # it goes by P2C and stays where that sent it while it keeps coming back sooner.
         self.idle_rehome_s = idle_rehome_s
-        # key -> (its last arrival or finish at its home, the home, its requests open there)
-        self._seen: OrderedDict[str, tuple[float, int, int]] = OrderedDict()
+        # key -> (its last arrival or finish at its home, the home, its requests open there,
+        # the plan's slot for it then: -1 if none)
+        self._seen: OrderedDict[str, tuple[float, int, int, int]] = OrderedDict()
         self.rehomed = 0
+        self.rehome_kept = 0  # returns within the window to where re-homing sent the key
         # With `learn_idle_rehome`: the window learned from returns' cache outcomes, and the
         # last decision's return home (idle gap, its outcome's weight, slot), if it was one.
         self.rehome_window: EvictionWindow | None = None
@@ -551,6 +554,7 @@ class RouterCore:
             "unhealthy_reroute": self.unhealthy_reroute,
             "history_kept": self.history_kept,
             "rehomed": self.rehomed,
+            "rehome_kept": self.rehome_kept,
         }
 
     # --- shared conversation memory (the shell carries it between routers) -------
@@ -618,7 +622,7 @@ class RouterCore:
             self.history_kept += 1
             if idle >= 0 and last != idle:
                 # `_idle` counted this request open at `idle`; it goes to `last` instead.
-                self._seen[key] = (now, last, 1)  # type: ignore[assignment]
+                self._seen[key] = (now, last, 1, self._seen[key][3])  # type: ignore[assignment]
             return last
         slot = idle if idle >= 0 else self._decide(key, affinity)
         if slot != last and self._history_out is not None:
@@ -638,10 +642,12 @@ class RouterCore:
 
     def _idle(self, key: str, now: float) -> int:
         """Idle re-homing (`idle_rehome_s`): the slot for a key not planned on several
-        destinations, or -1 to let the plan decide. A key back within the window returns
-        where it went last (its prefix is cached there) unless that is over twice the mean
-        load; a key idle longer, or new and unplanned, is cold everywhere, so affinity buys
-        it nothing and it goes to the least-loaded destination, its home from then on."""
+        destinations, or -1 to let the plan decide. A key seen here for the first time goes
+        where the plan or the hashed cold tail puts it (the same at every router replica);
+        one the plan has moved since its last request follows the plan; one back within
+        the window returns where it went last (its prefix is cached there) unless that is
+        over twice the mean load; one idle longer is cold everywhere, so affinity buys it
+        nothing and it goes where the balance sends it, its home from then on."""
         self.last_return = None  # set below only for a return home
         a = self._active
         if a.fallback:
@@ -654,19 +660,34 @@ class RouterCore:
         window = self.idle_rehome_s
         assert window is not None
         learner = self.rehome_window
-        if (seen is not None and (now - seen[0] <= window or (
+        plan = -1 if m is None else m  # type: ignore[assignment]
+        if seen is not None and plan >= 0 and plan != seen[3] and a.usable[plan]:
+            # The plan moved the key (or admitted it) since its last request: the control
+            # loop priced that move against the cache it leaves behind; follow it.
+            slot = plan
+            self.planned += 1
+        elif (seen is not None and (now - seen[0] <= window or (
                 learner is not None and now - seen[0] <= 2 * window
                 and self._rand() < learner.probe_share))
                 and self._within(seen[1], a, DEFAULT_HISTORY_SLACK)):
             # Home (within the window, or a learner's probe just past it).
             slot = seen[1]
+            if slot == m:
+                self.planned += 1
+            elif m is None:
+                self.unadmitted += 1
+            else:
+                self.rehome_kept += 1  # placed by an earlier re-homing
             if learner is not None and seen[2] == 0:
                 # Evidence only when its last request there had finished: one still queued
                 # has not written the prefix yet, and its miss says nothing of eviction.
                 gap = now - seen[0]
                 self.last_return = (gap, learner.weight(gap), slot)
-        elif seen is None and m is not None and a.usable[m]:  # type: ignore[index]
-            slot = m  # type: ignore[assignment]
+        elif seen is None:
+            # First sight here: where the plan, or the hashed cold tail, puts it. Both are
+            # the same at every router replica, so a key new to several of them (a tenant's
+            # first conversations, each turn at another replica) warms one destination.
+            slot = self._decide(key, None)
         else:
             # Cold wherever it goes: its whole prefill is owed, so with `first-token` it
             # goes where the fewest prefills are owed.
@@ -675,13 +696,13 @@ class RouterCore:
             if slot < 0:
                 return -1
             self.rehomed += 1
-        self._seen_at(key, now, slot)
+        self._seen_at(key, now, slot, plan)
         return slot
 
-    def _seen_at(self, key: str, now: float, slot: int) -> None:
+    def _seen_at(self, key: str, now: float, slot: int, plan: int) -> None:
         seen = self._seen.get(key)
         _lru_put(self._seen, key,
-                 (now, slot, seen[2] + 1 if seen is not None and seen[1] == slot else 1),
+                 (now, slot, seen[2] + 1 if seen is not None and seen[1] == slot else 1, plan),
                  self._history_capacity)
 
     def key_finished(self, key: str, slot: int, now: float) -> None:
@@ -689,7 +710,7 @@ class RouterCore:
         prefix was last touched there then, so the key's idle time counts from now."""
         seen = self._seen.get(key)
         if seen is not None and seen[1] == slot:
-            self._seen[key] = (max(now, seen[0]), slot, max(0, seen[2] - 1))
+            self._seen[key] = (max(now, seen[0]), slot, max(0, seen[2] - 1), seen[3])
 
     def learn_idle_rehome(self, window: EvictionWindow | None) -> None:
         """Learn the idle re-homing window from returns' cache outcomes (`observe_return`),

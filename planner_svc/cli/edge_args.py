@@ -59,10 +59,14 @@ ROUTING_FLAGS: Flags = {
                                "where this one's conversations went, this often, and learn "
                                "where theirs did, so a turn that reaches another replica "
                                "still meets its history (0 = off)"),
-    "idle-rehome-s": (float, 0.0, "a key not planned on several destinations and idle this "
-                      "long is cold wherever it was: it goes to the least-loaded destination "
-                      "and stays there while it comes back sooner (set it to the fleet's "
-                      "eviction window; 0 = off, the paper's)"),
+    "idle-rehome-s": (float, 0.0,
+                      "a key not planned on several destinations and idle this long is cold "
+                      "wherever it was: it goes where the balance sends it and stays there "
+                      "while it comes back sooner (with --idle-rehome-learn, where the "
+                      "learned window starts; e.g. 300; 0 = off, the paper's). For one "
+                      "gateway, or a front that keeps each key on one gateway: each replica "
+                      "keeps its own idle clocks, and four replicas each re-homing a key "
+                      "their own way scatter it (docs/gateway.md)"),
     "idle-rehome-learn": (boolean, True, "with --idle-rehome-s: learn the window from "
                           "what comes back: a key sent home after an idle gap either finds "
                           "its prefix cached there or not (the response's cached tokens), "

@@ -74,6 +74,11 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:  # type: ignor
     rp.add_argument("--history-slack", type=float, default=DEFAULT_HISTORY_SLACK,
                     help="policies with sessions (cacheroute-gateway, -rehome, -sessions): "
                          "the gateway's --history-slack")
+    rp.add_argument("--idle-rehome-s", type=float, default=None,
+                    help="the gateway's --idle-rehome-s (the window; learned: where it "
+                         "starts) for cacheroute-gateway (default: off, as shipped) and "
+                         "cacheroute-rehome(-learned) (default: the fleet's eviction window "
+                         "from a cache model of the workload)")
     rp.add_argument("--tail-slack", type=float, default=DEFAULT_TAIL_SLACK,
                     help="policies with the hashed cold tail (cacheroute-gateway, -rehome, "
                          "-tail, -hashed): the gateway's --tail-slack")
@@ -238,6 +243,7 @@ def config_from_args(args: argparse.Namespace) -> ReplayConfig:
             publish_delay_s=args.publish_delay_s,
             history_slack=args.history_slack,
             tail_slack=args.tail_slack,
+            idle_rehome_s=args.idle_rehome_s,
             balance=args.balance,
             q_cap=args.q_cap,
             warm_slots_per_destination=args.warm_slots,

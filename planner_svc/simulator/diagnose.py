@@ -77,8 +77,9 @@ class Diagnosis:
             return None
         return (f"{self.returns_after_window:.0%} of repeat requests come back after their "
                 f"home's eviction window: run the gateway with --idle-rehome-s "
-                f"{max(1.0, self.eviction_window_affinity_s):.0f} (learned from there; "
-                f"docs/gateway.md, idle re-homing)")
+                f"{max(1.0, self.eviction_window_affinity_s):.0f} (learned from there) where "
+                f"one gateway sees each key's traffic (one replica, or a front keeping each "
+                f"key on one; docs/gateway.md, idle re-homing)")
 
     @property
     def gain(self) -> float:

@@ -114,6 +114,10 @@ class ReplayConfig:
     # `cacheroute-loop`: seconds from the planner's install decision to the routers' use
     # (publish to Redis, notify, apply).
     publish_delay_s: float = 1.0
+    # The gateway's `--idle-rehome-s`, where the learned window starts (0 or None: off for
+    # `cacheroute-gateway`, as shipped; for `cacheroute-rehome(-learned)` None is the
+    # fleet's eviction window from a cache model, `eviction_window_s`).
+    idle_rehome_s: float | None = None
 
 
 # The measured knee (`knee_rate`): the hottest key's warm-up requests replayed alone on one
@@ -238,14 +242,25 @@ def policy_factory(name: str, cfg: ReplayConfig, w: Workload) -> PolicyFactory:
         cold_tail="hash" if as_gateway or name in ("cacheroute-tail", "cacheroute-hashed")
         else "p2c",
         hashed_tail=name == "cacheroute-hashed",  # off in the planner by default
-        idle_rehome_s=(eviction_window_s(w, cfg.model, cfg.warmup_fraction, cfg.n_destinations)
-                       if name.startswith("cacheroute-rehome") else None),
-        # `-learned`: from there, the window the router measures (`--idle-rehome-learn`).
-        learn_idle_rehome=name == "cacheroute-rehome-learned",
+        idle_rehome_s=_idle_rehome_s(name, cfg, w),
+        # From there, the window the router measures (`--idle-rehome-learn`, the default).
+        learn_idle_rehome=name in ("cacheroute-gateway", "cacheroute-rehome-learned"),
         # `cacheroute-no-guard`: the paper's CacheRoute, planning whatever affinity can win.
         affinity_gain_min=None if name == "cacheroute-no-guard" else DEFAULT_AFFINITY_GAIN_MIN,
     )
     return cacheroute(settings)
+
+
+def _idle_rehome_s(name: str, cfg: ReplayConfig, w: Workload) -> float | None:
+    """The idle re-homing window policy `name` starts from (None: off)."""
+    if name == "cacheroute-gateway":  # as shipped: off unless `--idle-rehome-s` says
+        window = cfg.idle_rehome_s
+    elif name.startswith("cacheroute-rehome"):
+        window = cfg.idle_rehome_s or eviction_window_s(w, cfg.model, cfg.warmup_fraction,
+                                                        cfg.n_destinations)
+    else:
+        return None
+    return window or None
 
 
 POLICY_NAMES = (

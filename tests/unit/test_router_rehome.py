@@ -30,12 +30,33 @@ def test_a_planned_key_follows_the_plan_until_it_goes_idle_then_finds_the_least_
     assert core.route_index("app", now=350.0) == 3  # stays with its new home while warm
 
 
-def test_a_new_unplanned_key_goes_least_loaded_and_a_hot_replicated_key_by_the_plan():
+def test_a_new_unplanned_key_goes_where_every_replica_sends_it_and_hot_keys_by_the_plan():
+    """First sight is the hashed cold tail's owner, the same at every router replica (a
+    tenant new to four gateways warms one destination, not four); only a key idle past the
+    window is sent where the load is lowest."""
+    a, b = _core(), _core()
+    _load(a, [2, 0, 2, 2])
+    _load(b, [0, 2, 1, 0])
+    first = a.route_index("tail-key", now=0.0)
+    assert b.route_index("tail-key", now=0.0) == first
+    assert a.counters()["unadmitted"] == 1 and a.counters()["rehomed"] == 0
+    _load(a, [0, 0, 0, 0])
+    assert a.route_index("tail-key", now=500.0) == 1  # idle past the window: least loaded
+    assert a.counters()["rehomed"] == 1
+    _load(a, [0, 5, 0, 0])
+    assert a.route_index("hot", now=1_000.0) == 0  # replicated: least loaded of its set
+
+
+def test_a_key_the_plan_moves_follows_the_plan_even_while_warm_at_its_old_home():
+    """The control loop priced the move against the cache left behind; re-homing keeps a
+    key where it is only while the plan has not changed its mind."""
     core = _core()
-    _load(core, [2, 0, 2, 2])
-    assert core.route_index("tail-key", now=0.0) == 1
-    _load(core, [0, 5, 0, 0])
-    assert core.route_index("hot", now=1_000.0) == 0  # replicated: least loaded of its set
+    assert core.route_index("app", now=0.0) == 2
+    assert core.route_index("app", now=10.0) == 2
+    core.install(RoutingTable.from_plan(plan_of({"app": (1,), "hot": (0, 1)})))
+    assert core.route_index("app", now=20.0) == 1
+    assert core.route_index("app", now=30.0) == 1  # and stays with its new home
+    assert core.counters()["planned"] == 4
 
 
 def test_a_warm_home_over_twice_the_mean_is_left_and_without_a_clock_nothing_changes():
