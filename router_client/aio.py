@@ -134,7 +134,7 @@ class AsyncRouterClient(BaseRouterClient):
         self._health_tick()
         now = time.monotonic()
         if self._status_due(now):
-            await self.source.report(self._status(now))
+            self._note_peers(await self.source.report(self._status(now)))
         if hint is None and self.recheck_s > first:
             hint = await self.source.wait_for_change(self.recheck_s - first)
         return hint

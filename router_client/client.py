@@ -128,7 +128,7 @@ class RouterClient(BaseRouterClient):
             self._health_tick()
             now = time.monotonic()
             if self._status_due(now):
-                self.source.report(self._status(now))
+                self._note_peers(self.source.report(self._status(now)))
             if hint is not None:
                 self.follower.note_hint(hint)
                 return

@@ -285,14 +285,17 @@ class RedisPlanSource(_RedisSourceBase):
             self._pubsub.ping()
             self._last_ping = now
 
-    def report(self, status: plan_pb2.RouterStatus) -> None:
+    def report(self, status: plan_pb2.RouterStatus) -> int:
+        """Write this router's status; returns how many *other* routers reported on the
+        plan within the status TTL (a hostile writer can only inflate it)."""
         lay = self.layout
         pipe = self._redis.pipeline(transaction=False)
         pipe.set(
             lay.router_status(status.router_id), status.SerializeToString(), ex=self.status_ttl_s
         )
         pipe.zadd(lay.routers, {status.router_id: status.reported_at_ms})
-        self._call(pipe.execute)
+        pipe.zcount(lay.routers, status.reported_at_ms - self.status_ttl_s * 1000, "+inf")
+        return _others(self._call(pipe.execute))
 
     def close(self) -> None:
         self._drop_pubsub()
@@ -357,15 +360,23 @@ class AsyncRedisPlanSource(_RedisSourceBase):
             self.reconnects += 1
             return None
 
-    async def report(self, status: plan_pb2.RouterStatus) -> None:
+    async def report(self, status: plan_pb2.RouterStatus) -> int:
+        """As `RedisPlanSource.report`."""
         lay = self.layout
         pipe = self._redis.pipeline(transaction=False)
         pipe.set(
             lay.router_status(status.router_id), status.SerializeToString(), ex=self.status_ttl_s
         )
         pipe.zadd(lay.routers, {status.router_id: status.reported_at_ms})
-        await self._call(pipe.execute())
+        pipe.zcount(lay.routers, status.reported_at_ms - self.status_ttl_s * 1000, "+inf")
+        return _others(await self._call(pipe.execute()))
 
     async def close(self) -> None:
         await self._drop_pubsub()
         await self._redis.aclose()
+
+
+def _others(results: list[Any]) -> int:
+    """The routers counted by a report's ZCOUNT, less the reporter itself (just written)."""
+    count = results[-1] if results else 0
+    return max(0, int(count) - 1) if isinstance(count, int) else 0

@@ -355,6 +355,11 @@ HISTORY_OUTBOX_CAPACITY = 20_000
 # The gateway's default: a turn leaves its history only for a destination at over twice
 # the mean load (a turn's history is most of its prompt; a queue costs less than that).
 DEFAULT_HISTORY_SLACK = 1.0
+# The gateway's idle re-homing window, where the learned one starts: a guess at how long an
+# idle prefix survives in a busy engine's cache, corrected from the cache outcomes of the
+# keys the router sends home (`learn_idle_rehome`). From 300 s the wide-active-set replay
+# settles where it does from a cache model's window (docs/replay.md).
+DEFAULT_IDLE_REHOME_S = 300.0
 
 
 def _lru_put(memory: OrderedDict[str, Any], key: str, value: Any, capacity: int) -> None:
@@ -390,6 +395,9 @@ class RouterCore:
         self._seen: OrderedDict[str, tuple[float, int, int, int]] = OrderedDict()
         self.rehomed = 0
         self.rehome_kept = 0  # returns within the window to where re-homing sent the key
+        # Set by the shell while other routers share this plan's traffic (their idle
+        # clocks are their own): the plan, history and tail decide meanwhile.
+        self.rehome_paused = False
         # With `learn_idle_rehome`: the window learned from returns' cache outcomes, and the
         # last decision's return home (idle gap, its outcome's weight, slot), if it was one.
         self.rehome_window: EvictionWindow | None = None
@@ -608,8 +616,12 @@ class RouterCore:
     def route_index(self, key: str, affinity: str | None = None,
                     now: float | None = None) -> int:
         """The slot to send `key` to. Does not count it in flight: call `started`."""
-        idle = (self._idle(key, now) if self.idle_rehome_s is not None and now is not None
-                else -1)
+        idle = -1
+        if self.idle_rehome_s is not None and now is not None:
+            if self.rehome_paused:
+                self.last_return = None  # no return home was judged
+            else:
+                idle = self._idle(key, now)
         if affinity is None or self.history_slack is None:
             return idle if idle >= 0 else self._decide(key, affinity)
         history = self._history

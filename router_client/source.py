@@ -24,7 +24,7 @@ from cacheroute.v1 import plan_pb2
 from router_client import signing
 from router_client.delta import make_delta
 from router_client.errors import SourceUnavailable
-from router_client.layout import Pointer
+from router_client.layout import ROUTER_STATUS_TTL_S, Pointer
 from router_client.plan import RoutingPlan, Version, encode_plan
 
 __all__ = [
@@ -52,7 +52,11 @@ class PlanSource(Protocol):
         """Block up to `timeout_s` for a change hint; the hinted version or None."""
         ...
 
-    def report(self, status: plan_pb2.RouterStatus) -> None: ...
+    def report(self, status: plan_pb2.RouterStatus) -> int:
+        """Write this router's status; the other routers that reported on the same plan
+        within `ROUTER_STATUS_TTL_S`."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -67,7 +71,7 @@ class AsyncPlanSource(Protocol):
     ) -> list[bytes] | None: ...
     async def fetch_plan(self, version: Version) -> bytes | None: ...
     async def wait_for_change(self, timeout_s: float) -> Version | None: ...
-    async def report(self, status: plan_pb2.RouterStatus) -> None: ...
+    async def report(self, status: plan_pb2.RouterStatus) -> int: ...
     async def close(self) -> None: ...
 
 
@@ -134,9 +138,12 @@ class StaticPlanSource:
             after = self._pointer
         return after.version if after is not None and after != before else None
 
-    def report(self, status: plan_pb2.RouterStatus) -> None:
+    def report(self, status: plan_pb2.RouterStatus) -> int:
         self._check()
         self.reports[status.router_id] = status
+        since = status.reported_at_ms - ROUTER_STATUS_TTL_S * 1000
+        return sum(1 for r, s in self.reports.items()
+                   if r != status.router_id and s.reported_at_ms >= since)
 
     def close(self) -> None:
         pass
@@ -168,8 +175,8 @@ class AsyncStaticPlanSource:
         after = self.static._pointer
         return after.version if after is not None and after != before else None
 
-    async def report(self, status: plan_pb2.RouterStatus) -> None:
-        self.static.report(status)
+    async def report(self, status: plan_pb2.RouterStatus) -> int:
+        return self.static.report(status)
 
     async def close(self) -> None:
         pass

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from router_client.ring import DEFAULT_TAIL_SLACK
-from router_client.routing import BALANCES, DEFAULT_HISTORY_SLACK
+from router_client.routing import BALANCES, DEFAULT_HISTORY_SLACK, DEFAULT_IDLE_REHOME_S
 
 log = logging.getLogger("cacheroute.edge")
 
@@ -59,14 +59,18 @@ ROUTING_FLAGS: Flags = {
                                "where this one's conversations went, this often, and learn "
                                "where theirs did, so a turn that reaches another replica "
                                "still meets its history (0 = off)"),
-    "idle-rehome-s": (float, 0.0,
+    "idle-rehome-s": (float, DEFAULT_IDLE_REHOME_S,
                       "a key not planned on several destinations and idle this long is cold "
                       "wherever it was: it goes where the balance sends it and stays there "
                       "while it comes back sooner (with --idle-rehome-learn, where the "
-                      "learned window starts; e.g. 300; 0 = off, the paper's). For one "
-                      "gateway, or a front that keeps each key on one gateway: each replica "
-                      "keeps its own idle clocks, and four replicas each re-homing a key "
-                      "their own way scatter it (docs/gateway.md)"),
+                      "learned window starts; 0 = off, the paper's). Paused while other "
+                      "routers report on the same plan (see --idle-rehome-with-peers)"),
+    "idle-rehome-with-peers": (boolean, False,
+                               "keep idle re-homing on while other routers report on the "
+                               "same plan: only behind a front that sends each key to one "
+                               "router (each router keeps its own idle clocks, and replicas "
+                               "that each see part of a key's traffic scatter it; "
+                               "docs/gateway.md)"),
     "idle-rehome-learn": (boolean, True, "with --idle-rehome-s: learn the window from "
                           "what comes back: a key sent home after an idle gap either finds "
                           "its prefix cached there or not (the response's cached tokens), "
@@ -177,6 +181,10 @@ def build_client(args: argparse.Namespace, rid: str, command: str) -> Any:
     client.core.idle_rehome_s = args.idle_rehome_s or None
     if args.idle_rehome_s and args.idle_rehome_learn:
         client.core.learn_idle_rehome(EvictionWindow(args.idle_rehome_s))
+    client.rehome_with_peers = args.idle_rehome_with_peers
+    # With a plan in Redis other routers may share it: paused until the first status
+    # report says how many (`_note_peers`, within a second).
+    client.core.rehome_paused = bool(args.redis_url) and not args.idle_rehome_with_peers
     if args.redis_url and args.history_share_period_s > 0 and client.core.history_slack is not None:
         from router_client.redis_history import RedisHistoryExchange
 

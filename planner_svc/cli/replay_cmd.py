@@ -76,9 +76,12 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:  # type: ignor
                          "the gateway's --history-slack")
     rp.add_argument("--idle-rehome-s", type=float, default=None,
                     help="the gateway's --idle-rehome-s (the window; learned: where it "
-                         "starts) for cacheroute-gateway (default: off, as shipped) and "
-                         "cacheroute-rehome(-learned) (default: the fleet's eviction window "
-                         "from a cache model of the workload)")
+                         "starts; 0 = off) for cacheroute-gateway (default: the gateway's) "
+                         "and cacheroute-rehome(-learned) (default: the fleet's eviction "
+                         "window from a cache model of the workload)")
+    rp.add_argument("--idle-rehome-with-peers", action="store_true",
+                    help="with --routers > 1: the gateway's --idle-rehome-with-peers "
+                         "(re-home beside other routers; off: paused, as shipped)")
     rp.add_argument("--tail-slack", type=float, default=DEFAULT_TAIL_SLACK,
                     help="policies with the hashed cold tail (cacheroute-gateway, -rehome, "
                          "-tail, -hashed): the gateway's --tail-slack")
@@ -244,6 +247,7 @@ def config_from_args(args: argparse.Namespace) -> ReplayConfig:
             history_slack=args.history_slack,
             tail_slack=args.tail_slack,
             idle_rehome_s=args.idle_rehome_s,
+            rehome_with_peers=args.idle_rehome_with_peers,
             balance=args.balance,
             q_cap=args.q_cap,
             warm_slots_per_destination=args.warm_slots,

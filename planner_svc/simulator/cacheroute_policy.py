@@ -83,6 +83,8 @@ class CacheRouteSettings:
     # (router_client.eviction_window, the gateway's `--idle-rehome-learn`), starting from
     # `idle_rehome_s`.
     learn_idle_rehome: bool = False
+    # The gateway's `--idle-rehome-with-peers`: re-home even beside other routers.
+    rehome_with_peers: bool = False
     # With sessions: how far above the mean load a conversation stays with its history
     # (the gateway's `--history-slack`).
     history_slack: float = DEFAULT_HISTORY_SLACK
@@ -161,6 +163,9 @@ class CacheRoutePolicy:
                                balance=settings.balance)
         if settings.learn_idle_rehome and settings.idle_rehome_s:
             self.core.learn_idle_rehome(EvictionWindow(settings.idle_rehome_s))
+        # The gateway pauses re-homing while other routers report on its plan (the status
+        # registry): with several routers here, they do.
+        self.core.rehome_paused = ctx.n_routers > 1 and not settings.rehome_with_peers
         # Requests sent home after an idle gap: their return and reusable prefix, until the
         # engine says what it served from cache (`served`).
         self._returns: dict[int, tuple[tuple[float, float, int], int]] = {}

@@ -35,7 +35,7 @@ from planner_svc.simulator.replica import Replica, ReplicaModel
 from planner_svc.simulator.simulator import ClusterSpec, simulate
 from planner_svc.simulator.workload import SCENARIOS, ScenarioSpec, Workload, whales
 from router_client.ring import DEFAULT_TAIL_SLACK
-from router_client.routing import DEFAULT_HISTORY_SLACK
+from router_client.routing import DEFAULT_HISTORY_SLACK, DEFAULT_IDLE_REHOME_S
 
 # The simulator's calibration (70B fp8 on a TP2 H100 pair, scaled; see docs/replay.md).
 SIM_MODEL = ReplicaModel(
@@ -114,10 +114,12 @@ class ReplayConfig:
     # `cacheroute-loop`: seconds from the planner's install decision to the routers' use
     # (publish to Redis, notify, apply).
     publish_delay_s: float = 1.0
-    # The gateway's `--idle-rehome-s`, where the learned window starts (0 or None: off for
-    # `cacheroute-gateway`, as shipped; for `cacheroute-rehome(-learned)` None is the
-    # fleet's eviction window from a cache model, `eviction_window_s`).
+    # The gateway's `--idle-rehome-s` (0 = off), where the learned window starts: None is
+    # the gateway's default for `cacheroute-gateway`, the fleet's eviction window from a
+    # cache model (`eviction_window_s`) for `cacheroute-rehome(-learned)`.
     idle_rehome_s: float | None = None
+    # The gateway's `--idle-rehome-with-peers` (with `n_routers` > 1).
+    rehome_with_peers: bool = False
 
 
 # The measured knee (`knee_rate`): the hottest key's warm-up requests replayed alone on one
@@ -245,6 +247,7 @@ def policy_factory(name: str, cfg: ReplayConfig, w: Workload) -> PolicyFactory:
         idle_rehome_s=_idle_rehome_s(name, cfg, w),
         # From there, the window the router measures (`--idle-rehome-learn`, the default).
         learn_idle_rehome=name in ("cacheroute-gateway", "cacheroute-rehome-learned"),
+        rehome_with_peers=cfg.rehome_with_peers,
         # `cacheroute-no-guard`: the paper's CacheRoute, planning whatever affinity can win.
         affinity_gain_min=None if name == "cacheroute-no-guard" else DEFAULT_AFFINITY_GAIN_MIN,
     )
@@ -253,8 +256,8 @@ def policy_factory(name: str, cfg: ReplayConfig, w: Workload) -> PolicyFactory:
 
 def _idle_rehome_s(name: str, cfg: ReplayConfig, w: Workload) -> float | None:
     """The idle re-homing window policy `name` starts from (None: off)."""
-    if name == "cacheroute-gateway":  # as shipped: off unless `--idle-rehome-s` says
-        window = cfg.idle_rehome_s
+    if name == "cacheroute-gateway":  # as shipped: the gateway's default
+        window = DEFAULT_IDLE_REHOME_S if cfg.idle_rehome_s is None else cfg.idle_rehome_s
     elif name.startswith("cacheroute-rehome"):
         window = cfg.idle_rehome_s or eviction_window_s(w, cfg.model, cfg.warmup_fraction,
                                                         cfg.n_destinations)

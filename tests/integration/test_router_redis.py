@@ -16,7 +16,7 @@ from planner_svc.adapters.redis_publisher import PlanPublisher
 from planner_svc.devstack.processes import restart_redis
 from planner_svc.errors import Unavailable
 from router_client import AsyncRouterClient, RouterClient, signing
-from router_client.layout import Layout
+from router_client.layout import ROUTER_STATUS_TTL_S, Layout
 from router_client.plan import DestinationSpec, KeyTable, PlanConfig, RoutingPlan, Version
 from router_client.redis_source import AsyncRedisPlanSource, RedisPlanSource
 from router_client.routing import RoutingTable
@@ -399,3 +399,55 @@ def test_junk_in_redis_neither_stops_following_nor_blocks_the_planner(redis_serv
         assert c.failed_rounds == 0
     finally:
         c.stop()
+
+
+def test_a_status_report_counts_the_other_routers_on_the_plan(redis_server):
+    """Idle re-homing pauses while other routers share the plan (`_note_peers`): the
+    report's answer is how many others reported within the status TTL."""
+    from cacheroute.v1 import plan_pb2 as pb
+
+    srcs = [RedisPlanSource(redis_server.url, namespace="peers") for _ in range(3)]
+    now_ms = int(time.time() * 1000)
+    assert srcs[0].report(pb.RouterStatus(router_id="r0", reported_at_ms=now_ms)) == 0
+    assert srcs[1].report(pb.RouterStatus(router_id="r1", reported_at_ms=now_ms)) == 1
+    assert srcs[0].report(pb.RouterStatus(router_id="r0", reported_at_ms=now_ms + 10)) == 1
+    # Routers that last reported longer ago than the TTL are gone.
+    stale = now_ms + (ROUTER_STATUS_TTL_S + 1) * 1000
+    assert srcs[2].report(pb.RouterStatus(router_id="r2", reported_at_ms=stale)) == 0
+    for s in srcs:
+        s.close()
+
+
+def test_async_report_counts_peers_and_a_gateway_pauses_re_homing_beside_them(
+        redis_server, tmp_path):
+    """A gateway on a plan in Redis starts with re-homing paused, runs it once its first
+    report finds no other router, and pauses again when another reports."""
+    import argparse
+
+    from cacheroute.v1 import plan_pb2 as pb
+    from planner_svc.cli.edge_args import ROUTING_FLAGS, add_flags, build_client
+
+    signing.save_public_key(signing.generate_private_key().public_key(), tmp_path / "pub.pem")
+
+    async def run() -> tuple[bool, bool, bool]:
+        parser = argparse.ArgumentParser()
+        add_flags(parser, ROUTING_FLAGS, "CACHEROUTE_TEST_")
+        args = parser.parse_args(["--destinations", "a,b", "--redis-url", redis_server.url,
+                                  "--redis-namespace", "peers-aio",
+                                  "--public-key", str(tmp_path / "pub.pem")])
+        client = build_client(args, "gw-0", "gateway")
+        paused_at_start = client.core.rehome_paused
+        other = AsyncRedisPlanSource(redis_server.url, namespace="peers-aio")
+        now_ms = int(time.time() * 1000)
+        client._note_peers(await client.source.report(
+            pb.RouterStatus(router_id="gw-0", reported_at_ms=now_ms)))
+        alone = client.core.rehome_paused
+        await other.report(pb.RouterStatus(router_id="gw-1", reported_at_ms=now_ms))
+        client._note_peers(await client.source.report(
+            pb.RouterStatus(router_id="gw-0", reported_at_ms=now_ms + 5)))
+        beside = client.core.rehome_paused
+        await other.close()
+        await client.source.close()
+        return paused_at_start, alone, beside
+
+    assert asyncio.run(run()) == (True, False, True)

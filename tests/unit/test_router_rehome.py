@@ -93,13 +93,28 @@ def test_the_gateway_flag_reaches_the_core_and_refuses_a_negative_window():
     import pytest
 
     from planner_svc.cli.edge_args import ROUTING_FLAGS, add_flags, build_client
+    from router_client.routing import DEFAULT_IDLE_REHOME_S
 
     parser = argparse.ArgumentParser()
     add_flags(parser, ROUTING_FLAGS, "CACHEROUTE_TEST_")
     on = build_client(parser.parse_args(["--destinations", "a,b", "--idle-rehome-s", "180"]),
                       "r", "gateway")
-    off = build_client(parser.parse_args(["--destinations", "a,b"]), "r", "gateway")
+    off = build_client(parser.parse_args(["--destinations", "a,b", "--idle-rehome-s", "0"]),
+                       "r", "gateway")
+    default = build_client(parser.parse_args(["--destinations", "a,b"]), "r", "gateway")
     assert on.core.idle_rehome_s == 180.0 and off.core.idle_rehome_s is None
+    # On by default, learned from DEFAULT_IDLE_REHOME_S; without Redis no other router can
+    # share the plan, so it runs from the start.
+    assert default.core.idle_rehome_s == DEFAULT_IDLE_REHOME_S
+    assert default.core.rehome_window is not None and not default.core.rehome_paused
+    # Other routers on the plan pause it, unless a front keeps each key on one router.
+    default._note_peers(2)
+    assert default.core.rehome_paused and default.peer_routers == 2
+    default._note_peers(0)
+    assert not default.core.rehome_paused
+    default.rehome_with_peers = True
+    default._note_peers(3)
+    assert not default.core.rehome_paused
     # The window is learned from where it starts unless told not to (`--idle-rehome-learn`).
     assert on.core.rehome_window is not None and on.core.rehome_window.window_s == 180.0
     assert off.core.rehome_window is None
@@ -151,3 +166,26 @@ def test_with_re_homing_a_conversation_idle_past_the_window_has_no_history_to_ke
     plain.route_index("k", "c", now=0.0)
     first = plain.route_index("k", "c")
     assert plain.route_index("k", "c", now=1e6) == first
+
+
+def test_paused_re_homing_routes_by_the_plan_and_judges_no_return():
+    core = _core()
+    assert core.route_index("app", now=0.0) == 2
+    core.rehome_paused = True
+    _load(core, [3, 3, 3, 1])
+    assert core.route_index("app", now=300.0) == 2  # idle, but paused: the plan decides
+    assert core.last_return is None and core.counters()["rehomed"] == 0
+    core.rehome_paused = False
+    assert core.route_index("app", now=600.0) == 3  # idle past the window: re-homed
+
+
+def test_a_static_source_counts_the_other_routers_that_reported_recently():
+    from cacheroute.v1 import plan_pb2 as pb
+    from router_client.layout import ROUTER_STATUS_TTL_S
+    from router_client.source import StaticPlanSource
+
+    src = StaticPlanSource()
+    assert src.report(pb.RouterStatus(router_id="a", reported_at_ms=1_000)) == 0
+    assert src.report(pb.RouterStatus(router_id="b", reported_at_ms=1_500)) == 1
+    later = 1_500 + ROUTER_STATUS_TTL_S * 1000 + 1
+    assert src.report(pb.RouterStatus(router_id="b", reported_at_ms=later)) == 0
