@@ -64,7 +64,11 @@ ROUTERS = [
     RouterSpec("sglang round_robin", "sglang", "round_robin"),
     RouterSpec("vllm cache_aware", "vllm", "cache_aware"),
     RouterSpec("vllm consistent_hash", "vllm", "consistent_hash"),
+    # Only when named in --routers: the gateway with idle re-homing off (its default before
+    # 2026-12-05), for an A/B of that default on the same engines and traffic.
+    RouterSpec("cacheroute no-rehome", "cacheroute", extra=("--idle-rehome-s", "0")),
 ]
+OPT_IN = ("cacheroute no-rehome",)
 # The cache_aware policies' tuning flags (the same names in both peers; their defaults:
 # cache threshold 0.3, balance when max load - min load > 64 and max > 1.5 x min). With four
 # engines and tens of requests in flight, 64 never triggers: the grid lowers it, as a user
@@ -598,7 +602,8 @@ def main() -> int:
                                   args.peer_sweep_scale, Path(args.out))
         else:
             tuned = tuned_peers(Path(args.peer_settings), tunable) if args.peer_settings else []
-        routers = [r for r in [*routers, *tuned] if wanted is None or r.name in wanted]
+        routers = [r for r in [*routers, *tuned]
+                   if (r.name not in OPT_IN if wanted is None else r.name in wanted)]
         runs = [(scenario, seed, spec, replicas)
                 for scenario in scenarios for seed in range(1, args.seeds + 1)
                 for spec in routers if not quick or spec.name in QUICK_ROUTERS
@@ -632,7 +637,7 @@ def main() -> int:
                 for n in replicas_for_capacity:
                     # without comparison runs to rank them, the first peer named
                     peers = named or [_best_peer(rows, name, n) or next(
-                        (r.name for r in routers if r.name != "cacheroute"), "")]
+                        (r.name for r in routers if r.kind != "cacheroute"), "")]
                     for seed in cap_seeds:
                         for spec in [routers[0], *[r for r in routers if r.name in peers]]:
                             value, sweep = capacity(spec, found[0], seed, setup, fleet, stacks,
@@ -671,7 +676,7 @@ def _mean(rows: list[dict], key: str, **match: Any) -> float:
 
 
 def _best_peer(rows: list[dict], scenario: str, replicas: int) -> str:
-    peers = {r["router"] for r in rows if r["router"] != "cacheroute"
+    peers = {r["router"] for r in rows if not r["router"].startswith("cacheroute")
              and r["scenario"] == scenario and r["replicas"] == replicas}
     if not peers:
         return ""

@@ -37,7 +37,11 @@ METRICS: dict[str, tuple[str, str]] = {
     "destinations_unhealthy": ("gauge", "Destinations currently skipped as unhealthy."),
     "ejections": ("counter", "Destinations marked unhealthy (outlier detection or probes)."),
     "readmissions": ("counter", "Destinations readmitted after being unhealthy."),
+    "peer_routers": ("gauge", "Other routers that reported on this plan within the status "
+                     "TTL (idle re-homing pauses while there are any)."),
     # Idle re-homing (`--idle-rehome-s`), when it is on:
+    "rehome_paused": ("gauge", "1 while idle re-homing is paused beside other routers "
+                      "(--idle-rehome-with-peers keeps it on)."),
     "rehome_window_s": ("gauge", "Idle gap after which a key is re-homed (learned with "
                         "--idle-rehome-learn)."),
     "rehome_outcomes": ("gauge", "Returns' cache outcomes the learned window rests on "

@@ -76,10 +76,11 @@ class Diagnosis:
         if self.falls_back or self.returns_after_window < REHOME_ADVICE_SHARE:
             return None
         return (f"{self.returns_after_window:.0%} of repeat requests come back after their "
-                f"home's eviction window: run the gateway with --idle-rehome-s "
-                f"{max(1.0, self.eviction_window_affinity_s):.0f} (learned from there) where "
-                f"one gateway sees each key's traffic (one replica, or a front keeping each "
-                f"key on one; docs/gateway.md, idle re-homing)")
+                f"home's eviction window: keep the gateway's idle re-homing on (the default; "
+                f"--idle-rehome-s {max(1.0, self.eviction_window_affinity_s):.0f} starts its "
+                f"learned window here). It pauses while several gateways share a plan: behind "
+                f"a front that keeps each key on one gateway, add --idle-rehome-with-peers "
+                f"(docs/gateway.md, idle re-homing)")
 
     @property
     def gain(self) -> float:
