@@ -90,6 +90,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import math
 import random
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -681,7 +682,7 @@ class RouterCore:
         elif (seen is not None and (now - seen[0] <= window or (
                 learner is not None and now - seen[0] <= 2 * window
                 and self._rand() < learner.probe_share))
-                and self._within(seen[1], a, DEFAULT_HISTORY_SLACK)):
+                and self._home_holds(seen[1], a)):
             # Home (within the window, or a learner's probe just past it).
             slot = seen[1]
             if slot == m:
@@ -741,6 +742,18 @@ class RouterCore:
             return
         learner.observe(returned[0], hit, returned[1])
         self.idle_rehome_s = learner.window_s
+
+    def _home_holds(self, slot: int, a: _Active) -> bool:
+        """Whether a key's warm home is worth its queue: as `_within` at twice the mean,
+        plus one standard deviation of a Poisson count around the mean, so a home that a
+        burst of a few requests puts over twice a small mean (four engines, a handful in
+        flight) keeps its key."""
+        if slot >= len(a.usable) or not a.usable[slot]:
+            return False
+        load, inv = self.load, a.inv_weight
+        mean = (sum(load[s] for s in a.pool) + 1) / a.total_weight
+        return ((load[slot] + 1) * inv[slot]
+                <= (1.0 + DEFAULT_HISTORY_SLACK) * mean + math.sqrt(mean) + inv[slot])
 
     def _within(self, slot: int, a: _Active, slack: float) -> bool:
         """Usable and, with one more request, within (1 + slack) x the pool's mean load

@@ -144,3 +144,15 @@ def test_the_summary_splits_the_hit_rate_by_first_and_later_turns() -> None:
     assert s["first_turn_hit"] == pytest.approx(0.5)
     assert s["later_turn_hit"] == pytest.approx(600 / 900)
     assert s["later_turn_token_share"] == pytest.approx(0.9)
+
+
+def test_a_cacheroute_variant_is_never_ranked_as_a_peer() -> None:
+    """`cacheroute no-rehome` (an A/B of a default) runs only when named, and the best peer
+    is a peer router, however well the variant does."""
+    rows = [{"router": r, "scenario": "paper-like", "replicas": 1, "hit": h}
+            for r, h in (("cacheroute", 0.90), ("cacheroute no-rehome", 0.95),
+                         ("sglang cache_aware", 0.91), ("vllm cache_aware", 0.89))]
+    assert arena._best_peer(rows, "paper-like", 1) == "sglang cache_aware"
+    assert "cacheroute no-rehome" in arena.OPT_IN
+    assert any(r.name == "cacheroute no-rehome" and "--idle-rehome-s" in r.extra
+               for r in arena.ROUTERS)
