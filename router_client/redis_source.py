@@ -285,9 +285,10 @@ class RedisPlanSource(_RedisSourceBase):
             self._pubsub.ping()
             self._last_ping = now
 
-    def report(self, status: plan_pb2.RouterStatus) -> int:
+    def report(self, status: plan_pb2.RouterStatus) -> int | None:
         """Write this router's status; returns how many *other* routers reported on the
-        plan within the status TTL (a hostile writer can only inflate it)."""
+        plan within the status TTL (a hostile writer can only inflate it), None if the
+        count was refused (an ACL without `+zcount`): the status is written either way."""
         lay = self.layout
         pipe = self._redis.pipeline(transaction=False)
         pipe.set(
@@ -295,7 +296,7 @@ class RedisPlanSource(_RedisSourceBase):
         )
         pipe.zadd(lay.routers, {status.router_id: status.reported_at_ms})
         pipe.zcount(lay.routers, status.reported_at_ms - self.status_ttl_s * 1000, "+inf")
-        return _others(self._call(pipe.execute))
+        return _others(self._call(pipe.execute, False))
 
     def close(self) -> None:
         self._drop_pubsub()
@@ -360,7 +361,7 @@ class AsyncRedisPlanSource(_RedisSourceBase):
             self.reconnects += 1
             return None
 
-    async def report(self, status: plan_pb2.RouterStatus) -> int:
+    async def report(self, status: plan_pb2.RouterStatus) -> int | None:
         """As `RedisPlanSource.report`."""
         lay = self.layout
         pipe = self._redis.pipeline(transaction=False)
@@ -369,14 +370,18 @@ class AsyncRedisPlanSource(_RedisSourceBase):
         )
         pipe.zadd(lay.routers, {status.router_id: status.reported_at_ms})
         pipe.zcount(lay.routers, status.reported_at_ms - self.status_ttl_s * 1000, "+inf")
-        return _others(await self._call(pipe.execute()))
+        return _others(await self._call(pipe.execute(raise_on_error=False)))
 
     async def close(self) -> None:
         await self._drop_pubsub()
         await self._redis.aclose()
 
 
-def _others(results: list[Any]) -> int:
-    """The routers counted by a report's ZCOUNT, less the reporter itself (just written)."""
-    count = results[-1] if results else 0
-    return max(0, int(count) - 1) if isinstance(count, int) else 0
+def _others(results: list[Any]) -> int | None:
+    """The routers counted by a report's ZCOUNT, less the reporter itself (just written);
+    the status writes' own errors are raised, as `_call` would have."""
+    for result in results[:-1]:
+        if isinstance(result, Exception):
+            raise SourceUnavailable(f"redis: {result}") from result
+    count = results[-1] if results else None
+    return max(0, count - 1) if isinstance(count, int) else None

@@ -38,9 +38,10 @@ affinity):
   several destinations that has been idle longer than this is cold wherever it was, so
   affinity buys it nothing: it goes to the least-loaded destination and stays there (its
   home, over the plan, until the plan moves it) while it comes back within the window and
-  that one is within twice the mean load (with `balance="first-token"`: the one with the
-  fewest requests awaiting a first token, as the balance below). A key's first request
-  goes where the plan or the hashed tail puts it. Set it to the fleet's eviction window, or start it
+  that one is within twice the mean load plus a Poisson deviation (`_home_holds`; with
+  `balance="first-token"` it goes to the one with the fewest requests awaiting a first
+  token, as the balance below). A key's first request goes where the plan or the hashed
+  tail puts it. Set it to the fleet's eviction window, or start it
   there and let `learn_idle_rehome` measure it: each key sent home after an idle gap
   (`last_return`) either finds its prefix cached there or not, which the caller reports
   (`observe_return`, with `key_finished` when each request ends), and the window moves to
@@ -659,8 +660,9 @@ class RouterCore:
         where the plan or the hashed cold tail puts it (the same at every router replica);
         one the plan has moved since its last request follows the plan; one back within
         the window returns where it went last (its prefix is cached there) unless that is
-        over twice the mean load; one idle longer is cold everywhere, so affinity buys it
-        nothing and it goes where the balance sends it, its home from then on."""
+        well over twice the mean load (`_home_holds`); one idle longer is cold everywhere,
+        so affinity buys it nothing and it goes where the balance sends it, its home from
+        then on."""
         self.last_return = None  # set below only for a return home
         a = self._active
         if a.fallback:

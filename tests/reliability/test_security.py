@@ -213,3 +213,23 @@ def test_grpc_messages_over_the_limit_are_refused(redis_server, tmp_path):
             assert exc.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     finally:
         svc.stop(0)
+
+
+@pytest.mark.integration
+def test_a_router_acl_from_before_zcount_still_reports_its_status(tmp_path):
+    """An ACL file rendered before the peer count (no `+zcount`): the status is written and
+    the count is unknown (None), so idle re-homing stays as it was (paused on Redis)."""
+    from cacheroute.v1 import plan_pb2 as pb
+
+    acl = render_acl(tmp_path / "users.acl", "planner-pw", {"edge-1": "e1"})
+    acl.write_text(acl.read_text().replace(" +zcount", ""))
+    server = start_redis(tmp_path, extra_args=["--aclfile", str(acl)])
+    url = f"redis://127.0.0.1:{server.port}/0"
+    source = RedisPlanSource(url, username="cacheroute-router-edge-1", password="e1")
+    try:
+        assert source.report(pb.RouterStatus(router_id="edge-1", reported_at_ms=1)) is None
+        admin = redis.Redis.from_url(url, username="cacheroute-planner", password="planner-pw")
+        assert admin.get(Layout().router_status("edge-1")) is not None
+    finally:
+        source.close()
+        server.process.stop()
