@@ -392,7 +392,7 @@ class BaseRouterClient:
         replicas each seeing a quarter of a key's requests judge it idle four times too
         often and each re-home it their own way, scattering its prefix (the wide-active-set
         replay with four routers: hit 14.5 % against 65.9 % without re-homing)."""
-        if not isinstance(peers, int):  # a source that cannot tell: nothing changes
+        if peers is None:  # a source that cannot tell: nothing changes
             return
         self.peer_routers = peers
         self.core.rehome_paused = peers > 0 and not self.rehome_with_peers

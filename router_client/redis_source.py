@@ -217,6 +217,17 @@ class _RedisSourceBase:
         self._last_ping = 0.0
         self._deltas = self._redis.register_script(_DELTAS_LUA)
 
+    def _queue_report(self, pipe: Any, status: plan_pb2.RouterStatus) -> Any:
+        """A status report on `pipe`: the status key (with its TTL), the registry entry,
+        and the count of routers in the registry within the TTL (`_others` reads it)."""
+        lay = self.layout
+        pipe.set(
+            lay.router_status(status.router_id), status.SerializeToString(), ex=self.status_ttl_s
+        )
+        pipe.zadd(lay.routers, {status.router_id: status.reported_at_ms})
+        pipe.zcount(lay.routers, status.reported_at_ms - self.status_ttl_s * 1000, "+inf")
+        return pipe
+
 
 class RedisPlanSource(_RedisSourceBase):
     """Blocking source for `RouterClient`."""
@@ -289,13 +300,7 @@ class RedisPlanSource(_RedisSourceBase):
         """Write this router's status; returns how many *other* routers reported on the
         plan within the status TTL (a hostile writer can only inflate it), None if the
         count was refused (an ACL without `+zcount`): the status is written either way."""
-        lay = self.layout
-        pipe = self._redis.pipeline(transaction=False)
-        pipe.set(
-            lay.router_status(status.router_id), status.SerializeToString(), ex=self.status_ttl_s
-        )
-        pipe.zadd(lay.routers, {status.router_id: status.reported_at_ms})
-        pipe.zcount(lay.routers, status.reported_at_ms - self.status_ttl_s * 1000, "+inf")
+        pipe = self._queue_report(self._redis.pipeline(transaction=False), status)
         return _others(self._call(pipe.execute, False))
 
     def close(self) -> None:
@@ -363,13 +368,7 @@ class AsyncRedisPlanSource(_RedisSourceBase):
 
     async def report(self, status: plan_pb2.RouterStatus) -> int | None:
         """As `RedisPlanSource.report`."""
-        lay = self.layout
-        pipe = self._redis.pipeline(transaction=False)
-        pipe.set(
-            lay.router_status(status.router_id), status.SerializeToString(), ex=self.status_ttl_s
-        )
-        pipe.zadd(lay.routers, {status.router_id: status.reported_at_ms})
-        pipe.zcount(lay.routers, status.reported_at_ms - self.status_ttl_s * 1000, "+inf")
+        pipe = self._queue_report(self._redis.pipeline(transaction=False), status)
         return _others(await self._call(pipe.execute(raise_on_error=False)))
 
     async def close(self) -> None:

@@ -38,7 +38,7 @@ affinity):
   several destinations that has been idle longer than this is cold wherever it was, so
   affinity buys it nothing: it goes to the least-loaded destination and stays there (its
   home, over the plan, until the plan moves it) while it comes back within the window and
-  that one is within twice the mean load plus a Poisson deviation (`_home_holds`; with
+  that one is within twice the mean load plus a Poisson deviation (`_within`; with
   `balance="first-token"` it goes to the one with the fewest requests awaiting a first
   token, as the balance below). A key's first request goes where the plan or the hashed
   tail puts it. Set it to the fleet's eviction window, or start it
@@ -660,9 +660,9 @@ class RouterCore:
         where the plan or the hashed cold tail puts it (the same at every router replica);
         one the plan has moved since its last request follows the plan; one back within
         the window returns where it went last (its prefix is cached there) unless that is
-        well over twice the mean load (`_home_holds`); one idle longer is cold everywhere,
-        so affinity buys it nothing and it goes where the balance sends it, its home from
-        then on."""
+        over twice the mean load plus one Poisson deviation (`_within`); one idle longer is
+        cold everywhere, so affinity buys it nothing and it goes where the balance sends
+        it, its home from then on."""
         self.last_return = None  # set below only for a return home
         a = self._active
         if a.fallback:
@@ -684,12 +684,14 @@ class RouterCore:
         elif (seen is not None and (now - seen[0] <= window or (
                 learner is not None and now - seen[0] <= 2 * window
                 and self._rand() < learner.probe_share))
-                and self._home_holds(seen[1], a)):
+                # A burst of a few requests on a small fleet does not make a warm home
+                # overloaded: one Poisson deviation of the mean on top of twice it.
+                and self._within(seen[1], a, DEFAULT_HISTORY_SLACK, deviations=1.0)):
             # Home (within the window, or a learner's probe just past it).
             slot = seen[1]
-            if slot == m:
+            if slot == plan:
                 self.planned += 1
-            elif m is None:
+            elif plan < 0:
                 self.unadmitted += 1
             else:
                 self.rehome_kept += 1  # placed by an earlier re-homing
@@ -745,27 +747,19 @@ class RouterCore:
         learner.observe(returned[0], hit, returned[1])
         self.idle_rehome_s = learner.window_s
 
-    def _home_holds(self, slot: int, a: _Active) -> bool:
-        """Whether a key's warm home is worth its queue: as `_within` at twice the mean,
-        plus one standard deviation of a Poisson count around the mean, so a home that a
-        burst of a few requests puts over twice a small mean (four engines, a handful in
-        flight) keeps its key."""
-        if slot >= len(a.usable) or not a.usable[slot]:
-            return False
-        load, inv = self.load, a.inv_weight
-        mean = (sum(load[s] for s in a.pool) + 1) / a.total_weight
-        return ((load[slot] + 1) * inv[slot]
-                <= (1.0 + DEFAULT_HISTORY_SLACK) * mean + math.sqrt(mean) + inv[slot])
-
-    def _within(self, slot: int, a: _Active, slack: float) -> bool:
+    def _within(self, slot: int, a: _Active, slack: float, deviations: float = 0.0) -> bool:
         """Usable and, with one more request, within (1 + slack) x the pool's mean load
-        (+ one request): where a conversation's history, or a re-homed key's prefix, is
-        worth a queue (a queue costs less than a recompute up to there)."""
+        (+ one request, + `deviations` standard deviations of a Poisson count around the
+        mean): where a conversation's history, or a re-homed key's prefix, is worth a queue
+        (a queue costs less than a recompute up to there)."""
         if slot >= len(a.usable) or not a.usable[slot]:
             return False
         load, inv = self.load, a.inv_weight
         mean = (sum(load[s] for s in a.pool) + 1) / a.total_weight
-        return (load[slot] + 1) * inv[slot] <= (1.0 + slack) * mean + inv[slot]
+        bound = (1.0 + slack) * mean
+        if deviations:
+            bound += deviations * math.sqrt(mean)
+        return (load[slot] + 1) * inv[slot] <= bound + inv[slot]
 
     def remember(self, affinity: str, slot: int) -> None:
         """Where `affinity`'s request went after all (a retry that moved it)."""
