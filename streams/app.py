@@ -197,7 +197,41 @@ class StreamWorker:
                 except asyncio.CancelledError:
                     if not task.cancelled():
                         raise  # we are being cancelled, not the recovery
+            await self._fill_gap(p, [offset for offset, _ in messages])
             await self._process(p, messages)
+
+    async def _fill_gap(self, p: int, offsets: list[int]) -> None:
+        """Replay the offsets between what partition p's state holds and the first offset
+        the consumer now delivers, if there are any.
+
+        The consumer resumes from the group's committed offset, which is not always where
+        the state ends: the previous owner may have committed past the log end this worker
+        read for its replay (the broker can answer that with a stale value), or a rebalance
+        can drop fetched messages that were never handed to the agent. Without this, those
+        messages would be counted by nobody. A gap of offsets with no records (control
+        records) costs one read and then closes."""
+        proc = self.processors.get(p)
+        if proc is None or p in self.recovering:
+            return
+        first_offset = min((o for o in offsets if o >= proc.next_offset), default=None)
+        if first_offset is None or first_offset == proc.next_offset:
+            return
+        start, tp = proc.next_offset, TopicPartition(self.settings.events_topic, p)
+        reader = AIOKafkaConsumer(bootstrap_servers=self.settings.bootstrap,
+                                  enable_auto_commit=False, max_partition_fetch_bytes=8 << 20)
+        await reader.start()
+        try:
+            reader.assign([tp])
+            begin = int((await reader.beginning_offsets([tp]))[tp])
+            replayed = await self._replay(reader, tp, max(start, begin), first_offset)
+        finally:
+            await reader.stop()
+        if self.processors.get(p) is proc:
+            proc.next_offset = max(proc.next_offset, first_offset)
+        self.counters.gaps_filled += 1
+        self.counters.gap_messages += replayed
+        log.warning("partition %d: the consumer resumed at offset %d, past the %d the state "
+                    "holds; %d messages in between replayed", p, first_offset, start, replayed)
 
     async def _process(self, p: int, messages: list[tuple[int, bytes]]) -> None:
         proc = self.processors.get(p)

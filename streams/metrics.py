@@ -27,6 +27,10 @@ class StreamCounters:
     assigned_partitions: int = 0
     recovering_partitions: int = 0
     log_resets: int = 0
+    # Times the consumer resumed past the state's next offset, and the messages replayed
+    # to close those gaps (streams.app.StreamWorker._fill_gap).
+    gaps_filled: int = 0
+    gap_messages: int = 0
     # Wall-clock seconds of the first and the latest message that carried events
     # (throughput = events / (last - first) without trusting an outside observer).
     first_events_at_s: float = 0.0
@@ -79,6 +83,9 @@ class _Collector(Collector):
             ("snapshots_published", "Snapshot parts published.", c.snapshots_published),
             ("log_resets", "Partition logs found shorter than what was read (topic lost or "
              "re-created): counting restarted from the new log.", c.log_resets),
+            ("gaps_filled", "Times the consumer resumed past the counted offsets (the gap "
+             "was replayed from the log).", c.gaps_filled),
+            ("gap_messages", "Messages replayed to close consumer gaps.", c.gap_messages),
         ):
             yield CounterMetricFamily(f"{p}_{name}", text, value=value)
         for name, text, g in (
