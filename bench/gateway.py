@@ -73,28 +73,46 @@ def _ms(text: str) -> float:
     return value / 1000 if unit == "us" else value * 1000 if unit == "s" else value
 
 
-def stream_ttft_ms(url: str, n: int) -> float:
-    """p50 time to the first SSE event of n sequential streamed requests (raw HTTP/1.1)."""
+def stream_ttft_ms(url: str, n: int) -> tuple[float, float]:
+    """p50 and p99 time to the first SSE event of n sequential streamed requests (raw
+    HTTP/1.1, TCP_NODELAY as asyncio clients such as the openai SDK set it)."""
     host, port = url.removeprefix("http://").split(":")
     body = json.dumps({**BODY, "stream": True, "max_tokens": 8}).encode()
     head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: "
             f"application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode()
-    times = []
-    with socket.create_connection((host, int(port)), timeout=10) as s:
-        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        for _ in range(n):
-            t0 = time.perf_counter()
-            s.sendall(head + body)
-            data = b""
-            while b"data:" not in data:
-                data += s.recv(65536)
-            times.append(time.perf_counter() - t0)
-            while b"[DONE]" not in data or not data.endswith((b"0\r\n\r\n", b"[DONE]\n\n")):
-                chunk = s.recv(65536)
-                if not chunk:
-                    break
-                data += chunk
-    return statistics.median(times) * 1000
+    times: list[float] = []
+    resets = 0
+    while len(times) < n:
+        try:  # a router may close a kept-alive connection: reconnect, measure on
+            with socket.create_connection((host, int(port)), timeout=10) as s:
+                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                while len(times) < n:
+                    times.append(_first_event_s(s, head + body))
+        except ConnectionError:
+            resets += 1
+            if resets > 10:
+                raise
+    ms = sorted(t * 1000 for t in times)
+    return statistics.median(ms), ms[min(len(ms) - 1, round(0.99 * (len(ms) - 1)))]
+
+
+def _first_event_s(s: socket.socket, request: bytes) -> float:
+    """Send one streamed request on `s`; seconds to its first SSE event (reads it to the end)."""
+    t0 = time.perf_counter()
+    s.sendall(request)
+    data = b""
+    while b"data:" not in data:
+        chunk = s.recv(65536)
+        if not chunk:
+            raise ConnectionResetError("closed before the first event")
+        data += chunk
+    first = time.perf_counter() - t0
+    while b"[DONE]" not in data or not data.endswith((b"0\r\n\r\n", b"[DONE]\n\n")):
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    return first
 
 
 def wait_ready(url: str, path: str, timeout_s: float = 60.0) -> bool:
@@ -164,7 +182,7 @@ def measure_router(name: str, kind: str, policy: str, fleet: EngineFleet, work: 
             if c == 1:
                 row["p50_ms"], row["p99_ms"] = r["p50_ms"], r["p99_ms"]
         row["cpu_s_per_1k"] = (cpu_seconds(proc.pid) - cpu0) / max(served, 1) * 1000
-        row["ttft_ms"] = stream_ttft_ms(url, ttft_n)
+        row["ttft_ms"], row["ttft_p99_ms"] = stream_ttft_ms(url, ttft_n)
         row["peak_rss_mb"] = proc.peak_rss_mb()
         return row
     finally:
@@ -174,6 +192,9 @@ def measure_router(name: str, kind: str, policy: str, fleet: EngineFleet, work: 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="2 s per point instead of 6")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="also write the JSON summary here (e.g. docs/results/gateway/"
+                         "gateway.json, which bench/sim_vs_arena.py --transport reads)")
     args = ap.parse_args()
     if shutil.which("wrk") is None:
         print("bench/gateway.py needs wrk: apt-get install wrk", file=sys.stderr)
@@ -189,7 +210,7 @@ def main() -> int:
         engine = next(iter(fleet.urls.values()))
         wrk(engine, 8, 1.0, script)
         direct1, direct64 = wrk(engine, 1, seconds, script), wrk(engine, 64, seconds, script)
-        direct_ttft = stream_ttft_ms(engine, ttft_n)
+        direct_ttft, direct_ttft_p99 = stream_ttft_ms(engine, ttft_n)
         routers = [("cacheroute", "cacheroute", "plan"),
                    ("sglang cache_aware", "sglang", "cache_aware"),
                    ("sglang round_robin", "sglang", "round_robin"),
@@ -205,7 +226,7 @@ def main() -> int:
           f"p50 {direct1['p50_ms']:.3f} ms, p99 {direct1['p99_ms']:.3f} ms at 1; "
           f"stream first event {direct_ttft:.3f} ms")
     header = (f"{'router':26} {'added p50':>10} {'added p99':>10} {'req/s c1':>9} "
-              f"{'c8':>8} {'c64':>8} {'TTFT +ms':>9} {'cpu s/1k':>9} {'RSS MB':>7}")
+              f"{'c8':>8} {'c64':>8} {'TTFT +ms':>9} {'p99 +ms':>8} {'cpu s/1k':>9} {'RSS MB':>7}")
     print(header)
     print("-" * len(header))
     for r in rows:
@@ -215,9 +236,11 @@ def main() -> int:
         r["added_p50_ms"] = r["p50_ms"] - direct1["p50_ms"]
         r["added_p99_ms"] = r["p99_ms"] - direct1["p99_ms"]
         r["ttft_added_ms"] = r["ttft_ms"] - direct_ttft
+        r["ttft_added_p99_ms"] = r["ttft_p99_ms"] - direct_ttft_p99
         print(f"{r['router']:26} {r['added_p50_ms']:10.3f} {r['added_p99_ms']:10.3f} "
               f"{r['rps_c1']:9,.0f} {r['rps_c8']:8,.0f} {r['rps_c64']:8,.0f} "
-              f"{r['ttft_added_ms']:9.3f} {r['cpu_s_per_1k']:9.3f} {r['peak_rss_mb']:7.1f}")
+              f"{r['ttft_added_ms']:9.3f} {r['ttft_added_p99_ms']:8.3f} {r['cpu_s_per_1k']:9.3f} "
+              f"{r['peak_rss_mb']:7.1f}")
     ours = next(r for r in rows if r["router"] == "cacheroute")
     peers = [r for r in rows if r["router"] != "cacheroute" and "error" not in r]
     best = max(peers, key=lambda r: r["rps_c64"]) if peers else None
@@ -234,10 +257,21 @@ def main() -> int:
         "best_peer_added_p50_ms": round(best["added_p50_ms"], 3) if best else None,
         "throughput_vs_best_peer": round(ours.get("rps_c64", 0.0) / best["rps_c64"], 3)
         if best else None,
+        # what each router adds to a streamed request's first event (p50, p99): the
+        # simulator's transport cost per router (bench/sim_vs_arena.py --transport)
+        "engine_first_event_ms": {"p50": round(direct_ttft, 3),
+                                  "p99": round(direct_ttft_p99, 3)},
+        "first_event_added_ms": {
+            r["router"]: {"p50": round(r["ttft_added_ms"], 3),
+                          "p99": round(r["ttft_added_p99_ms"], 3)}
+            for r in rows if "error" not in r},
         "peer_versions": {"sglang-router": version_of("sglang-router"),
                           "vllm-router": version_of("vllm-router")},
         "peak_rss_mb": round(ours.get("peak_rss_mb", 0.0), 1),
     }
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(summary, indent=1) + "\n")
     print(json.dumps(summary))
     return 0
 

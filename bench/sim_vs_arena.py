@@ -17,6 +17,12 @@ counterparts:
 Per row: served hit rate and TTFT p99, arena and simulated, and whether the simulator is
 within the issue's tolerances (3 pp of hit rate, 20 % of p99).
 
+`--transport docs/results/gateway/gateway.json` adds the request path's measured cost to
+every simulated TTFT: the emulated engine's own time to a first streamed event and what
+the router in front adds to it (bench/gateway.py, instant engines, p50 per router). The
+engine model is compute only; the SGLang gateway holds a streamed response's first event
+back by ~40 ms, which at time scale 0.5 is a quarter of the whole TTFT p99.
+
     .venv/bin/python bench/sim_vs_arena.py --arena-csv docs/results/arena/arena.csv \\
         docs/results/arena/capacity-seeds/arena-capacity.csv
 
@@ -78,6 +84,24 @@ def arena_rows(paths: list[Path]) -> list[dict[str, str]]:
     return list(rows.values())
 
 
+def transport_s(path: Path | None) -> dict[str, float]:
+    """Arena router name -> seconds the request path adds to its first token (engine HTTP
+    plus the router), from bench/gateway.py's summary; {} without a file."""
+    if path is None:
+        return {}
+    measured = json.loads(path.read_text())
+    engine = float(measured["engine_first_event_ms"]["p50"])
+    added = {name: float(v["p50"]) for name, v in measured["first_event_added_ms"].items()}
+    out: dict[str, float] = {}
+    for name in policies(1.0):
+        # a policy bench/gateway.py did not run costs what its gateway's others cost: the
+        # streamed path does not depend on the policy
+        same = [v for n, v in added.items() if n.split()[0] == name.split()[0]]
+        if name in added or same:
+            out[name] = (engine + added.get(name, statistics.median(same) if same else 0.0)) / 1000
+    return out
+
+
 def simulate(row: dict[str, str], args: argparse.Namespace) -> tuple[float, float]:
     ts = float(row.get("time_scale") or args.time_scale)
     warmup = float(row.get("warmup_s") or args.warmup_s)
@@ -87,7 +111,7 @@ def simulate(row: dict[str, str], args: argparse.Namespace) -> tuple[float, floa
              measure_s=float(row.get("measure_s") or args.measure_s),
              kv_tokens=int(float(row.get("kv_tokens") or args.kv_tokens)),
              engines=args.engines)
-    return r.hit_rate(warmup), r.ttft_p99(warmup)
+    return r.hit_rate(warmup), r.ttft_p99(warmup) + args.transport_s.get(row["router"], 0.0)
 
 
 
@@ -109,7 +133,14 @@ def main() -> int:
                     help="the gateways' --tail-slack when the rows ran")
     ap.add_argument("--balance", default="first-token", choices=("p2c", "first-token"),
                     help="the gateways' --balance when the rows ran")
+    ap.add_argument("--transport", type=Path, default=None,
+                    help="bench/gateway.py's JSON summary: add each router's measured "
+                         "first-event cost to the simulated TTFT")
     args = ap.parse_args()
+    args.transport_s = transport_s(args.transport)
+    if args.transport_s:
+        print("transport added to simulated TTFT: " + ", ".join(
+            f"{n} {v * 1000:.1f} ms" for n, v in args.transport_s.items()))
     t0 = time.perf_counter()
     known = policies(1.0)
     rows = sorted((r for r in arena_rows(args.arena_csv) if r["router"] in known),

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
+import os
+import select
 import sys
-import threading
 from typing import Any
 
 from planner_svc.cli import discover_cmd, epp_cmd, gateway_cmd, ops, replay_cmd
@@ -89,16 +89,33 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    # `cacheroute plan show | head`: a closed pipe ends the command quietly, as for any
-    # Unix tool, instead of a BrokenPipeError traceback.
-    if hasattr(signal, "SIGPIPE") and threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s"
-    )
-    return int(args.func(args) or 0)
+    try:
+        args = build_parser().parse_args(argv)  # --help writes to stdout too
+        logging.basicConfig(
+            level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s"
+        )
+        return int(args.func(args) or 0)
+    except BrokenPipeError:
+        # `cacheroute plan show | head`: a closed stdout ends the command quietly, as for
+        # any Unix tool. Not by restoring SIGPIPE's default action: the same entry point
+        # runs the servers (gateway, planner, epp), and with it a client that resets its
+        # connection while a response is being written killed the whole process.
+        if _stdout_closed():
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())  # no second error when Python flushes it
+            return 141  # 128 + SIGPIPE, what a shell reports for a tool ended by the pipe
+        raise
+
+
+def _stdout_closed() -> bool:
+    """Whether the reader of stdout is gone (a pipe's write end reports an error then), so
+    a BrokenPipeError came from stdout and not from a socket of a server command."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poller.poll(0))
+    except (OSError, ValueError):  # stdout closed or not a file
+        return False
 
 
 if __name__ == "__main__":

@@ -5,7 +5,10 @@ test_gateway_planner.py."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import random
+import socket
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -429,6 +432,41 @@ def test_readiness_fails_while_stopping(gw: GatewayThread) -> None:
 
 def test_gateway_cli_serves_and_stops(tmp_path: Path, fleet: EngineFleet) -> None:
     with gateway_process("--destinations", fleet.destinations(), "--probe-path", "") as url:
+        c = openai.OpenAI(base_url=url + "/v1", api_key="k", max_retries=0)
+        r = c.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}],
+                                      max_tokens=3)
+        assert r.usage.completion_tokens == 3
+
+
+def test_clients_gone_mid_response_do_not_end_the_gateway_process(tmp_path: Path) -> None:
+    """Clients that close their connection before the response (a load tester stopping, a
+    browser tab closed) cost the gateway a write error each, not its life: the process runs
+    on, serves, and stops cleanly (gateway_process checks the exit code). The command line
+    once restored SIGPIPE's default action for every command, servers included: the
+    response's first write drew a reset from the closed socket and the second one killed
+    the gateway (found when `wrk` ended a run of bench/gateway.py). Instant engines: the
+    response is written before the gateway reads the client's close."""
+    instant = start_engines(tmp_path, 2, extra=["--time-scale", "0"])
+    with contextlib.ExitStack() as stack:
+        stack.callback(instant.stop)
+        url = stack.enter_context(gateway_process("--destinations", instant.destinations(),
+                                                  "--probe-path", ""))
+        host, port = url.removeprefix("http://").split(":")
+        for stream in (True, False):
+            body = json.dumps({"model": "m", "stream": stream, "max_tokens": 64,
+                               "messages": [{"role": "user", "content": "hi " * 50}]})
+            request = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\n"
+                       f"Content-Type: application/json\r\nContent-Length: {len(body)}"
+                       f"\r\n\r\n{body}").encode()
+            for delay_ms in range(0, 24, 2):  # closed as the gateway begins to answer
+                conns = [socket.create_connection((host, int(port)), timeout=10)
+                         for _ in range(64)]
+                for c in conns:
+                    c.sendall(request)
+                time.sleep(delay_ms / 1000)
+                for c in conns:
+                    c.close()  # the gateway writes the rest of its answer into it
+                time.sleep(0.05)
         c = openai.OpenAI(base_url=url + "/v1", api_key="k", max_retries=0)
         r = c.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}],
                                       max_tokens=3)

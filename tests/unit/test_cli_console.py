@@ -98,3 +98,24 @@ def test_a_closed_pipe_ends_the_command_quietly():
     proc.stdout.close()
     _, err = proc.communicate(timeout=60)
     assert b"Traceback" not in err and b"BrokenPipe" not in err
+
+
+def test_output_larger_than_the_pipe_to_a_closed_reader_ends_quietly_with_141():
+    """A command whose output outlives its reader (`cacheroute plan show | head`) gets a
+    BrokenPipeError, not SIGPIPE (servers share the entry point and must survive a reset
+    client): main() ends it quietly with the shell's status for a closed pipe."""
+    program = ("import argparse, sys\n"
+               "import planner_svc.cli.main as m\n"
+               "p = argparse.ArgumentParser()\n"
+               "p.set_defaults(func=lambda a: print('x' * 100 + '\\n') or [print('y' * 100) "
+               "for _ in range(20000)], log_level='WARNING')\n"
+               "m.build_parser = lambda: p\n"
+               "sys.exit(m.main([]))\n")
+    proc = subprocess.Popen([sys.executable, "-c", program],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None
+    proc.stdout.readline()
+    proc.stdout.close()
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 141, err.decode()[-2000:]
+    assert b"Traceback" not in err and b"BrokenPipe" not in err
