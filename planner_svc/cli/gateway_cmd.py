@@ -49,6 +49,9 @@ FLAGS: Flags = {
     "connect-timeout-s": (float, 2.0, "upstream connect timeout"),
     "first-byte-timeout-s": (float, 300.0, "upstream time to the first response byte"),
     "idle-timeout-s": (float, 60.0, "longest silence between streamed chunks"),
+    "request-timeout-s": (float, 30.0, "a client's request (headers and body) must arrive "
+                          "within this from its first byte, else 408 and the connection "
+                          "closes (a client trickling one holds a socket)"),
     "max-retries": (int, 2, "attempts on other destinations when nothing was generated"),
     "shutdown-grace-s": (float, 30.0, "how long in-flight requests may finish at shutdown"),
     "pools-file": (str, "", "route by pool: the planner's pools file (TOML); each request "
@@ -84,7 +87,7 @@ async def run_gateway(args: argparse.Namespace, ready: asyncio.Event | None = No
             host=args.host, port=args.port, router_id=rid, keys=key_rule(args),
             connect_timeout_s=args.connect_timeout_s,
             first_byte_timeout_s=args.first_byte_timeout_s,
-            idle_timeout_s=args.idle_timeout_s,
+            idle_timeout_s=args.idle_timeout_s, request_timeout_s=args.request_timeout_s,
             max_inflight_per_destination=args.max_inflight, max_retries=args.max_retries,
             max_body_bytes=args.max_body_bytes, shutdown_grace_s=args.shutdown_grace_s,
             engine_load_period_s=args.engine_load_period_s)

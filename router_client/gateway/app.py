@@ -65,8 +65,10 @@ class Gateway:
         self.proxy = Proxy(self.clients, routes, self.upstreams, self.settings,
                            sink or NoSink(), self.metrics)
         self.stopping = False
-        limits = ServerLimits(max_body_bytes=self.settings.max_body_bytes)
+        limits = ServerLimits(max_body_bytes=self.settings.max_body_bytes,
+                              request_timeout_s=self.settings.request_timeout_s)
         self.server = HttpServer(self.handle, limits, on_exception=self._log_exception)
+        self.metrics.watch_server(self.server)
         self._models: tuple[float, bytes] | None = None
         self.engine_loads = ({pool: EngineLoadPoller(c, self.upstreams,
                                                      self.settings.engine_load_period_s,

@@ -10,7 +10,9 @@ it, which a proxy needs to control anyway: when a stream ends cleanly and when i
 which failure happened before the first byte, which connection may be reused.
 
 Server (`HttpServer`): keep-alive and pipelined requests (answered in order), bounded
-header and body sizes (431 / 413), an idle timeout per connection, write back-pressure,
+header and body sizes (431 / 413), an idle timeout per connection and a time limit on
+receiving each request (408: a client trickling a request byte by byte would otherwise hold
+its connection, and a socket, for ever), write back-pressure,
 a handler per request that is cancelled if the client goes away, graceful close.
 
 Client (`UpstreamPool`, one per destination): keep-alive connections reused in LIFO order,
@@ -126,6 +128,9 @@ Handler = Callable[[Request, Responder], Awaitable[None]]
 class ServerLimits:
     max_body_bytes: int = 8 << 20
     idle_timeout_s: float = 75.0  # a keep-alive connection with no request in flight
+    # From a request's first byte to its last (headers and body); nginx's header and body
+    # timeouts are 60 s each. A generous bound: a 8 MiB body at 1 MB/s arrives in 8 s.
+    request_timeout_s: float = 30.0
 
 
 class _ServerConnection(asyncio.Protocol):
@@ -146,6 +151,7 @@ class _ServerConnection(asyncio.Protocol):
         self._drain: asyncio.Future[None] | None = None
         self._closing = False
         self.idle_since: float | None = None
+        self.reading_since: float | None = None  # a request begun and not yet received
         self._refused = False
         self._keep_alive = True
 
@@ -186,6 +192,7 @@ class _ServerConnection(asyncio.Protocol):
         self._url, self._headers, self._body = b"", [], []
         self._header_bytes = self._body_bytes = 0
         self.idle_since = None
+        self.reading_since = time.monotonic()
 
     def on_url(self, url: bytes) -> None:
         self._url += url
@@ -208,6 +215,7 @@ class _ServerConnection(asyncio.Protocol):
         self._body.append(body)
 
     def on_message_complete(self) -> None:
+        self.reading_since = None
         if self._refused:
             return
         p = self.parser
@@ -280,6 +288,11 @@ class _ServerConnection(asyncio.Protocol):
     def _arm_idle(self) -> None:
         self.idle_since = time.monotonic()  # the server's sweep closes it past the timeout
 
+    def refuse_slow_request(self) -> None:
+        """The request being received took longer than the server allows: 408 and close."""
+        self.reading_since = None
+        self._refuse(408, "request not received in time")
+
     def _refuse(self, status: int, message: str) -> None:
         """Answer an unparseable or oversized request and close (nothing else on this
         connection can be trusted to be framed right)."""
@@ -309,6 +322,7 @@ class HttpServer:
         self._on_exception = on_exception
         self._sweep: asyncio.TimerHandle | None = None
         self.port = 0
+        self.slow_requests = 0  # refused with 408: not received within request_timeout_s
 
     async def start(self, host: str, port: int, backlog: int = 4096) -> HttpServer:
         self.closing = False
@@ -320,18 +334,29 @@ class HttpServer:
         return self
 
     def _sweep_idle(self) -> None:
-        """Once a second: close keep-alive connections idle past the timeout (one timer for
-        the server instead of one per request)."""
-        limit = time.monotonic() - self.limits.idle_timeout_s
+        """Once a second: close keep-alive connections idle past the timeout, and refuse
+        requests still arriving past theirs (one timer for the server instead of one per
+        request)."""
+        now = time.monotonic()
+        limit = now - self.limits.idle_timeout_s
+        slow = now - self.limits.request_timeout_s
         for c in list(self._connections):
             if c.idle_since is not None and c.idle_since < limit:
                 c.close_if_idle()
+            elif c.reading_since is not None and c.reading_since < slow:
+                self.slow_requests += 1
+                c.refuse_slow_request()
         if not self.killed:
             self._sweep = asyncio.get_running_loop().call_later(1.0, self._sweep_idle)
 
     def log_exception(self, request: Request) -> None:
         if self._on_exception is not None:
             self._on_exception(request)
+
+    @property
+    def connections(self) -> int:
+        """Open client connections."""
+        return len(self._connections)
 
     @property
     def active(self) -> int:

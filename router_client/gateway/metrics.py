@@ -8,6 +8,8 @@ cacheroute_gateway_retries_total{kind}                 attempts sent elsewhere, 
 cacheroute_gateway_saturated_total                     503s: every destination at its cap
 cacheroute_gateway_streams_broken_total                streams cut short (upstream failure)
 cacheroute_gateway_inflight{destination[,pool]}        requests in flight (at scrape time)
+cacheroute_gateway_client_connections                  open client connections
+cacheroute_gateway_slow_requests_total                 408s: a request not received in time
 plus the router client's cacheroute_router_* (router_client.prom); a gateway routing by pool
 (--pools-file) labels both with the pool.
 """
@@ -18,13 +20,14 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from router_client.prom import RouterCollector, labelled_union
 
 if TYPE_CHECKING:
     from router_client.aio import AsyncRouterClient
+    from router_client.gateway.http11 import HttpServer
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
@@ -43,6 +46,21 @@ class _Inflight(Collector):
             for dest, n in zip(core.destination_ids, core.inflight, strict=False):
                 family.add_metric([dest, pool] if self.pools else [dest], n)
         yield family
+
+
+class _Server(Collector):
+    """What the client side of the HTTP server holds and refused (read at scrape time)."""
+
+    def __init__(self, server: HttpServer) -> None:
+        self.server = server
+
+    def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily("cacheroute_gateway_client_connections",
+                                "Open client connections.", value=self.server.connections)
+        yield CounterMetricFamily("cacheroute_gateway_slow_requests",
+                                  "Requests refused with 408: not received within "
+                                  "--request-timeout-s of their first byte.",
+                                  value=self.server.slow_requests)
 
 
 class _Routers(Collector):
@@ -87,6 +105,9 @@ class GatewayMetrics:
         r.register(_Inflight(clients, pools))
         r.register(_Routers(clients, pools))
         self._answered: dict[tuple[str, int], Counter] = {}
+
+    def watch_server(self, server: HttpServer) -> None:
+        self.registry.register(_Server(server))
 
     def answered(self, route: str, code: int, seconds: float) -> None:
         child = self._answered.get((route, code))

@@ -24,6 +24,9 @@ class GatewaySettings:
     # Extra attempts on another destination, only when nothing can have been generated.
     max_retries: int = 2
     max_body_bytes: int = 8 << 20
+    # A request (headers and body) must arrive within this from its first byte (else 408):
+    # a client that trickles one holds a connection and a socket while it does.
+    request_timeout_s: float = 30.0
     shutdown_grace_s: float = 30.0
     models_cache_s: float = 5.0
     # Answer with `x-cacheroute-destination` (which destination served the request).
@@ -40,6 +43,7 @@ class GatewaySettings:
             "idle_timeout_s": self.idle_timeout_s,
             "max_inflight_per_destination": self.max_inflight_per_destination,
             "max_body_bytes": self.max_body_bytes,
+            "request_timeout_s": self.request_timeout_s,
         }
         bad = [name for name, value in positive.items() if not value > 0]
         if bad:

@@ -182,6 +182,37 @@ def test_bad_bodies_get_clear_errors(gw: GatewayThread) -> None:
     assert r.status_code == 413
 
 
+def test_a_request_trickled_past_the_request_timeout_gets_408_and_its_socket_back(
+        fleet: EngineFleet) -> None:
+    """Slowloris: a client that sends a request's headers a few bytes at a time (or starts
+    a body it never finishes) is answered 408 and closed once `request_timeout_s` passes
+    from its first byte; other clients are served meanwhile, and a request that arrives
+    whole is not affected."""
+    g = GatewayThread(specs(fleet), settings=GatewaySettings(
+        port=0, router_id="gw-slow", request_timeout_s=1.0)).start()
+    try:
+        host, port = g.url.removeprefix("http://").split(":")
+        slow = [socket.create_connection((host, int(port)), timeout=10) for _ in range(3)]
+        slow[0].sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Pad: ")
+        slow[1].sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                        b"Content-Length: 100\r\n\r\n{\"model\": ")  # a body never finished
+        slow[2].sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        started = time.monotonic()
+        while time.monotonic() - started < 0.8:  # trickling: every byte comes in time
+            slow[0].sendall(b"a")
+            assert chat(sdk(g)).choices  # others are served meanwhile
+            time.sleep(0.2)
+        for c in slow:
+            answer = b""
+            while chunk := c.recv(4096):  # read to the close
+                answer += chunk
+            assert answer.startswith(b"HTTP/1.1 408 "), answer[:80]
+            c.close()
+        assert "cacheroute_gateway_slow_requests_total 3.0" in httpx.get(g.url + "/metrics").text
+    finally:
+        g.stop()
+
+
 # --- failures -------------------------------------------------------------------------
 
 def pin(g: GatewayThread, fleet: EngineFleet, text: str, members: tuple[int, ...],
