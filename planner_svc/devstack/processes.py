@@ -16,7 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
@@ -74,6 +74,23 @@ def lost_its_port(process: ManagedProcess | None) -> bool:
         return False
     tail = process.log_tail(40).lower()
     return any(marker in tail for marker in _PORT_TAKEN)
+
+
+def until_bound(wait: Callable[[], None],
+                processes: Callable[[], Sequence[ManagedProcess | None]],
+                restart: Callable[[], None], attempts: int = 3) -> None:
+    """Wait for servers started on ports `free_port()` found; if one exited because
+    something else took its port first (a parallel test, an outgoing connection's
+    ephemeral port), `restart` them on new ones and wait again. `wait` raises
+    ServerStartError when they did not come up; any exit but a lost port is an error."""
+    for attempt in range(attempts):
+        try:
+            wait()
+            return
+        except ServerStartError:
+            if attempt == attempts - 1 or not any(lost_its_port(p) for p in processes()):
+                raise
+            restart()
 
 
 def wait_for_port(host: str, port: int, timeout_s: float, proc: subprocess.Popen[bytes]) -> bool:

@@ -20,9 +20,10 @@ from pathlib import Path
 
 from planner_svc.devstack.processes import (
     ManagedProcess,
+    ServerStartError,
     free_port,
-    lost_its_port,
     stop_all,
+    until_bound,
 )
 
 
@@ -112,15 +113,20 @@ def start_routers(spec: RouterSpec, replicas: int, destinations: dict[str, str],
         running.processes = [proc for proc, _, _ in launched]
         running.urls = [url for _, url, _ in launched]
         for i in range(replicas):
-            for attempt in range(3):
+            def wait(i: int = i) -> None:
                 proc, url, ready = launched[i]
-                if wait_ready(url, ready, timeout_s, proc):
-                    break
-                if attempt == 2 or not lost_its_port(proc):
-                    raise RuntimeError(f"{spec.name} did not become ready:\n{proc.log_tail(8)}")
-                # Its port was taken between free_port() and its bind: new ports.
+                if not wait_ready(url, ready, timeout_s, proc):
+                    raise ServerStartError(f"{spec.name} did not become ready:\n"
+                                           f"{proc.log_tail(8)}")
+
+            def relaunch(i: int = i) -> None:  # its port was taken: new ports
                 launched[i] = launch(i)
                 running.processes[i], running.urls[i] = launched[i][0], launched[i][1]
+
+            def process(i: int = i) -> list[ManagedProcess | None]:
+                return [launched[i][0]]
+
+            until_bound(wait, process, relaunch)
     except BaseException:
         running.stop()
         raise

@@ -14,7 +14,6 @@ import tempfile
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,6 +34,7 @@ from planner_svc.devstack.processes import (
     start_broker,
     start_redis,
     stop_all,
+    until_bound,
 )
 from planner_svc.settings import PlannerSettings
 
@@ -133,10 +133,10 @@ def start_stack(options: StackOptions) -> LocalStack:
         stack.planner = start_planner(stack)
         if any(options.engine_watch):
             stack.watcher = start_watcher(stack)
-        _until_bound(stack, lambda: wait_for_planner(stack), lambda: [stack.planner],
-                     _restart_planner)
-        _until_bound(stack, lambda: wait_for_workers(stack), lambda: stack.workers,
-                     _restart_workers)
+        until_bound(lambda: wait_for_planner(stack), lambda: [stack.planner],
+                    lambda: _restart_planner(stack))
+        until_bound(lambda: wait_for_workers(stack), lambda: stack.workers,
+                    lambda: _restart_workers(stack))
     except BaseException:
         stack.stop()
         raise
@@ -150,22 +150,6 @@ def _restart_planner(stack: LocalStack) -> None:
 def _restart_workers(stack: LocalStack) -> None:
     stack.workers = [start_worker(stack, i) if lost_its_port(w) else w
                      for i, w in enumerate(stack.workers)]
-
-
-def _until_bound(stack: LocalStack, wait: Callable[[], None],
-                 processes: Callable[[], Sequence[ManagedProcess | None]],
-                 restart: Callable[[LocalStack], None], attempts: int = 3) -> None:
-    """Wait for a server started on a port `free_port()` found; if it exited because
-    something else took that port first (a parallel test, an outgoing connection's
-    ephemeral port), start it again on new ones. Any other exit is an error."""
-    for attempt in range(attempts):
-        try:
-            wait()
-            return
-        except ServerStartError:
-            if attempt == attempts - 1 or not any(lost_its_port(p) for p in processes()):
-                raise
-            restart(stack)
 
 
 def create_topics(bootstrap: str, options: StackOptions) -> None:
