@@ -23,6 +23,9 @@ from collections.abc import Iterable, Mapping
 HOP_BY_HOP = frozenset({
     "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection",
     "te", "trailer", "transfer-encoding", "upgrade",
+    # The gateway answers `Expect: 100-continue` itself and forwards the whole body: passed
+    # on, the engine's interim 100 came back as if it were the final response.
+    "expect",
 })
 RECOMPUTED = frozenset({"content-length", "host", "accept-encoding", "content-encoding"})
 REQUEST_ID = "x-request-id"

@@ -34,10 +34,16 @@ import httptools
 
 _REASONS = {200: b"OK", 201: b"Created", 204: b"No Content", 400: b"Bad Request",
             401: b"Unauthorized", 403: b"Forbidden", 404: b"Not Found", 408: b"Request Timeout",
-            413: b"Payload Too Large", 429: b"Too Many Requests",
+            413: b"Payload Too Large", 414: b"URI Too Long", 429: b"Too Many Requests",
             431: b"Request Header Fields Too Large", 500: b"Internal Server Error",
             502: b"Bad Gateway", 503: b"Service Unavailable", 504: b"Gateway Timeout"}
-MAX_HEADER_BYTES = 64 << 10
+MAX_HEADER_BYTES = 64 << 10  # a request's head (request line and headers), also the URL's
+# Requests received ahead of their answers (HTTP/1.1 pipelining): past the first number
+# reading pauses until the answers catch up; past the second (all in one read) the client
+# is not speaking HTTP in good faith and the connection is cut. Without a bound, a client
+# that pipelines and never reads held every request and its answer in memory.
+PIPELINE_PAUSE = 4
+PIPELINE_MAX = 1024
 HIGH_WATER = 1 << 20  # buffered upstream bytes before reading pauses
 LOW_WATER = 256 << 10
 
@@ -140,9 +146,18 @@ class _ServerConnection(asyncio.Protocol):
         self.server = server
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpRequestParser(self)
-        self._url = b""
+        self._url: list[bytes] = []
+        self._url_bytes = 0
         self._headers: list[tuple[str, str]] = []
         self._header_bytes = 0
+        # Raw bytes of a head still arriving (httptools buffers a header value whole
+        # before `on_header` sees it, so the callbacks alone cannot bound it).
+        self._in_head = False
+        self._began = False
+        self._head_bytes = 0
+        self._reading_paused = False
+        self._paused_request_at: float | None = None
+        self._eof = False
         self._body: list[bytes] = []
         self._body_bytes = 0
         self._queue: deque[Request] = deque()
@@ -164,12 +179,25 @@ class _ServerConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._refused:
             return
+        continuing, self._began = self._in_head, False
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
             self._refuse(400, "upgrades are not supported")
         except httptools.HttpParserError as exc:
             self._refuse(400, f"malformed request: {exc}")
+        if self._in_head and not self._refused:
+            # A head begun in this read holds at most this read; one that spans reads
+            # holds all of them.
+            self._head_bytes = (self._head_bytes + len(data)
+                                if continuing and not self._began else 0)
+            if self._head_bytes > MAX_HEADER_BYTES:
+                self._refuse(431, "request headers too large")
+
+    def eof_received(self) -> bool:
+        """The client closed its sending side (half-close): answer what it sent, then close."""
+        self._eof = True
+        return self._task is not None or bool(self._queue)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.server._connections.discard(self)
@@ -189,13 +217,21 @@ class _ServerConnection(asyncio.Protocol):
 
     # httptools callbacks
     def on_message_begin(self) -> None:
-        self._url, self._headers, self._body = b"", [], []
-        self._header_bytes = self._body_bytes = 0
+        self._url, self._headers, self._body = [], [], []
+        self._url_bytes = self._header_bytes = self._body_bytes = 0
+        self._in_head, self._began = True, True
         self.idle_since = None
-        self.reading_since = time.monotonic()
+        if self._reading_paused:
+            self._paused_request_at = time.monotonic()
+        else:
+            self.reading_since = time.monotonic()
 
     def on_url(self, url: bytes) -> None:
-        self._url += url
+        self._url_bytes += len(url)
+        if self._url_bytes > MAX_HEADER_BYTES:
+            self._refuse(414, "request target too long")
+            return
+        self._url.append(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._header_bytes += len(name) + len(value)
@@ -205,7 +241,22 @@ class _ServerConnection(asyncio.Protocol):
         self._headers.append((name.decode("latin-1"), value.decode("latin-1")))
 
     def on_headers_complete(self) -> None:
+        self._in_head = False
         self._keep_alive = self.parser.should_keep_alive()  # reliable here, not later
+        if self._refused:
+            return
+        length = expect = ""
+        for name, value in self._headers:
+            low = name.lower()
+            if low == "content-length":
+                length = value.strip()
+            elif low == "expect":
+                expect = value.strip().lower()
+        if length.isdigit() and int(length) > self.server.limits.max_body_bytes:
+            self._refuse(413, "request body too large")  # now, not after the upload
+        elif (expect == "100-continue" and self.transport is not None
+              and self._task is None and not self._queue):  # no answer being written
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
     def on_body(self, body: bytes) -> None:
         self._body_bytes += len(body)
@@ -215,24 +266,47 @@ class _ServerConnection(asyncio.Protocol):
         self._body.append(body)
 
     def on_message_complete(self) -> None:
-        self.reading_since = None
-        if self._refused:
-            return
+        self.reading_since = self._paused_request_at = None
+        if self._refused or self.parser.should_upgrade():
+            return  # an upgrade is refused (400) once the parser stops at it
         p = self.parser
         request = Request(
-            method=p.get_method().decode("latin-1"), target=self._url.decode("latin-1"),
+            method=p.get_method().decode("latin-1"),
+            target=b"".join(self._url).decode("latin-1"),
             headers=self._headers, body=b"".join(self._body),
             keep_alive=self._keep_alive and not self.server.closing,
             http_10=p.get_http_version() == "1.0")
         self._queue.append(request)
+        if len(self._queue) >= PIPELINE_PAUSE and not self._reading_paused:
+            self._pause_reading(True)
+        if len(self._queue) > PIPELINE_MAX:
+            self._refused = True
+            self.abort()
+            return
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._serve())
+
+    def _pause_reading(self, pause: bool) -> None:
+        if self.transport is None or self._closing:
+            return
+        self._reading_paused = pause
+        if pause:
+            self.transport.pause_reading()
+            self._paused_request_at = self.reading_since
+            self.reading_since = None  # the wait is ours, not the client's
+        else:
+            self.transport.resume_reading()
+            if self._paused_request_at is not None:  # a request was arriving: its clock
+                self.reading_since = time.monotonic()  # starts again
+                self._paused_request_at = None
 
     # the handler side
     async def _serve(self) -> None:
         try:
             while self._queue and not self._closing:
                 request = self._queue.popleft()
+                if self._reading_paused and len(self._queue) < PIPELINE_PAUSE // 2:
+                    self._pause_reading(False)
                 responder = Responder(self, request.keep_alive)
                 try:
                     await self.server.handler(request, responder)
@@ -248,10 +322,18 @@ class _ServerConnection(asyncio.Protocol):
                     return
                 if not responder.started:
                     responder.send(500, [], b"")
+                if self._queue:
+                    # Handlers that never await (health, metrics, 404) would otherwise run
+                    # a whole pipeline back to back while every other client waits.
+                    await asyncio.sleep(0)
         finally:
             self._task = None
             if self._queue and not self._closing:  # arrived while the last one finished
                 self._task = asyncio.get_running_loop().create_task(self._serve())
+            elif self._eof and not self._closing:  # half-closed: everything is answered
+                self._closing = True
+                if self.transport is not None:
+                    self.transport.close()
             elif not self._closing:
                 self._arm_idle()
 
