@@ -44,6 +44,7 @@ from router_client.usage import from_openai_usage
 # How much of a non-streamed response body is kept to find its usage (the body itself
 # is relayed whole whatever its size).
 USAGE_SCAN_BYTES = 1 << 20
+EPP_MAX_EVENT_BYTES = 1 << 20  # an SSE event held back while it arrives
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -180,7 +181,11 @@ class Exchange:
             options = payload.get("stream_options")
             payload["stream_options"] = {**(options if isinstance(options, dict) else {}),
                                          "include_usage": True}
-            raw = jsonio.dumps(payload)
+            try:
+                raw = jsonio.dumps(payload)
+            except jsonio.JSONEncodeError:
+                return self._refuse(400, "the body is nested too deeply to relay",
+                                    "invalid_request_error")
             self._injected = True
         pick = self.picker.pick(self.key, self.affinity, self.subset)
         if pick is None:
@@ -232,7 +237,9 @@ class Exchange:
         if served is not None:
             self.served_slot = self.picker.slot_of_endpoint(served)
         if "text/event-stream" in headers.get("content-type", ""):
-            self._splitter = sse.SseSplitter()
+            # Held back at most 1 MiB: on overflow it goes back in one body chunk, well
+            # under the 4 MiB a gRPC peer receives by default.
+            self._splitter = sse.SseSplitter(max_event_bytes=EPP_MAX_EVENT_BYTES)
         answer = [proto.passed_headers(request=False)]
         if msg.response_headers.end_of_stream:
             self._finish()
@@ -261,14 +268,21 @@ class Exchange:
             if len(self._resp_copy) < USAGE_SCAN_BYTES:
                 self._resp_copy += chunk
             return chunk
+        try:
+            events = splitter.feed(chunk)
+        except sse.EventTooLarge:
+            # An event without an end: stop looking inside this response (its usage is
+            # lost) and pass on what was held back, as it came.
+            self._splitter = None
+            return splitter.pending if self._injected else chunk
         if not self._injected:
-            for event in splitter.feed(chunk):
+            for event in events:
                 info = sse.inspect(event)
                 if info.usage is not None:
                     self._usage = info.usage
             return chunk
         kept: list[bytes] = []
-        for event in splitter.feed(chunk):
+        for event in events:
             info = sse.inspect(event)
             if info.usage is not None:
                 self._usage = info.usage

@@ -44,6 +44,9 @@ MAX_HEADER_BYTES = 64 << 10  # a request's head (request line and headers), also
 # that pipelines and never reads held every request and its answer in memory.
 PIPELINE_PAUSE = 4
 PIPELINE_MAX = 1024
+# A non-streamed response body the gateway holds whole before answering (OpenAI answers
+# are kilobytes; a batch of embeddings a few megabytes): an engine sending more is broken.
+MAX_RESPONSE_BYTES = 64 << 20
 HIGH_WATER = 1 << 20  # buffered upstream bytes before reading pauses
 LOW_WATER = 256 << 10
 
@@ -511,6 +514,7 @@ class _UpstreamConnection(asyncio.Protocol):
         self._waiter: asyncio.Future[None] | None = None
         self._paused = False
         self._close_delimited = False
+        self._head_bytes = 0  # of a response head still arriving
         self.keep_alive = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -520,6 +524,7 @@ class _UpstreamConnection(asyncio.Protocol):
         self._head = asyncio.get_running_loop().create_future()
         self._headers, self._chunks, self._buffered = [], deque(), 0
         self._done, self._error = False, None
+        self._head_bytes = 0
         self.parser = httptools.HttpResponseParser(self)
         return self._head
 
@@ -529,6 +534,13 @@ class _UpstreamConnection(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             self._fail(UpstreamError(f"malformed response: {exc}", sent=True))
             self.close()
+            return
+        head = self._head
+        if head is not None and not head.done():  # the head is still arriving
+            self._head_bytes += len(data)
+            if self._head_bytes > MAX_HEADER_BYTES:
+                head.set_exception(UpstreamError("response head too large", sent=True))
+                self.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.alive = False
@@ -639,18 +651,24 @@ class UpstreamResponse:
         """The whole body has arrived (read() will not wait)."""
         return self._conn._done
 
-    async def read(self) -> bytes:
+    async def read(self, max_bytes: int = MAX_RESPONSE_BYTES) -> bytes:
+        """The whole body; UpstreamError past `max_bytes` (the connection is closed)."""
         conn = self._conn
-        if conn._done:  # the usual case for a small answer: no await, no timer
+        if conn._done and conn._buffered <= max_bytes:  # a small answer: no await, no timer
             data = b"".join(conn._chunks)
             conn._chunks.clear()
             conn._buffered = 0
             return data
         parts: list[bytes] = []
+        size = 0
         while True:
             chunk = await self._conn.next_chunk()
             if not chunk:
                 return b"".join(parts)
+            size += len(chunk)
+            if size > max_bytes:
+                self.close()
+                raise UpstreamError(f"response body over {max_bytes} bytes", sent=True)
             parts.append(chunk)
 
     def release(self) -> None:

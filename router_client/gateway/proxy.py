@@ -140,7 +140,12 @@ class Proxy:
             if not (isinstance(options, dict) and options.get("include_usage")):
                 payload["stream_options"] = {**(options if isinstance(options, dict) else {}),
                                              "include_usage": True}
-                body = jsonio.dumps(payload)
+                try:
+                    body = jsonio.dumps(payload)
+                except jsonio.JSONEncodeError:
+                    send_error(out, 400, "the body is nested too deeply to relay",
+                               "invalid_request_error")
+                    return None
                 injected = True
         rid = hdr.request_id(index)
         out_headers = [(k, v) for k, v in hdr.forwarded(headers)
@@ -319,6 +324,9 @@ class Proxy:
                     break
                 events = splitter.feed(chunk)
                 if not events:
+                    # read_chunk does not suspend while chunks are buffered: an upstream
+                    # streaming one endless event would otherwise hold the loop
+                    await asyncio.sleep(0)
                     continue
                 if first is None:
                     first = time.perf_counter() - call.started
@@ -345,13 +353,21 @@ class Proxy:
                     # closed its side of the stream.
                     self._finished(call, dest, upstream.status, usage, first)
                 if kept:
-                    await out.write(b"".join(kept))
+                    try:
+                        async with asyncio.timeout(idle):
+                            await out.write(b"".join(kept))
+                    except TimeoutError:
+                        # A client that stops reading held its in-flight slot (and the
+                        # engine's) for as long as it liked: after the idle timeout it is
+                        # treated as gone.
+                        out.abort()
+                        raise ClientGone() from None
         except (ClientGone, asyncio.CancelledError):
             # The client went away: drop the upstream connection, so the engine sees the
             # disconnect and stops generating. Not the destination's fault.
             upstream.close()
             raise
-        except (TimeoutError, UpstreamError) as exc:
+        except (TimeoutError, UpstreamError, sse.EventTooLarge) as exc:
             upstream.close()
             await self._break(out, call, dest, exc)
             return
@@ -389,6 +405,7 @@ class Proxy:
                                   message=f"upstream stream {why}: {exc or 'EOF'}")
         self._failed(call, dest, failure)
         self.metrics.broken.inc()
-        with contextlib.suppress(ClientGone):
-            await out.write(sse.error_event(str(failure), 502))
+        with contextlib.suppress(ClientGone, TimeoutError):
+            async with asyncio.timeout(self.settings.idle_timeout_s):  # a client not reading
+                await out.write(sse.error_event(str(failure), 502))
         out.abort()

@@ -18,30 +18,59 @@ from typing import Any
 from router_client.gateway import jsonio
 
 _EVENT_END = re.compile(rb"\r?\n\r?\n")
+# One event held back while it arrives. Engines send events of a few hundred bytes; an
+# upstream that never ends one is broken (or hostile) and would have the gateway hold
+# and re-scan an ever-growing buffer.
+MAX_EVENT_BYTES = 4 << 20
+
+
+class EventTooLarge(ValueError):
+    """An event grew past MAX_EVENT_BYTES without its end."""
 
 
 class SseSplitter:
-    """Feed bytes as they arrive; get back the complete events, each with its blank line."""
+    """Feed bytes as they arrive; get back the complete events, each with its blank line.
 
-    __slots__ = ("_buf",)
+    Each byte is scanned once: an incomplete event is kept as its parts (and the last three
+    bytes, where an event's end may begin), not re-joined and re-scanned per chunk."""
 
-    def __init__(self) -> None:
-        self._buf = b""
+    __slots__ = ("_parts", "_size", "_tail", "max_event_bytes")
+
+    def __init__(self, max_event_bytes: int = MAX_EVENT_BYTES) -> None:
+        self._parts: list[bytes] = []
+        self._size = 0
+        self._tail = b""
+        self.max_event_bytes = max_event_bytes
 
     def feed(self, chunk: bytes) -> list[bytes]:
-        buf = self._buf + chunk if self._buf else chunk
+        if self._parts:
+            if _EVENT_END.search(self._tail + chunk) is None:  # still the same event
+                self._keep(chunk)
+                return []
+            buf = b"".join(self._parts) + chunk
+            self._parts, self._size, self._tail = [], 0, b""
+        else:
+            buf = chunk
         events: list[bytes] = []
         start = 0
         for m in _EVENT_END.finditer(buf):
             events.append(buf[start:m.end()])
             start = m.end()
-        self._buf = buf[start:]
+        if start < len(buf):
+            self._keep(buf[start:])
         return events
+
+    def _keep(self, part: bytes) -> None:
+        self._parts.append(part)
+        self._size += len(part)
+        self._tail = (self._tail + part)[-3:]
+        if self._size > self.max_event_bytes:
+            raise EventTooLarge(f"an event over {self.max_event_bytes} bytes without its end")
 
     @property
     def pending(self) -> bytes:
         """Bytes of an event not yet complete (what a stream ending now would lose)."""
-        return self._buf
+        return b"".join(self._parts)
 
 
 @dataclass(frozen=True, slots=True)
