@@ -121,7 +121,7 @@ def test_a_response_head_that_never_ends_is_a_502(
 def test_an_sse_event_that_never_ends_breaks_that_stream_not_the_gateway(
         hostile: tuple[GatewayThread, HostileEngine]) -> None:
     g, _ = hostile
-    stop, answered = threading.Event(), []
+    stop, answered = threading.Event(), list[bool]()
     watcher = threading.Thread(target=healthz_meanwhile, args=(g, stop, answered))
     watcher.start()
     try:
