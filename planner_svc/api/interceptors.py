@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -33,6 +34,12 @@ audit = logging.getLogger("cacheroute.audit")
 log = logging.getLogger("cacheroute.planner.rpc")
 
 MUTATIONS = frozenset({"Replan", "Rollback", "SetMode", "UpdateConfig"})
+# Server reflection streams open at once. Each holds one of the server's threads for as
+# long as the client keeps it open (sending nothing costs the client nothing), and
+# reflection sits outside the Planner service's watch cap: 24 idle ones took every thread,
+# and GetStatus and health checks timed out.
+REFLECTION_STREAMS = 2
+
 MAX_REQUEST_ID_CHARS = 128
 _CODES: list[tuple[type[Exception], grpc.StatusCode]] = [
     (InvalidRequest, grpc.StatusCode.INVALID_ARGUMENT),
@@ -62,10 +69,18 @@ class PlannerInterceptor(grpc.ServerInterceptor):
     def __init__(self, *, operator_token: str = "", reader_token: str = "") -> None:
         self._operator = operator_token
         self._reader = reader_token
+        self._reflection = threading.BoundedSemaphore(REFLECTION_STREAMS)
 
     def intercept_service(self, continuation: Callable[..., Any], details: Any) -> Any:
         handler = continuation(details)
         service, _, method = details.method.rpartition("/")
+        if handler is not None and handler.stream_stream is not None and service.lstrip(
+                "/").startswith("grpc.reflection."):
+            return grpc.stream_stream_rpc_method_handler(
+                self._limited(handler.stream_stream),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
         if handler is None or not service.endswith("cacheroute.v1.Planner"):
             return handler
         if handler.unary_unary is not None:
@@ -81,6 +96,18 @@ class PlannerInterceptor(grpc.ServerInterceptor):
                 response_serializer=handler.response_serializer,
             )
         return handler
+
+    def _limited(self, fn: Callable[[Any, Any], Iterator[Any]]
+                 ) -> Callable[[Any, Any], Iterator[Any]]:
+        def handle(requests: Any, context: Any) -> Iterator[Any]:
+            if not self._reflection.acquire(blocking=False):
+                context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                              f"at most {REFLECTION_STREAMS} reflection streams at once")
+            try:
+                yield from fn(requests, context)
+            finally:
+                self._reflection.release()
+        return handle
 
     def _role(self, context: Any) -> str:
         token = _bearer(context).encode("utf-8", "surrogatepass")

@@ -10,6 +10,7 @@ import stat
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -248,6 +249,48 @@ def test_6_many_watch_streams_leave_unary_calls_and_health_serving(planner):
         assert health.status == health_pb2.HealthCheckResponse.SERVING
         codes = [f.result() for f in futures]
     assert codes.count(grpc.StatusCode.RESOURCE_EXHAUSTED) >= 20 - 8
+
+
+def test_6b_idle_reflection_streams_leave_unary_calls_and_health_serving(planner):
+    """Server reflection streams sit outside the watch cap and hold a thread each while
+    the client sends nothing: 24 of them took every thread (GetStatus and health timed
+    out). At most REFLECTION_STREAMS are served at once; the rest are refused."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+    from planner_svc.api.interceptors import REFLECTION_STREAMS
+
+    channels = [grpc.insecure_channel(f"127.0.0.1:{planner.port}") for _ in range(24)]
+    never = threading.Event()
+
+    def silent() -> Iterator[reflection_pb2.ServerReflectionRequest]:
+        never.wait(10)  # an open stream that sends nothing
+        return
+        yield
+
+    calls = [reflection_pb2_grpc.ServerReflectionStub(ch).ServerReflectionInfo(silent(),
+                                                                              timeout=8)
+             for ch in channels]
+    try:
+        time.sleep(1.0)
+        assert stub(planner).GetStatus(planner_pb2.GetStatusRequest(), timeout=3)
+        ch = grpc.insecure_channel(f"127.0.0.1:{planner.port}")
+        health = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=3)
+        assert health.status == health_pb2.HealthCheckResponse.SERVING
+    finally:
+        never.set()
+    refused = 0
+    for call in calls:
+        try:
+            list(call)
+        except grpc.RpcError as exc:
+            refused += exc.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert refused >= 24 - REFLECTION_STREAMS
+    # and reflection itself still works for a well-behaved client (grpcurl, the CLI)
+    ok = reflection_pb2_grpc.ServerReflectionStub(ch).ServerReflectionInfo(
+        iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=5)
+    names = [s.name for r in ok for s in r.list_services_response.service]
+    assert "cacheroute.v1.Planner" in names
 
 
 # 7. Auth cannot be half-configured open; cacheroute up passes tokens -----------------------
