@@ -28,6 +28,7 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 from google.protobuf.message import DecodeError
+from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
@@ -207,7 +208,8 @@ class _RedisSourceBase:
         self.topology = parse_redis_url(url)
         # A cluster client keeps its own retries: they follow MOVED / ASK and refresh the
         # slot map after a failover, which is what a router wants there.
-        retry = None if self.topology.kind == CLUSTER else Retry(NoBackoff(), 0)
+        retry_class = AsyncRetry if self._asyncio else Retry  # redis-py warns at the other
+        retry = None if self.topology.kind == CLUSTER else retry_class(NoBackoff(), 0)
         options = _options(redis_options, timeout_s, retry)
         if retry is None:
             options.pop("retry")
