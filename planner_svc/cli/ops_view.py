@@ -610,8 +610,9 @@ def explanation_dict(pb: Any) -> dict[str, Any]:
 def render_explanation(e: Mapping[str, Any]) -> str:
     lines = [f"{e['key']} in plan {e['version']}: {e['reason']}"]
     if e["seen"]:
-        lines.append(f"  rate          {e['rate_per_s']:.4g} req/s (rank {e['rank']} of "
-                     f"{e['keys_with_traffic']} keys with traffic)")
+        ranked = (f"rank {e['rank']} of {e['keys_with_traffic']} keys with traffic"
+                  if e["rank"] else f"none of the {e['keys_with_traffic']} keys with traffic")
+        lines.append(f"  rate          {e['rate_per_s']:.4g} req/s ({ranked})")
         lines.append(f"  replicas      {e['replicas_why']}")
     lines.append(f"  admission     cut-off {e['cutoff_rate_per_s']:.4g} req/s; "
                  f"{e['slots_used']} of {e['slots']} slots used")

@@ -78,6 +78,11 @@ def explain_key(
            + (f", capped at the {config.n_active} healthy destinations"
               if seen and np.ceil(rate / q_ref) > config.n_active else "")) if seen else ""
     placed = _members(plan, key)
+    past = []
+    for older in history:
+        found = _members(older, key)
+        past.append((str(older.version), found[0] if found is not None else ()))
+    last_planned = next((version for version, ids in past if ids), None)
     table = plan.table
     cutoff = float(table.rates.min()) if len(table) else 0.0
     used = int(table.replicas().sum()) if len(table) else 0
@@ -87,12 +92,15 @@ def explain_key(
     if placed is not None:
         ids, planned_rate = placed
         reason = (f"admitted: rank {rank} of {positive} keys with traffic, k_b {len(ids)}"
-                  if seen else "admitted by the installed plan, but absent from the current "
-                  "window (the next plan drops it unless it returns)")
+                  if rate > 0 else "admitted by the installed plan, but without traffic in the "
+                  "current window (the next plan drops it unless it returns)")
         dest_loads = tuple(float(loads[by_id[d]]) if loads else 0.0 for d in ids)
     else:
         ids, planned_rate, dest_loads = (), 0.0, ()
-        if not seen:
+        if not seen and last_planned is not None:
+            reason = (f"not in the current window's rates (plan {last_planned} admitted it); it "
+                      "is routed by the cold tail (consistent hashing or power-of-two-choices)")
+        elif not seen:
             reason = ("never seen: not in the current window's rates; it is routed by the cold "
                       "tail (consistent hashing or power-of-two-choices)")
         elif rate <= 0:
@@ -110,10 +118,6 @@ def explain_key(
     if candidate is not None:
         found = _members(candidate, key)
         nxt = found[0] if found is not None else None
-    past = []
-    for older in history:
-        found = _members(older, key)
-        past.append((str(older.version), found[0] if found is not None else ()))
     return KeyExplanation(
         key=key, seen=seen, rate_per_s=rate, rank=rank, keys_with_traffic=positive,
         replicas=k, replicas_why=why, admitted=placed is not None, reason=reason,
