@@ -479,7 +479,7 @@ def render_config(c: Mapping[str, Any]) -> str:
 
 def render_destinations(dests: Sequence[Mapping[str, Any]]) -> TextTable:
     rows = tuple((d["id"], f"{d['capacity_weight']:g}", d["address"] or "-",
-                  "draining" if d["draining"] else "") for d in dests)
+                  "draining" if d["draining"] else "serving") for d in dests)
     return TextTable((Column("destination"), Column("weight", True), Column("address"),
                       Column("state")), rows)
 

@@ -109,7 +109,8 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:  # type: ignor
 
     dg = command(subparsers, "diagnose", help="predict whether affinity wins on a trace")
     _workload_args(dg)
-    dg.add_argument("--load", type=float, default=0.0, help="req/s (0: the trace as recorded)")
+    dg.add_argument("--load", type=float, default=0.0,
+                    help="req/s; needed with --scenario (with --trace, 0: as recorded)")
     dg.add_argument("--json", action="store_true", help="print the figures as JSON")
     dg.set_defaults(func=cmd_diagnose)
 

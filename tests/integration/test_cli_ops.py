@@ -209,7 +209,7 @@ def test_config_and_destinations(service):
     assert [d["id"] for d in listed] == ["d0", "d2", "d3", "d4", "d5", "d6"]
     rc, out, _ = cli(service, "destinations", "list", token=READER)
     rows = {line.split()[0]: line.split()[1:] for line in out.splitlines()[1:]}
-    assert rows["d0"] == ["1", "-", "draining"] and rows["d6"] == ["1", "10.0.0.6:8000"]
+    assert rows["d0"] == ["1", "-", "draining"] and rows["d6"] == ["1", "10.0.0.6:8000", "serving"]
     assert "\x1b[" not in out  # no colour or box codes when stdout is not a terminal
 
 
