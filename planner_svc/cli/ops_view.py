@@ -497,8 +497,11 @@ def render_replan(r: Mapping[str, Any]) -> str:
     if r["diff"] is not None:
         d = r["diff"]
         lines.append(
-            f"vs serving plan: {d['moved_keys']} keys moved, {_pct(d['moved_traffic_share'])} "
-            f"of traffic, +{d['added_keys']}/-{d['removed_keys']} keys"
+            # (the control loop's "would move" share counts the entering and leaving keys'
+            # traffic too: a new user read the two figures as contradicting each other)
+            f"vs serving plan: {d['added_keys']} keys enter admission, {d['removed_keys']} "
+            f"leave; of the keys in both, {d['moved_keys']} change destinations "
+            f"({_pct(d['moved_traffic_share'])} of the candidate's admitted traffic)"
         )
     if r["decision"] is not None:
         lines.append("decision: " + render_decision(r["decision"]))
