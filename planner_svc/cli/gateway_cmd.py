@@ -49,6 +49,8 @@ FLAGS: Flags = {
     "connect-timeout-s": (float, 2.0, "upstream connect timeout"),
     "first-byte-timeout-s": (float, 300.0, "upstream time to the first response byte"),
     "idle-timeout-s": (float, 60.0, "longest silence between streamed chunks"),
+    "max-connections": (int, 0, "client connections open at once; past it new ones are "
+                        "closed (0: half the process's file-descriptor limit)"),
     "request-timeout-s": (float, 30.0, "a client's request (headers and body) must arrive "
                           "within this from its first byte, else 408 and the connection "
                           "closes (a client trickling one holds a socket)"),
@@ -88,6 +90,7 @@ async def run_gateway(args: argparse.Namespace, ready: asyncio.Event | None = No
             connect_timeout_s=args.connect_timeout_s,
             first_byte_timeout_s=args.first_byte_timeout_s,
             idle_timeout_s=args.idle_timeout_s, request_timeout_s=args.request_timeout_s,
+            max_connections=args.max_connections,
             max_inflight_per_destination=args.max_inflight, max_retries=args.max_retries,
             max_body_bytes=args.max_body_bytes, shutdown_grace_s=args.shutdown_grace_s,
             engine_load_period_s=args.engine_load_period_s)

@@ -66,7 +66,8 @@ class Gateway:
                            sink or NoSink(), self.metrics)
         self.stopping = False
         limits = ServerLimits(max_body_bytes=self.settings.max_body_bytes,
-                              request_timeout_s=self.settings.request_timeout_s)
+                              request_timeout_s=self.settings.request_timeout_s,
+                              max_connections=self.settings.max_connections)
         self.server = HttpServer(self.handle, limits, on_exception=self._log_exception)
         self.metrics.watch_server(self.server)
         self._models: tuple[float, bytes] | None = None

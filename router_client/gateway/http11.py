@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import resource
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
@@ -48,6 +50,9 @@ PIPELINE_MAX = 1024
 # are kilobytes; a batch of embeddings a few megabytes): an engine sending more is broken.
 MAX_RESPONSE_BYTES = 64 << 20
 HIGH_WATER = 1 << 20  # buffered upstream bytes before reading pauses
+# Connect errors that are this process's, not the destination's.
+LOCAL_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM,
+                          errno.EADDRNOTAVAIL})
 LOW_WATER = 256 << 10
 
 
@@ -140,6 +145,11 @@ class ServerLimits:
     # From a request's first byte to its last (headers and body); nginx's header and body
     # timeouts are 60 s each. A generous bound: a 8 MiB body at 1 MB/s arrives in 8 s.
     request_timeout_s: float = 30.0
+    # Client connections open at once; 0: half of this process's file-descriptor limit (the
+    # other half is for connections to the engines). Past it a new connection is closed at
+    # once: idle sockets must not use up the descriptors the engines' connections need (at
+    # the limit, connects failed with EMFILE and a healthy engine was ejected for it).
+    max_connections: int = 0
 
 
 class _ServerConnection(asyncio.Protocol):
@@ -176,6 +186,11 @@ class _ServerConnection(asyncio.Protocol):
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
+        if len(self.server._connections) >= self.server.max_connections:
+            self.server.refused_connections += 1
+            self._closing = True
+            transport.close()
+            return
         self.server._connections.add(self)
         self._arm_idle()
 
@@ -394,6 +409,11 @@ class _ServerConnection(asyncio.Protocol):
             self.abort()
 
 
+def _half_the_descriptors() -> int:
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return max(16, soft // 2) if soft != resource.RLIM_INFINITY else 1 << 20
+
+
 class HttpServer:
     """Serves `handler` on (host, port); `port` 0 binds a free port (see `.port`)."""
 
@@ -408,6 +428,8 @@ class HttpServer:
         self._sweep: asyncio.TimerHandle | None = None
         self.port = 0
         self.slow_requests = 0  # refused with 408: not received within request_timeout_s
+        self.refused_connections = 0  # closed at once: max_connections were open
+        self.max_connections = self.limits.max_connections or _half_the_descriptors()
 
     async def start(self, host: str, port: int, backlog: int = 4096) -> HttpServer:
         self.closing = False
@@ -491,11 +513,14 @@ class UpstreamError(Exception):
     it (False: refused or never connected — safe to send elsewhere)."""
 
     def __init__(self, message: str, *, sent: bool, connect: bool = False,
-                 timeout: bool = False) -> None:
+                 timeout: bool = False, local: bool = False) -> None:
         super().__init__(message)
         self.sent = sent
         self.connect = connect
         self.timeout = timeout
+        # This process is out of a resource (file descriptors, ports, buffers): says
+        # nothing about the destination, which must not be ejected for it.
+        self.local = local
 
 
 class _UpstreamConnection(asyncio.Protocol):
@@ -748,7 +773,8 @@ class UpstreamPool:
                                 connect=True, timeout=True) from None
         except OSError as exc:
             raise UpstreamError(f"cannot connect to {self.host}:{self.port}: {exc}",
-                                sent=False, connect=True) from None
+                                sent=False, connect=True,
+                                local=exc.errno in LOCAL_ERRNOS) from None
         self._all.add(conn)
         return conn
 

@@ -10,6 +10,7 @@ cacheroute_gateway_streams_broken_total                streams cut short (upstre
 cacheroute_gateway_inflight{destination[,pool]}        requests in flight (at scrape time)
 cacheroute_gateway_client_connections                  open client connections
 cacheroute_gateway_slow_requests_total                 408s: a request not received in time
+cacheroute_gateway_refused_connections_total           connections closed at --max-connections
 plus the router client's cacheroute_router_* (router_client.prom); a gateway routing by pool
 (--pools-file) labels both with the pool.
 """
@@ -61,6 +62,9 @@ class _Server(Collector):
                                   "Requests refused with 408: not received within "
                                   "--request-timeout-s of their first byte.",
                                   value=self.server.slow_requests)
+        yield CounterMetricFamily("cacheroute_gateway_refused_connections",
+                                  "Client connections closed at once: --max-connections "
+                                  "were open.", value=self.server.refused_connections)
 
 
 class _Routers(Collector):

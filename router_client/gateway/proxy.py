@@ -225,6 +225,9 @@ class Proxy:
 
     def _failed(self, call: _Call, dest: str, failure: UpstreamFailure) -> None:
         log.info("request %s to %s failed: %s", call.request_id, dest, failure)
+        if failure.local:  # the gateway's own limits (file descriptors): not the engine's
+            self.metrics.failures.labels("local").inc()
+            return
         call.client.report(dest, failure.outcome)
         self.metrics.failures.labels(failure.kind).inc()
         self.sink.emit_error(call.key, dest, kind=failure.kind, status_code=failure.status,

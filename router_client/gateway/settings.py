@@ -27,6 +27,8 @@ class GatewaySettings:
     # A request (headers and body) must arrive within this from its first byte (else 408):
     # a client that trickles one holds a connection and a socket while it does.
     request_timeout_s: float = 30.0
+    # Client connections open at once (0: half the process's file-descriptor limit).
+    max_connections: int = 0
     shutdown_grace_s: float = 30.0
     models_cache_s: float = 5.0
     # Answer with `x-cacheroute-destination` (which destination served the request).
@@ -51,5 +53,7 @@ class GatewaySettings:
         if not (self.engine_load_period_s >= 0 and self.engine_load_timeout_s > 0):
             raise ValueError("engine_load_period_s must be >= 0 (0 = off), "
                              "engine_load_timeout_s > 0")
+        if self.max_connections < 0:
+            raise ValueError("max_connections must be >= 0 (0 = half the descriptor limit)")
         if self.max_retries < 0 or self.shutdown_grace_s < 0:
             raise ValueError("max_retries and shutdown_grace_s must be >= 0")

@@ -30,12 +30,13 @@ class Passthrough:
 
 class UpstreamFailure(Exception):
     def __init__(self, outcome: Outcome, *, retryable: bool, status: int, message: str,
-                 passthrough: Passthrough | None = None) -> None:
+                 passthrough: Passthrough | None = None, local: bool = False) -> None:
         super().__init__(message)
         self.outcome = outcome
         self.retryable = retryable
         self.status = status  # what the client gets if this is the last attempt
         self.passthrough = passthrough
+        self.local = local  # the gateway's own resources ran out: not the destination's fault
 
     @property
     def kind(self) -> str:
@@ -92,6 +93,9 @@ class Upstreams:
 
 
 def _classified(exc: UpstreamError) -> UpstreamFailure:
+    if exc.local:  # another destination would fail the same way: answer now, blame nobody
+        return UpstreamFailure(Outcome.CONNECT_ERROR, retryable=False, status=503,
+                               message=f"the gateway is out of resources: {exc}", local=True)
     if exc.connect:
         return UpstreamFailure(Outcome.CONNECT_ERROR, retryable=True,
                                status=504 if exc.timeout else 502, message=str(exc))

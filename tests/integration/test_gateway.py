@@ -532,3 +532,52 @@ def test_a_key_sent_home_after_an_idle_gap_teaches_the_re_homing_window(
 async def _learn(core: RouterCore) -> None:
     # On the gateway's loop, where the core is used; min_outcomes=1: each outcome counts.
     core.learn_idle_rehome(EvictionWindow(60.0, min_outcomes=1, refresh_every=1))
+
+
+def test_idle_sockets_at_the_descriptor_limit_neither_starve_connected_clients_nor_eject_engines(
+        tmp_path: Path, fleet: EngineFleet) -> None:
+    """The gateway with 256 file descriptors and 300 idle client sockets opened at it: the
+    connections past half its descriptors are closed at once, so a client already
+    connected is still served and no engine is ejected. (Without the cap the engines'
+    connects failed with EMFILE and a healthy engine was ejected as unreachable.)"""
+    import resource
+    import subprocess
+    import sys
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+
+    log = (tmp_path / "gw.log").open("w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "planner_svc.cli.main", "gateway", "--port", "0",
+         "--destinations", fleet.destinations(), "--probe-path", ""],
+        stdout=subprocess.PIPE, stderr=log, text=True, preexec_fn=limit)
+    try:
+        assert proc.stdout is not None
+        url = proc.stdout.readline().strip().split("=", 1)[1]
+        host, port = url.removeprefix("http://").split(":")
+        with httpx.Client(base_url=url, timeout=10) as kept:  # connected before the flood
+            assert kept.get("/healthz").status_code == 200
+            idle = []
+            for _ in range(300):
+                try:
+                    idle.append(socket.create_connection((host, int(port)), timeout=5))
+                except OSError:
+                    break
+            for i in range(8):
+                r = kept.post("/v1/chat/completions", json={
+                    "model": "m", "max_tokens": 2,
+                    "messages": [{"role": "user", "content": f"q {i}"}]})
+                assert r.status_code == 200, r.text
+            for s in idle:
+                s.close()
+            ready = kept.get("/readyz").json()
+        assert ready["usable_destinations"] == len(fleet.urls)
+        metrics = httpx.get(url + "/metrics", timeout=5).text
+        refused = next(line for line in metrics.splitlines()
+                       if line.startswith("cacheroute_gateway_refused_connections_total"))
+        assert float(refused.split()[-1]) > 0
+    finally:
+        proc.terminate()
+        proc.wait(15)
+        log.close()
