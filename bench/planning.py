@@ -11,9 +11,10 @@ Run from the repo root:  .venv/bin/python bench/planning.py [--quick] [--seed N]
    entering and leaving admission shown separately) and max/mean imbalance, for a from-scratch
    LPT plan and for `repack` of the installed plan.
 4. The same walk planned for a hashed cold tail (`hashed_tail`, an option; off by default
-   since the replay ablation): build time beside the paper's P2C-tail LPT, and of the traffic entering (leaving) admission, the
-   share planned on (coming from) the key's ring owner, where the routers' tail sends it, so
-   its cache is already there (stays there); the paper's placement beside it.
+   since the replay ablation): build time beside the paper's P2C-tail LPT, and of the
+   traffic entering (leaving) admission, the share planned on (coming from) the key's ring
+   owner, where the routers' tail sends it, so its cache is already there (stays there); the
+   paper's placement beside it.
 Last line: one JSON object of figures.
 """
 
