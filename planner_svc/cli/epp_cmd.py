@@ -41,6 +41,9 @@ FLAGS: Flags = {
     "body-mode": (str, "full_duplex_streamed", "request body mode assumed when the gateway "
                   "sends no protocol_config: full_duplex_streamed, buffered, streamed or none"),
     "shutdown-grace-s": (float, 10.0, "how long open streams may finish at shutdown"),
+    "max-streams": (int, 4096, "ext_proc streams served at once (past it: RESOURCE_EXHAUSTED)"),
+    "max-buffered-bytes": (int, 256 << 20, "request-body bytes all streams may hold while "
+                           "bodies arrive (past it a request is refused with 503)"),
 }
 
 
@@ -69,7 +72,9 @@ async def run_epp(args: argparse.Namespace, ready: asyncio.Event | None = None) 
         settings = EppSettings(router_id=rid, keys=key_rule(args),
                                max_body_bytes=args.max_body_bytes,
                                max_inflight_per_destination=args.max_inflight,
-                               fallbacks=args.fallbacks, default_request_mode=mode)
+                               fallbacks=args.fallbacks, default_request_mode=mode,
+                               max_streams=args.max_streams,
+                               max_buffered_bytes=args.max_buffered_bytes)
     except ValueError as exc:
         raise SystemExit(f"cacheroute epp: {exc}") from None
     client = build_client(args, rid, "epp")

@@ -59,23 +59,51 @@ class EppSettings:
     # Ask streamed requests for usage (to measure hits) and drop it from what the client
     # gets, where the modes allow both (full-duplex request and response bodies).
     inject_usage: bool = True
+    # ext_proc streams served at once, and request-body bytes held by all of them while
+    # they arrive: each stream may hold max_body_bytes, and 60 streams sending 8 MB without
+    # ending held 780 MB. Past the budget a request is refused (503) until others finish.
+    max_streams: int = 4096
+    max_buffered_bytes: int = 256 << 20
 
     def __post_init__(self) -> None:
         if self.max_body_bytes < 1 or self.max_inflight_per_destination < 1:
             raise ValueError("max_body_bytes and max_inflight_per_destination must be >= 1")
         if self.fallbacks < 0:
             raise ValueError("fallbacks must be >= 0")
+        if self.max_streams < 1 or self.max_buffered_bytes < 1:
+            raise ValueError("max_streams and max_buffered_bytes must be >= 1")
+
+
+class BodyBudget:
+    """Request-body bytes the picker's streams hold at once (one per server; the event loop
+    is single-threaded, so a counter suffices)."""
+
+    __slots__ = ("held", "limit")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+
+    def take(self, n: int) -> bool:
+        if self.held + n > self.limit:
+            return False
+        self.held += n
+        return True
+
+    def give(self, n: int) -> None:
+        self.held = max(0, self.held - n)
 
 
 class Exchange:
-    __slots__ = ("_answered", "_body", "_decided_at", "_finished", "_injected", "_pick",
-                 "_resp_copy",
+    __slots__ = ("_answered", "_body", "_budget", "_decided_at", "_finished", "_injected",
+                 "_pick", "_resp_copy",
                  "_splitter", "_status", "_ttft_s", "_usage", "affinity", "done", "headers",
                  "key", "metrics", "picker", "prefix_chars", "req_mode", "resp_mode",
                  "served_slot", "settings", "sink", "subset")
 
     def __init__(self, picker: EndpointPicker, settings: EppSettings, sink: EventSink,
-                 metrics: EppMetrics) -> None:
+                 metrics: EppMetrics, budget: BodyBudget | None = None) -> None:
+        self._budget = budget or BodyBudget(settings.max_buffered_bytes)
         self.picker = picker
         self.settings = settings
         self.sink = sink
@@ -124,7 +152,12 @@ class Exchange:
 
     def close(self) -> None:
         """The stream ended (normally, or the gateway gave up on the request)."""
+        self._release_body()
         self._finish()
+
+    def _release_body(self) -> None:
+        self._budget.give(len(self._body))
+        self._body.clear()
 
     # --- request path -------------------------------------------------------------------
 
@@ -151,15 +184,19 @@ class Exchange:
         if self._pick is not None:  # streamed mode: routed at the headers already
             return [proto.passed_body(request=True)]
         if len(self._body) + len(body.body) > self.settings.max_body_bytes:
-            self._body.clear()
+            self._release_body()
             return self._refuse(413, f"the request body exceeds "
                                 f"{self.settings.max_body_bytes} bytes", "invalid_request_error")
+        if not self._budget.take(len(body.body)):
+            self._release_body()
+            return self._refuse(503, "the endpoint picker holds too many request bodies at "
+                                "once; retry", "overloaded")
         self._body += body.body
         full_duplex = self.req_mode == proto.FULL_DUPLEX_STREAMED
         if full_duplex and not body.end_of_stream:
             return []
         raw = bytes(self._body)
-        self._body.clear()
+        self._release_body()
         payload: Any = {}
         if raw:
             try:

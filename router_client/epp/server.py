@@ -24,7 +24,7 @@ from grpc_reflection.v1alpha import reflection
 
 from router_client.aio import AsyncRouterClient
 from router_client.epp import protocol as proto
-from router_client.epp.exchange import EppSettings, Exchange
+from router_client.epp.exchange import BodyBudget, EppSettings, Exchange
 from router_client.epp.metrics import EppMetrics
 from router_client.epp.picker import EndpointPicker
 from router_client.gateway.telemetry import EventSink, NoSink
@@ -42,7 +42,7 @@ class _Processor(ep_grpc.ExternalProcessorServicer):
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[ep.ProcessingResponse]:
         o = self.owner
-        exchange = Exchange(o.picker, o.settings, o.sink, o.metrics)
+        exchange = Exchange(o.picker, o.settings, o.sink, o.metrics, o.bodies)
         try:
             async for message in request_iterator:
                 for answer in exchange.handle(message):
@@ -63,6 +63,7 @@ class EndpointPickerServer:
         self.settings = settings or EppSettings()
         self.sink = sink or NoSink()
         self.metrics = EppMetrics(client)
+        self.bodies = BodyBudget(self.settings.max_buffered_bytes)
         self.picker = EndpointPicker(
             client, max_inflight=self.settings.max_inflight_per_destination,
             fallbacks=self.settings.fallbacks)
@@ -74,7 +75,8 @@ class EndpointPickerServer:
         self._ticker: asyncio.Task[None] | None = None
 
     async def start(self, address: str = "127.0.0.1:0") -> int:
-        server = grpc.aio.server(options=[
+        # Past max_streams a new stream is refused (RESOURCE_EXHAUSTED) instead of queued.
+        server = grpc.aio.server(maximum_concurrent_rpcs=self.settings.max_streams, options=[
             ("grpc.max_receive_message_length", 16 << 20),
             ("grpc.max_send_message_length", 16 << 20),
         ])

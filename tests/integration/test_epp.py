@@ -193,6 +193,37 @@ def test_bad_or_oversized_bodies_are_refused_cleanly(body, status):
         e.stop()
 
 
+def test_bodies_held_by_many_streams_stay_within_the_budget():
+    """Streams that send request bodies and never end them held memory without bound (60 x
+    8 MB: 780 MB). With a 200 kB budget over all streams, the stream that would pass it is
+    refused 503 at once, and bodies given back by finished streams make room again."""
+    e = EppThread(destinations(2), EppSettings(router_id="epp-budget", max_body_bytes=128_000,
+                                               max_buffered_bytes=200_000))
+    e.start()
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{e.port}") as ch:
+            holding = []
+            for _ in range(2):  # 2 x 96 kB, neither finished
+                s = ExtProcStream(ch)
+                s.send(request_headers())
+                s.send(request_body(b"x" * 96_000, end=False))
+                holding.append(s)
+            third = ExtProcStream(ch)
+            third.send(request_headers())
+            third.send(request_body(b"y" * 16_000, end=False))
+            answer = third.read(1)[0]
+            assert answer.immediate_response.status.code == 503
+            assert e.server is not None and e.server.bodies.held == 192_000
+            for s in holding:
+                s.cancel()
+            eventually(lambda: e.server is not None and e.server.bodies.held == 0, 5)
+            s2, answers = route(ch, chat())  # room again
+            assert destination_of(answers[0])[0]
+            s2.cancel()
+    finally:
+        e.stop()
+
+
 def test_buffered_mode_answers_headers_first_and_routes_on_the_body(epp, channel):
     payload = chat()
     epp.publish({key_of(payload): (1,)})
