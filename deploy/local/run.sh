@@ -28,8 +28,16 @@ PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
-.venv/bin/python -m pip install -q --upgrade pip >/dev/null
-.venv/bin/python -m pip install -q -e '.[test]'
+# Install (and compile the engine model) again only when what the install depends on changed:
+# a second `run.sh demo` started in 45 s, most of it reinstalling the same tree.
+stamp=.venv/.cacheroute-install
+digest=$(cat pyproject.toml setup.py planner_svc/simulator/{kvcache,replica,chains,eventloop}.py \
+  | sha256sum | cut -d' ' -f1)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$digest" ]; then
+  .venv/bin/python -m pip install -q --upgrade pip >/dev/null
+  .venv/bin/python -m pip install -q -e '.[test]'
+  echo "$digest" > "$stamp"
+fi
 
 what=${1:-test}; shift || true
 case "$what" in
