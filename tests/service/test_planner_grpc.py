@@ -631,11 +631,16 @@ def test_the_guard_acts_while_a_rollback_pins_the_plan(redis_server, tmp_path):
         svc.planner.rollback(pinned_from)
         pinned = svc.publisher.load(svc.publisher.current().version)
         assert svc.planner.pinned
+        # Out of range, and rates that would replan. The rollback is an install still
+        # rewarming, so the guard waits `rewarm_enter_after_s` (30 s) before falling back.
         for step in range(3, 6):
-            window_at(step, 0.2, seed=7)  # out of range, and rates that would replan
+            window_at(step, 0.2, seed=7)
+        assert svc.planner.mode == "planned"
+        for step in range(6, 11):
+            window_at(step, 0.2, seed=7)
         assert svc.planner.mode == "fallback"
         assert svc.publisher.load(svc.publisher.current().version).config.built_by == "fallback"
-        for step in range(6, 14):
+        for step in range(11, 19):
             window_at(step, 0.8, seed=7)
         assert svc.planner.mode == "planned" and svc.planner.pinned
         resumed = svc.publisher.load(svc.publisher.current().version)

@@ -159,6 +159,35 @@ def test_guard_falls_back_and_resumes_through_the_loop() -> None:
     assert lp.settling is not None  # back on a cold plan: follow its dip
 
 
+def test_an_install_rewarming_does_not_send_the_fleet_to_flat_lb_on_a_short_p99_spike() -> None:
+    """The guard judged p99 inside the rewarm dip of an install the loop had just bought and
+    fell back 5 s later (the 600-s demo, twice). While an install rewarms, a violation must
+    last `rewarm_enter_after_s`; one that outlasts it still falls back."""
+    lp = loop(min_settle_s=120.0)  # a dip that takes a while, as the demo's did
+    lp.set_validated_range(ValidatedRange(p99_ms_max=3500.0))
+    assert step(lp, 0.0, window(0.0, p99_ms=1000.0)).action is Action.KEEP
+    lp.record_install(5.0, figures=lp.price(INSTALLED, traffic(5.0), CANDIDATE))
+    assert lp.settling is not None
+    # the dip: the hit rate falls and climbs back while the caches rewarm
+    spike = step(lp, 10.0, window(10.0, hit=0.5, p99_ms=4100.0))
+    assert spike.action is not Action.FALLBACK and lp.guard.mode is Mode.PLANNED
+    assert lp.settling is not None and "falls back after 30 s" in lp.guard.reason
+    assert step(lp, 20.0, window(20.0, hit=0.6, p99_ms=1200.0)).action is not Action.FALLBACK
+    assert lp.guard.out_of_range_since_s is None  # the spike ended: the clock starts over
+    # a violation that outlasts the grace still falls back, rewarming or not
+    step(lp, 25.0, window(25.0, hit=0.65, p99_ms=9000.0))
+    assert step(lp, 40.0, window(40.0, hit=0.7, p99_ms=9000.0)).action is not Action.FALLBACK
+    assert step(lp, 56.0, window(56.0, hit=0.75, p99_ms=9000.0)).action is Action.FALLBACK
+
+
+def test_without_an_install_rewarming_the_guard_falls_back_at_once() -> None:
+    lp = loop()
+    lp.set_validated_range(ValidatedRange(p99_ms_max=3500.0))
+    step(lp, 0.0, window(0.0, p99_ms=1000.0))
+    assert lp.settling is None
+    assert step(lp, 10.0, window(10.0, p99_ms=4100.0)).action is Action.FALLBACK
+
+
 def test_operator_forces_and_releases_fallback() -> None:
     lp = loop(guard=GuardSettings(resume_dwell_s=1e9))
     step(lp, 0.0, window(0.0))
