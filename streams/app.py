@@ -18,8 +18,10 @@ module of the package that imports faust / aiokafka).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import faust
@@ -102,10 +104,7 @@ class StreamWorker:
         """Replay partition p's recent history into its fresh processor."""
         started = time.monotonic()
         tp = TopicPartition(self.settings.events_topic, p)
-        reader = AIOKafkaConsumer(bootstrap_servers=self.settings.bootstrap,
-                                  enable_auto_commit=False, max_partition_fetch_bytes=8 << 20)
-        await reader.start()
-        try:
+        async with self._reader() as reader:
             await self._learn_partition_count(reader)
             end = await self._log_end(reader, tp)
             start, complete_since = await self._replay_start(reader, tp, end)
@@ -116,8 +115,6 @@ class StreamWorker:
             replayed = await self._replay(reader, tp, start, end)
             # below `end` everything is in the state: the consumer's copies are skipped
             proc.next_offset = max(proc.next_offset, end)
-        finally:
-            await reader.stop()
         log.info("partition %d recovered: %d messages replayed in %.1f s", p, replayed,
                  time.monotonic() - started)
         self.recovering.pop(p, None)
@@ -217,15 +214,10 @@ class StreamWorker:
         if first_offset is None or first_offset == proc.next_offset:
             return
         start, tp = proc.next_offset, TopicPartition(self.settings.events_topic, p)
-        reader = AIOKafkaConsumer(bootstrap_servers=self.settings.bootstrap,
-                                  enable_auto_commit=False, max_partition_fetch_bytes=8 << 20)
-        await reader.start()
-        try:
+        async with self._reader() as reader:
             reader.assign([tp])
             begin = int((await reader.beginning_offsets([tp]))[tp])
             replayed = await self._replay(reader, tp, max(start, begin), first_offset)
-        finally:
-            await reader.stop()
         if self.processors.get(p) is proc:
             proc.next_offset = max(proc.next_offset, first_offset)
         self.counters.gaps_filled += 1
@@ -300,11 +292,17 @@ class StreamWorker:
         return high
 
     async def _fresh_log_end(self, p: int) -> int:
+        async with self._reader() as reader:
+            return await self._log_end(reader, TopicPartition(self.settings.events_topic, p))
+
+    @contextlib.asynccontextmanager
+    async def _reader(self) -> AsyncIterator[AIOKafkaConsumer]:
+        """A consumer of its own (no group, no commits) for replays and log-end queries."""
         reader = AIOKafkaConsumer(bootstrap_servers=self.settings.bootstrap,
-                                  enable_auto_commit=False)
+                                  enable_auto_commit=False, max_partition_fetch_bytes=8 << 20)
         await reader.start()
         try:
-            return await self._log_end(reader, TopicPartition(self.settings.events_topic, p))
+            yield reader
         finally:
             await reader.stop()
 
