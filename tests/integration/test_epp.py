@@ -208,6 +208,8 @@ def test_bodies_held_by_many_streams_stay_within_the_budget():
                 s.send(request_headers())
                 s.send(request_body(b"x" * 96_000, end=False))
                 holding.append(s)
+            # streams are served independently: wait until both bodies are held
+            eventually(lambda: e.server is not None and e.server.bodies.held == 192_000, 5)
             third = ExtProcStream(ch)
             third.send(request_headers())
             third.send(request_body(b"y" * 16_000, end=False))
