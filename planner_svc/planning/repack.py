@@ -16,6 +16,7 @@ measured in traffic (λ_b / k_b), since that is what must rewarm.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -72,7 +73,8 @@ def repack(
     # Rebalance down to the goal, relaxed by (1 - balance_effort) towards where we are.
     target = goal + (1.0 - config.balance_effort) * max(0.0, imbalance(loads, weights) - goal)
     rebalance(sets, shares, loads, weights, target)
-    flat = np.fromiter((m for s in sets for m in sorted(s)), np.int64, int(adm.replicas.sum()))
+    flat = np.fromiter(itertools.chain.from_iterable(map(sorted, sets)), np.int64,
+                       int(adm.replicas.sum()))
     members = healthy[flat]
     if tail is not None:  # the tail's bound against the planned load as placed
         loads = tail.with_planned(loads - base)
@@ -99,20 +101,28 @@ def _kept_sets(
         position[config.destinations[i].id] = h
     remap = [position.get(d.id, -1) for d in previous.destinations]
     table = previous.table
-    index = {k: i for i, k in enumerate(table.keys)}
+    index = dict(zip(table.keys, range(len(table.keys)), strict=True))
     offsets = table.set_offsets.tolist()
     members = [remap[m] for m in table.members.tolist()]
+    # Per key in Python (a replan's largest cost at ~10 k admitted keys): when every
+    # previous destination is still healthy, a set is its slice, unfiltered.
+    everyone = all(m >= 0 for m in remap)
     sets: list[list[int]] = []
+    append = sets.append
     for i in adm.index.tolist():
         p = index.get(keys[i])
-        kept = [] if p is None else members[offsets[p] : offsets[p + 1]]
-        sets.append([m for m in kept if m >= 0])
+        if p is None:
+            append([])
+        elif everyone:
+            append(members[offsets[p] : offsets[p + 1]])
+        else:
+            append([m for m in members[offsets[p] : offsets[p + 1]] if m >= 0])
     return sets
 
 
 def _set_loads(sets: list[list[int]], shares: np.ndarray, n: int) -> np.ndarray:
-    sizes = np.fromiter((len(s) for s in sets), np.int64, len(sets))
-    flat = np.fromiter((m for s in sets for m in s), np.int64, int(sizes.sum()))
+    sizes = np.fromiter(map(len, sets), np.int64, len(sets))
+    flat = np.fromiter(itertools.chain.from_iterable(sets), np.int64, int(sizes.sum()))
     return np.bincount(flat, np.repeat(shares, sizes), minlength=n).astype(np.float64)
 
 
@@ -120,9 +130,10 @@ def _release_extra(
     sets: list[list[int]], k: np.ndarray, shares: np.ndarray, loads: np.ndarray, w: np.ndarray
 ) -> None:
     """Where k_b shrank, drop the most-loaded members (ties: higher index first)."""
-    for j, s in enumerate(sets):
-        extra = len(s) - int(k[j])
-        for _ in range(max(0, extra)):
+    sizes = np.fromiter(map(len, sets), np.int64, len(sets))
+    for j in np.flatnonzero(sizes > k).tolist():  # only the few sets that shrank
+        s = sets[j]
+        for _ in range(len(s) - int(k[j])):
             worst = max(s, key=lambda m: (loads[m] / w[m], m))
             s.remove(worst)
             loads[worst] -= shares[j]
@@ -134,10 +145,10 @@ def _fill_short(
 ) -> None:
     """Top up partial sets on the least-loaded unused destinations, then place new keys: by
     LPT, or (`owners` given: a hashed tail) on their ring owners within `limit` first."""
-    fresh = [j for j, s in enumerate(sets) if not s]
-    for j, s in enumerate(sets):
-        if s and len(s) < k[j]:
-            _add_members(s, int(k[j]) - len(s), shares[j], loads, w)
+    sizes = np.fromiter(map(len, sets), np.int64, len(sets))
+    fresh = np.flatnonzero(sizes == 0).tolist()
+    for j in np.flatnonzero((sizes > 0) & (sizes < k)).tolist():
+        _add_members(sets[j], int(k[j]) - int(sizes[j]), shares[j], loads, w)
     if fresh and owners is not None:
         idx = np.array(fresh, np.int64)
         placed = affine_place(shares[idx], k[idx], owners[idx], loads, w, limit)

@@ -210,6 +210,15 @@ class CacheRoutePolicy:
                         if isinstance(system, np.ndarray) and len(system) == len(self.keys)
                         else None)
         self._shared_sum = [0.0] * len(self.keys)
+        # Where the simulator hands over the whole workload's columns (keys, reusable prefix,
+        # prompt tokens; eventloop.run's control windows are consecutive slices of them), a
+        # window's token sums come from them, as the stream sums every router's events:
+        # per-router sums under the window's global counts understated the means N-fold
+        # with N routers, and cost each request three list updates.
+        columns = ctx.extra.get("window_columns")
+        self._columns = (columns if isinstance(columns, tuple) and len(columns) == 3
+                         else None)
+        self._window_end = 0  # where the next control window starts in the columns
         self.gains: list[float] = []  # the predicted affinity gain at each control step
         if settings.rates == "known" and isinstance(self._known, np.ndarray):
             self._install(0.0, self._known[0])
@@ -217,17 +226,38 @@ class CacheRoutePolicy:
             self._judge_warmup(ctx.extra)
             counts = np.bincount(self._warmup, minlength=len(self.keys))
             self._install(0.0, counts / warmup_s)
+        # The per-request hooks this run needs, chosen once: a replay calls them millions of
+        # times, and without the control loop, sessions or re-homing (and with the token
+        # sums taken from the columns) they only route (bench/simulator.py: ~13 % of the
+        # instructions of a paper-like replay).
+        plain = (self.loop is None and self._sessions is None and self._columns is not None
+                 and self.core.idle_rehome_s is None)
+        self.route = self._route_planned if plain else self._route  # type: ignore[method-assign]
+        # `served` only for what learns from cached tokens (the simulators skip None).
+        self.served = (self._served if self.loop is not None  # type: ignore[method-assign,assignment]
+                       or self.core.idle_rehome_s is not None else None)
 
     def route(self, i: int, key: int, prompt: int, prefix: int, output: int, now: float) -> int:
+        """Bound in `__init__` to `_route` or its plain case `_route_planned`."""
+        return self._route(i, key, prompt, prefix, output, now)
+
+    def _route_planned(self, i: int, key: int, prompt: int, prefix: int, output: int,
+                       now: float) -> int:
+        """`_route` without the control loop (so no plan in publication), sessions,
+        re-homing or per-request token sums."""
+        core = self.core
+        slot = core.route_index(self.keys[key])
+        core.started(slot)
+        return slot
+
+    def _route(self, i: int, key: int, prompt: int, prefix: int, output: int,
+               now: float) -> int:
         published = self._published
         if published is not None and now >= published[0]:
             self._published = None
             self._use(published[1])
-        self._prefix_sum[key] += prefix
-        self._prompt_sum[key] += prompt
-        if self._system is not None:
-            system = self._system[key]
-            self._shared_sum[key] += system if system < prefix else prefix
+        if self._columns is None:
+            self._add_tokens(key, prompt, prefix)
         core = self.core
         sessions = self._sessions
         slot = core.route_index(self.keys[key],
@@ -243,9 +273,20 @@ class CacheRoutePolicy:
                 self._returns[i] = (core.last_return, prefix)
         return slot
 
+    def _add_tokens(self, key: int, prompt: int, prefix: int) -> None:
+        self._prefix_sum[key] += prefix
+        self._prompt_sum[key] += prompt
+        if self._system is not None:
+            system = self._system[key]
+            self._shared_sum[key] += system if system < prefix else prefix
+
     def served(self, i: int, dest: int, cached_tokens: int) -> None:
         """What the engine served `i` from cache (before its `finished`), as the gateway
-        reads it from the response's usage."""
+        reads it from the response's usage. Bound in `__init__` to `_served`, or None
+        where nothing learns from it."""
+        self._served(i, dest, cached_tokens)
+
+    def _served(self, i: int, dest: int, cached_tokens: int) -> None:
         prompt = self._prompt_of.pop(i, None)
         if prompt is not None:  # the window's served hit rate, as the stream measures it
             self._win_cached += cached_tokens
@@ -257,7 +298,8 @@ class CacheRoutePolicy:
 
     def finished(self, i: int, dest: int, now: float) -> None:
         self.core.finished(dest)
-        self._key_finished(i, dest, now)
+        if self._open:  # only re-homing tracks open requests
+            self._key_finished(i, dest, now)
 
     def _key_finished(self, i: int, dest: int, now: float) -> None:
         key = self._open.pop(i, None)
@@ -265,17 +307,12 @@ class CacheRoutePolicy:
             self.core.key_finished(self.keys[key], dest, now)
 
     def control(self, now: float, window_keys: np.ndarray, window_s: float) -> None:
+        sums = self._window_sums(window_keys)
         if window_s <= 0:
             return
         counts = np.bincount(window_keys, minlength=len(self.keys)).astype(np.float64)
-        tokens, prompts, shared = _per_key_means(
-            counts, np.asarray(self._prefix_sum), np.asarray(self._prompt_sum),
-            np.asarray(self._shared_sum) if self._system is not None else None)
-        if self._system is not None:
-            self._shared_sum = [0.0] * len(self.keys)
-        prompt_tokens = float(sum(self._prompt_sum))
-        self._prefix_sum = [0.0] * len(self.keys)
-        self._prompt_sum = [0.0] * len(self.keys)
+        tokens, prompts, shared = _per_key_means(counts, *sums)
+        prompt_tokens = float(sums[1].sum())
         self._guard_step(now, counts, window_s, tokens, prompts, shared)
         s = self.settings
         if s.rates == "known":
@@ -295,6 +332,35 @@ class CacheRoutePolicy:
                              self._telemetry(now, window_s, counts, prompt_tokens))
         self._win_cached = self._win_prompt = 0.0
         self._win_arrivals = [0] * len(self._win_arrivals)
+
+    def _window_sums(self, window_keys: np.ndarray
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """The window's reusable prefix, prompt and shared (system) tokens per key, and a
+        fresh window."""
+        n = len(self.keys)
+        if self._columns is None:
+            sums = (np.asarray(self._prefix_sum), np.asarray(self._prompt_sum),
+                    np.asarray(self._shared_sum) if self._system is not None else None)
+            self._prefix_sum, self._prompt_sum = [0.0] * n, [0.0] * n
+            if self._system is not None:
+                self._shared_sum = [0.0] * n
+            return sums
+        keys, prefix, prompt = self._columns
+        start = self._window_end
+        end = start + len(window_keys)
+        if end > len(keys) or not np.array_equal(keys[start:end], window_keys):
+            raise ValueError("control windows must be consecutive slices of the columns "
+                             "given as window_columns")
+        self._window_end = end
+        pre = prefix[start:end].astype(np.float64)
+        shared = None
+        if self._system is not None:
+            system = np.asarray(self._system, np.float64)[window_keys]
+            shared = np.bincount(window_keys, weights=np.minimum(system, pre), minlength=n)
+        return (np.bincount(window_keys, weights=pre, minlength=n),
+                np.bincount(window_keys, weights=prompt[start:end].astype(np.float64),
+                            minlength=n),
+                shared)
 
     def _telemetry(self, now: float, window_s: float, counts: np.ndarray,
                    prompt_tokens: float) -> Telemetry:
@@ -439,7 +505,8 @@ class _FirstTokenCacheRoutePolicy(CacheRoutePolicy):
 
     def finished(self, i: int, dest: int, now: float) -> None:
         self.core.finished(dest, answered=True)
-        self._key_finished(i, dest, now)
+        if self._open:
+            self._key_finished(i, dest, now)
 
 
 def gateway_like(q_cap: float, warm_slots_per_destination: int, *,

@@ -102,6 +102,9 @@ def _simulate(workload: Workload, factory: PolicyFactory, cluster: ClusterSpec,
         # key's prefix); None for length-only traces
         "system_tokens": workload.system,
         "warmup_s": float(workload.t[n_warm]) if 0 < n_warm < len(workload) else 0.0,
+        # what the stream sums over every router's events, per control window (eventloop.run's
+        # windows are consecutive slices of these)
+        "window_columns": (workload.key, workload.prefix, workload.prompt),
     }
     routers = [
         factory(
