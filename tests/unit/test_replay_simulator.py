@@ -538,3 +538,35 @@ def test_the_control_loop_gets_each_windows_telemetry_so_an_install_settles() ->
     seen = [t for t in telemetry if t is not None]
     assert len(seen) == len(telemetry) and all(0.5 < t.hit_rate < 1.0 for t in seen)  # type: ignore[attr-defined]
     assert all(len(t.destination_loads_per_s) == cfg.n_destinations for t in seen)  # type: ignore[attr-defined]
+
+
+def test_window_token_sums_from_the_columns_equal_the_per_request_sums() -> None:
+    """The simulator hands CacheRoute the workload's columns and the policy sums each control
+    window from them (as the stream sums every router's events); without columns (the
+    closed-loop session simulator) it sums what it routes. Same window, same sums; a window
+    that is not the next slice of the columns is refused."""
+    w = paper_like(small(n=3_000))
+    settings = CacheRouteSettings(q_cap=5.0, warm_slots_per_destination=40)
+    system = np.asarray(w.system, np.float64) if w.system is not None else None
+    extra: dict[str, object] = {"system_tokens": system}
+    by_request = cacheroute(settings)(PolicyContext(CLUSTER.n_destinations, w.keys,
+                                                    CLUSTER.model, 1, extra=dict(extra)))
+    by_columns = cacheroute(settings)(PolicyContext(
+        CLUSTER.n_destinations, w.keys, CLUSTER.model, 1,
+        extra={**extra, "window_columns": (w.key, w.prefix, w.prompt)}))
+    assert isinstance(by_request, CacheRoutePolicy) and isinstance(by_columns, CacheRoutePolicy)
+    for start, end in ((0, 1_000), (1_000, 2_500)):
+        for i in range(start, end):
+            k = int(w.key[i])
+            for p in (by_request, by_columns):
+                p.route(i, k, int(w.prompt[i]), int(w.prefix[i]), int(w.output[i]),
+                        float(w.t[i]))
+        window = w.key[start:end]
+        got = by_columns._window_sums(window)
+        want = by_request._window_sums(window)
+        for a, b in zip(got, want, strict=True):
+            assert (a is None) == (b is None)
+            if a is not None:
+                np.testing.assert_allclose(a, b)
+    with pytest.raises(ValueError, match="consecutive"):
+        by_columns._window_sums(w.key[0:10])  # not the next slice
