@@ -67,7 +67,8 @@ class Gateway:
         self.stopping = False
         limits = ServerLimits(max_body_bytes=self.settings.max_body_bytes,
                               request_timeout_s=self.settings.request_timeout_s,
-                              max_connections=self.settings.max_connections)
+                              max_connections=self.settings.max_connections,
+                              write_timeout_s=self.settings.idle_timeout_s)
         self.server = HttpServer(self.handle, limits, on_exception=self._log_exception)
         self.metrics.watch_server(self.server)
         self._models: tuple[float, bytes] | None = None

@@ -150,6 +150,11 @@ class ServerLimits:
     # once: idle sockets must not use up the descriptors the engines' connections need (at
     # the limit, connects failed with EMFILE and a healthy engine was ejected for it).
     max_connections: int = 0
+    # How long a response may wait for a client that stopped reading (its socket buffer
+    # full); past it the client is treated as gone and its connection cut. A client that
+    # stops reading a stream would otherwise hold its in-flight slot, and the engine's, for
+    # as long as it liked.
+    write_timeout_s: float = 60.0
 
 
 class _ServerConnection(asyncio.Protocol):
@@ -365,7 +370,12 @@ class _ServerConnection(asyncio.Protocol):
             raise ClientGone()
         if self._paused:
             self._drain = asyncio.get_running_loop().create_future()
-            await self._drain
+            try:
+                async with asyncio.timeout(self.server.limits.write_timeout_s):
+                    await self._drain
+            except TimeoutError:
+                self.abort()
+                raise ClientGone() from None
 
     def response_done(self, keep_alive: bool) -> None:
         if not keep_alive and self.transport is not None:
