@@ -56,12 +56,17 @@ P99_TOLERANCE = 0.20
 
 
 def policies(time_scale: float, *, tail_slack: float = DEFAULT_TAIL_SLACK,
-             balance: str = "first-token") -> dict[str, PolicyFactory]:
+             balance: str = "first-token", rate_window: bool = True
+             ) -> dict[str, PolicyFactory]:
     """Arena router name -> its simulated counterpart (q_cap and W as the arena sets them;
     the gateway's cold-tail bound and balance as the arena rows ran with them)."""
     return {
+        # the arena's planner: rates of a 6-s stream window (longer on slowed engines, as
+        # bench/arena.py sets it), replanned every 4 s (session_sim.arena_run)
         "cacheroute": gateway_like(12.0 / time_scale, 12, tail_slack=tail_slack,
-                                   balance=balance),
+                                   balance=balance,
+                                   rate_window_s=(6.0 * max(1.0, time_scale)
+                                                  if rate_window else None)),
         "sglang cache_aware": sglang_cache_aware(),
         "sglang round_robin": round_robin,
         "sglang power_of_two": flat_lb,
@@ -105,7 +110,8 @@ def transport_s(path: Path | None) -> dict[str, float]:
 def simulate(row: dict[str, str], args: argparse.Namespace) -> tuple[float, float]:
     ts = float(row.get("time_scale") or args.time_scale)
     warmup = float(row.get("warmup_s") or args.warmup_s)
-    factory = policies(ts, tail_slack=args.tail_slack, balance=args.balance)[row["router"]]
+    factory = policies(ts, tail_slack=args.tail_slack, balance=args.balance,
+                       rate_window=not args.cumulative_rates)[row["router"]]
     r = arena_run(row["scenario"], int(row.get("seed") or 1), factory,
              rate_scale=float(row["rate_scale"]), time_scale=ts, warmup_s=warmup,
              measure_s=float(row.get("measure_s") or args.measure_s),
@@ -133,6 +139,9 @@ def main() -> int:
                     help="the gateways' --tail-slack when the rows ran")
     ap.add_argument("--balance", default="first-token", choices=("p2c", "first-token"),
                     help="the gateways' --balance when the rows ran")
+    ap.add_argument("--cumulative-rates", action="store_true",
+                    help="the simulated planner plans on cumulative mean rates (before "
+                         "2026-12-05) instead of the stream window's, as the planner does")
     ap.add_argument("--transport", type=Path, default=None,
                     help="bench/gateway.py's JSON summary: add each router's measured "
                          "first-event cost to the simulated TTFT")

@@ -55,8 +55,13 @@ class CacheRouteSettings:
     variant: str = "full"
     rates: str = "measured"  # or "known"
     plan_at_s: float = 0.0  # without a warm-up window: first plan once this much is counted
-    replan: str = "repack"  # "once", "repack" (cumulative rates) or "repack-ewma" (drift)
+    # "once", "repack" (cumulative rates), "repack-ewma" (drift) or "repack-window" (the
+    # production planner's: the rates of the stream's last `rate_window_s`)
+    replan: str = "repack"
     ewma_alpha: float = 0.5  # weight of the newest interval in the "repack-ewma" rates
+    # "repack-window": the sliding window's length (the stream's window_s); None: one
+    # control interval. Intervals it covers in part count in proportion.
+    rate_window_s: float | None = None
     balance_effort: float = 1.0  # PlanningConfig.balance_effort for repack (churn vs balance)
     # Keep each conversation on one member of its key's planned set (rendezvous hash, within
     # the set-slack load bound), as `cacheroute gateway` does with its session key; off =
@@ -188,6 +193,7 @@ class CacheRoutePolicy:
         self.counts = np.zeros(len(self.keys))
         self.counted_s = 0.0
         self.ewma: np.ndarray | None = None
+        self._recent: list[tuple[np.ndarray, float]] = []  # "repack-window": newest last
         self.plan: RoutingPlan | None = None
         self.installs = 0
         # The production control loop (one per router: every router of a run decides alike
@@ -453,11 +459,29 @@ class CacheRoutePolicy:
         self.ewma = rate if self.ewma is None else a * rate + (1 - a) * self.ewma
         self.counts += counts
         self.counted_s += window_s
+        if self.settings.replan == "repack-window":
+            self._recent.append((counts, window_s))
+            span = self.settings.rate_window_s or window_s
+            while len(self._recent) > 1 and sum(w for _, w in self._recent[1:]) >= span:
+                self._recent.pop(0)
 
     def _rates(self) -> np.ndarray:
-        """Cumulative mean rates (`replan="repack"`) or the EWMA (`replan="repack-ewma"`)."""
-        if self.settings.replan == "repack-ewma" and self.ewma is not None:
+        """Cumulative mean rates (`replan="repack"`), the EWMA (`"repack-ewma"`) or the
+        sliding window's (`"repack-window"`)."""
+        s = self.settings
+        if s.replan == "repack-ewma" and self.ewma is not None:
             return self.ewma
+        if s.replan == "repack-window" and self._recent:
+            # The newest intervals in full, the oldest in the part the window still covers.
+            span = s.rate_window_s or self._recent[-1][1]
+            total, seconds = np.zeros(len(self.keys)), 0.0
+            for counts, window_s in reversed(self._recent):
+                part = min(1.0, max(0.0, span - seconds) / window_s)
+                if part <= 0.0:
+                    break
+                total += part * counts
+                seconds += part * window_s
+            return total / max(seconds, 1e-9)
         return self.counts / max(self.counted_s, 1e-9)
 
     def _install(self, now: float, rates: np.ndarray) -> None:
@@ -512,15 +536,19 @@ class _FirstTokenCacheRoutePolicy(CacheRoutePolicy):
 def gateway_like(q_cap: float, warm_slots_per_destination: int, *,
                  publish_delay_s: float = 0.5, hashed_tail: bool = False,
                  tail_slack: float = DEFAULT_TAIL_SLACK,
-                 balance: str = "first-token") -> PolicyFactory:
+                 balance: str = "first-token",
+                 rate_window_s: float | None = None) -> PolicyFactory:
     """CacheRoute as `cacheroute gateway` and the planner run it by default: conversations
     kept on their member and with their history, the cold tail consistent-hashed, replans
-    through the production control loop, plans reaching the router after a publish delay."""
+    through the production control loop, plans reaching the router after a publish delay.
+    `rate_window_s`: plan on the rates of the last `rate_window_s` (the stream's window, as
+    the planner does); None: on the cumulative mean rates."""
     return cacheroute(CacheRouteSettings(
         q_cap=q_cap, warm_slots_per_destination=warm_slots_per_destination,
         session_affinity=True, cold_tail="hash", control_loop=True,
         publish_delay_s=publish_delay_s, hashed_tail=hashed_tail, tail_slack=tail_slack,
-        balance=balance))
+        balance=balance, replan="repack" if rate_window_s is None else "repack-window",
+        rate_window_s=rate_window_s))
 
 
 def cacheroute(settings: CacheRouteSettings) -> PolicyFactory:

@@ -570,3 +570,31 @@ def test_window_token_sums_from_the_columns_equal_the_per_request_sums() -> None
                 np.testing.assert_allclose(a, b)
     with pytest.raises(ValueError, match="consecutive"):
         by_columns._window_sums(w.key[0:10])  # not the next slice
+
+
+def test_the_window_replan_plans_on_the_rates_of_the_last_window_only() -> None:
+    """`repack-window` (the planner's rule: the stream window's rates) counts the newest
+    intervals in full and the oldest one the window reaches into in part; the cumulative
+    rule would still carry the first interval's rates."""
+    w = paper_like(small(n=2_000))
+    n = len(w.keys)
+    settings = CacheRouteSettings(q_cap=5.0, warm_slots_per_destination=40,
+                                  replan="repack-window", rate_window_s=24.0)
+    policy = cacheroute(settings)(PolicyContext(CLUSTER.n_destinations, w.keys,
+                                                CLUSTER.model, 1))
+    assert isinstance(policy, CacheRoutePolicy)
+    first, second, third = np.zeros(n), np.zeros(n), np.zeros(n)
+    first[0], second[1], third[2] = 160.0, 32.0, 16.0
+    for counts in (first, second, third):
+        policy._count(counts, 16.0)
+    rates = policy._rates()
+    # the last 24 s: all of the third interval, half of the second, none of the first
+    assert rates[0] == 0.0
+    assert rates[1] == pytest.approx(0.5 * 32.0 / 24.0)
+    assert rates[2] == pytest.approx(16.0 / 24.0)
+    cumulative = cacheroute(replace(settings, replan="repack"))(
+        PolicyContext(CLUSTER.n_destinations, w.keys, CLUSTER.model, 1))
+    assert isinstance(cumulative, CacheRoutePolicy)
+    for counts in (first, second, third):
+        cumulative._count(counts, 16.0)
+    assert cumulative._rates()[0] == pytest.approx(160.0 / 48.0)
