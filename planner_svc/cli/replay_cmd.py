@@ -88,9 +88,14 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:  # type: ignor
     rp.add_argument("--balance", choices=BALANCES, default="first-token",
                     help="policies run as the gateway (cacheroute-gateway, -rehome): the "
                          "gateway's --balance where no plan decides")
-    rp.add_argument("--replan", choices=("once", "repack", "repack-ewma"), default="repack",
-                    help="CacheRoute plans once, repacks every interval, or repacks on "
-                    "smoothed rates")
+    rp.add_argument("--replan", choices=("once", "repack", "repack-ewma", "repack-window"),
+                    default="repack",
+                    help="CacheRoute plans once, repacks every interval on the cumulative "
+                    "rates, on smoothed rates, or on the last --rate-window-s (the planner's "
+                    "rule: the stream window's rates)")
+    rp.add_argument("--rate-window-s", type=float, default=None,
+                    help="with --replan repack-window: the window (default: one control "
+                    "interval)")
     rp.add_argument("--q-cap", type=float, default=None, help="override the calibrated q_cap")
     rp.add_argument("--warm-slots", type=int, default=None, help="override W per destination")
     rp.add_argument("--workers", type=int, default=2, help="processes running load points")
@@ -244,6 +249,7 @@ def config_from_args(args: argparse.Namespace) -> ReplayConfig:
             n_routers=args.routers,
             cacheroute_rates=args.rates,
             replan=args.replan,
+            rate_window_s=args.rate_window_s,
             publish_delay_s=args.publish_delay_s,
             history_slack=args.history_slack,
             tail_slack=args.tail_slack,

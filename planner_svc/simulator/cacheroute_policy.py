@@ -557,6 +557,8 @@ def cacheroute(settings: CacheRouteSettings) -> PolicyFactory:
 
     if settings.balance not in BALANCES:
         raise ValueError(f"balance must be one of {BALANCES}")
+    if settings.rate_window_s is not None and not settings.rate_window_s > 0:
+        raise ValueError("rate_window_s must be > 0 (or None: one control interval)")
     kind = CacheRoutePolicy if settings.balance == "p2c" else _FirstTokenCacheRoutePolicy
 
     def build(ctx: PolicyContext) -> Policy:

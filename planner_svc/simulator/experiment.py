@@ -97,6 +97,7 @@ class ReplayConfig:
     warmup_fraction: float = 0.3
     cacheroute_rates: str = "measured"
     replan: str = "repack"
+    rate_window_s: float | None = None  # replan "repack-window": None = one interval
     q_cap: float | None = None
     warm_slots_per_destination: int | None = None
     trace: Workload | None = None
@@ -232,6 +233,7 @@ def policy_factory(name: str, cfg: ReplayConfig, w: Workload) -> PolicyFactory:
         variant=variants.get(name, "full"),
         rates="known" if name == "cacheroute-known" else cfg.cacheroute_rates,
         replan=cfg.replan,
+        rate_window_s=cfg.rate_window_s,
         session_affinity=as_gateway or name == "cacheroute-sessions",
         control_loop=as_gateway or name == "cacheroute-loop",
         publish_delay_s=cfg.publish_delay_s,
