@@ -33,6 +33,7 @@ import numpy as np
 
 from planner_svc.simulator.experiment import (
     ReplayConfig,
+    cluster_for,
     eviction_window_s,
     make_workload,
     policy_factory,
@@ -85,7 +86,8 @@ def _learned(cfg: ReplayConfig, w: Any, cluster: ClusterSpec, seed: int
         made.append(policy)
         return policy
 
-    return simulate(w, keep, cluster, seed=seed), made
+    return simulate(w, keep, cluster_for("cacheroute-rehome-learned", cfg, cluster),
+                    seed=seed), made
 
 
 def main() -> int:
@@ -107,7 +109,8 @@ def main() -> int:
     for seed in (int(s) for s in args.seeds.split(",")):
         w = make_workload(cfg, args.load, seed)
         che = eviction_window_s(w, cfg.model, cfg.warmup_fraction, cfg.n_destinations)
-        fixed = simulate(w, policy_factory("cacheroute-rehome", cfg, w), cluster, seed=seed)
+        fixed = simulate(w, policy_factory("cacheroute-rehome", cfg, w),
+                         cluster_for("cacheroute-rehome", cfg, cluster), seed=seed)
         ratio, warm = returns_by_idle(fixed, che)
         idx = np.minimum((ratio / BIN).astype(int), len(edges) - 2)
         counts = np.bincount(idx, minlength=len(edges) - 1)

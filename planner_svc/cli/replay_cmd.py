@@ -93,6 +93,10 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:  # type: ignor
                     help="CacheRoute plans once, repacks every interval on the cumulative "
                     "rates, on smoothed rates, or on the last --rate-window-s (the planner's "
                     "rule: the stream window's rates)")
+    rp.add_argument("--paper-cadence", action="store_true",
+                    help="policies run as the gateway replan on the scenario's control "
+                    "interval with --replan (before 2026-12-05) instead of the shipped "
+                    "planner's: every 10 s on the stream's 60-s window")
     rp.add_argument("--rate-window-s", type=float, default=None,
                     help="with --replan repack-window: the window (default: one control "
                     "interval)")
@@ -250,6 +254,7 @@ def config_from_args(args: argparse.Namespace) -> ReplayConfig:
             cacheroute_rates=args.rates,
             replan=args.replan,
             rate_window_s=args.rate_window_s,
+            paper_cadence=args.paper_cadence,
             publish_delay_s=args.publish_delay_s,
             history_slack=args.history_slack,
             tail_slack=args.tail_slack,

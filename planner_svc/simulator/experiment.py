@@ -24,6 +24,7 @@ import numpy as np
 
 from planner_svc.control.guard import DEFAULT_AFFINITY_GAIN_MIN
 from planner_svc.planning.affinity import characteristic_time
+from planner_svc.settings import PlannerSettings
 from planner_svc.simulator.arrivals import ArrivalSpec
 from planner_svc.simulator.cacheroute_policy import CacheRouteSettings, cacheroute
 from planner_svc.simulator.chains import ChainBuilder, affine_uncached_tokens
@@ -36,6 +37,7 @@ from planner_svc.simulator.simulator import ClusterSpec, simulate
 from planner_svc.simulator.workload import SCENARIOS, ScenarioSpec, Workload, whales
 from router_client.ring import DEFAULT_TAIL_SLACK
 from router_client.routing import DEFAULT_HISTORY_SLACK, DEFAULT_IDLE_REHOME_S
+from streams.settings import Settings as StreamSettings
 
 # The simulator's calibration (70B fp8 on a TP2 H100 pair, scaled; see docs/replay.md).
 SIM_MODEL = ReplicaModel(
@@ -121,6 +123,16 @@ class ReplayConfig:
     idle_rehome_s: float | None = None
     # The gateway's `--idle-rehome-with-peers` (with `n_routers` > 1).
     rehome_with_peers: bool = False
+    # Policies run as the gateway replan as the shipped planner does: every
+    # `SHIPPED_INTERVAL_S` on the rates of the stream's last `SHIPPED_WINDOW_S`. True: on
+    # the scenario's control interval with `replan` instead (before 2026-12-05; with 300-s
+    # intervals on stationary traffic that idealised the rate estimate).
+    paper_cadence: bool = False
+
+
+# The shipped planner's cadence (planner_svc.settings, streams.settings defaults).
+SHIPPED_INTERVAL_S = PlannerSettings().interval_s
+SHIPPED_WINDOW_S = StreamSettings().window_s
 
 
 # The measured knee (`knee_rate`): the hottest key's warm-up requests replayed alone on one
@@ -227,13 +239,14 @@ def policy_factory(name: str, cfg: ReplayConfig, w: Workload) -> PolicyFactory:
         raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICY_NAMES)}")
     q_cap, slots = calibrate(w, cfg.model, cfg.warmup_fraction)
     as_gateway = name in _AS_GATEWAY
+    shipped = as_gateway and not cfg.paper_cadence and cfg.replan != "once"
     settings = CacheRouteSettings(
         q_cap=cfg.q_cap or q_cap,
         warm_slots_per_destination=cfg.warm_slots_per_destination or slots,
         variant=variants.get(name, "full"),
         rates="known" if name == "cacheroute-known" else cfg.cacheroute_rates,
-        replan=cfg.replan,
-        rate_window_s=cfg.rate_window_s,
+        replan="repack-window" if shipped else cfg.replan,
+        rate_window_s=SHIPPED_WINDOW_S if shipped else cfg.rate_window_s,
         session_affinity=as_gateway or name == "cacheroute-sessions",
         control_loop=as_gateway or name == "cacheroute-loop",
         publish_delay_s=cfg.publish_delay_s,
@@ -322,10 +335,19 @@ def run_point(cfg: ReplayConfig, load: float, seed: int) -> list[RunMetrics]:
     cluster = ClusterSpec(cfg.n_destinations, cfg.model, cfg.n_routers, cfg.warmup_fraction)
     out = []
     for name in cfg.policies:
-        result = simulate(w, policy_factory(name, cfg, w), cluster, seed=seed)
+        result = simulate(w, policy_factory(name, cfg, w), cluster_for(name, cfg, cluster),
+                          seed=seed)
         metrics = run_metrics(result, load, seed)
         out.append(replace(metrics, policy=_display(name, metrics.policy)))
     return out
+
+
+def cluster_for(name: str, cfg: ReplayConfig, cluster: ClusterSpec) -> ClusterSpec:
+    """The cluster policy `name` runs on: a policy run as the gateway replans on the shipped
+    planner's interval (unless `paper_cadence`); the rest on the scenario's."""
+    if name in _AS_GATEWAY and not cfg.paper_cadence and cfg.replan != "once":
+        return replace(cluster, control_interval_s=SHIPPED_INTERVAL_S)
+    return cluster
 
 
 def _display(name: str, policy_label: str) -> str:

@@ -11,6 +11,7 @@ import pytest
 
 from planner_svc.cli.replay_cmd import add_commands, config_from_args
 from planner_svc.cli.replay_cmd import main as replay_main
+from planner_svc.settings import PlannerSettings
 from planner_svc.simulator import arrivals
 from planner_svc.simulator.cacheroute_policy import CacheRoutePolicy, CacheRouteSettings, cacheroute
 from planner_svc.simulator.diagnose import diagnose
@@ -19,6 +20,7 @@ from planner_svc.simulator.experiment import (
     SIM_MODEL,
     ReplayConfig,
     calibrate,
+    cluster_for,
     make_workload,
     policy_factory,
     run_experiment,
@@ -39,6 +41,7 @@ from planner_svc.simulator.trace import (
 from planner_svc.simulator.workload import ScenarioSpec, paper_like, turn_index, whales
 from router_client.plan import RoutingPlan
 from router_client.routing import RouterCore
+from streams.settings import Settings as StreamSettings
 
 MODEL = ReplicaModel(kv_capacity_tokens=600_000, prefill_s_per_token=1.5e-4)
 CLUSTER = ClusterSpec(n_destinations=4, model=MODEL)
@@ -598,3 +601,34 @@ def test_the_window_replan_plans_on_the_rates_of_the_last_window_only() -> None:
     for counts in (first, second, third):
         cumulative._count(counts, 16.0)
     assert cumulative._rates()[0] == pytest.approx(160.0 / 48.0)
+
+
+@pytest.mark.parametrize("paper_cadence", [False, True])
+def test_the_gateway_replays_on_the_shipped_planners_cadence_unless_told(
+        paper_cadence: bool) -> None:
+    """As shipped, the planner replans every `interval_s` on the stream window's rates; the
+    replay's gateway policies do the same (the paper's variants keep the scenario's
+    interval and `--replan`)."""
+    parser = argparse.ArgumentParser()
+    add_commands(parser.add_subparsers())
+    args = parser.parse_args(["replay", "--scenario", "paper-like", "--policies",
+                              "cacheroute-gateway,cacheroute",
+                              *(["--paper-cadence"] if paper_cadence else [])])
+    cfg = config_from_args(args)
+    w = make_workload(replace(cfg, n_requests=1_000, n_keys=100), 20.0, 1)
+    ctx = PolicyContext(4, list(w.keys), SIM_MODEL, seed=1,
+                        extra={"conversations": np.zeros(len(w), np.int64)})
+    gateway = policy_factory("cacheroute-gateway", cfg, w)(ctx)
+    paper = policy_factory("cacheroute", cfg, w)(ctx)
+    assert isinstance(gateway, CacheRoutePolicy) and isinstance(paper, CacheRoutePolicy)
+    cluster = ClusterSpec(30, SIM_MODEL)
+    assert paper.settings.replan == "repack"
+    assert cluster_for("cacheroute", cfg, cluster).control_interval_s == 0.0
+    if paper_cadence:
+        assert gateway.settings.replan == "repack"
+        assert cluster_for("cacheroute-gateway", cfg, cluster).control_interval_s == 0.0
+    else:
+        assert gateway.settings.replan == "repack-window"
+        assert gateway.settings.rate_window_s == StreamSettings().window_s == 60.0
+        assert (cluster_for("cacheroute-gateway", cfg, cluster).control_interval_s
+                == PlannerSettings().interval_s == 10.0)
