@@ -56,6 +56,7 @@ from planner_svc.simulator.sessions import SCENARIOS, population, sessions  # no
 OUT = ROOT / "docs" / "results" / "learning"
 TIME_SCALE, KV_TOKENS, ENGINES = 4.0, 60_000, 4
 Q_CAP, W = 12.0 / TIME_SCALE, 12  # the arena's values at this time scale
+RATE_WINDOW_S = 6.0 * TIME_SCALE  # the live stack's stream window (StackOptions below)
 WARMUP_S, SLO_S = 72.0, 2.0
 # The arena measures 40 s per point; in virtual time the sweep can afford 5x that, which
 # the p99 needs: over 40 s it rests on a handful of requests and moves by a whole load step
@@ -76,7 +77,9 @@ def sim_capacity(q_cap: float, w: int, seed: int, scenario: str = "paper-like",
     for scale in SCALES:
         sc = base.scaled(sessions_per_s=base.sessions_per_s * scale / TIME_SCALE)
         pop = population(sc, seed)
-        r = simulate_sessions(pop, sessions(pop, total), gateway_like(q_cap, w), model=model,
+        # planning on the rates of the live stack's stream window (below), as its planner does
+        planner = gateway_like(q_cap, w, rate_window_s=RATE_WINDOW_S)
+        r = simulate_sessions(pop, sessions(pop, total), planner, model=model,
                               n_destinations=ENGINES, until_s=total,
                               control_interval_s=4.0 * TIME_SCALE)
         p99 = r.ttft_p99(WARMUP_S)
@@ -165,7 +168,7 @@ def live(start_factor: float, best_q: float, best_w: float, run_s: float, scale:
         "--model", "arena-model", "--kv-events"])
     stacks = CacheRouteStack(StackOptions(
         destinations=ENGINES, destination_specs=fleet.destinations(),
-        window_s=6.0 * TIME_SCALE, hop_s=2.0 * TIME_SCALE, interval_s=4.0 * TIME_SCALE,
+        window_s=RATE_WINDOW_S, hop_s=2.0 * TIME_SCALE, interval_s=4.0 * TIME_SCALE,
         q_cap=best_q * start_factor, warm_slots_per_destination=max(1, round(best_w
                                                                           * start_factor)),
         learn=True, q_cap_ttft_slo_s=SLO_S if ttft_target else 0.0,
