@@ -212,8 +212,11 @@ class CacheRoutePolicy:
         # Per key, the part of its prefix its routing key covers (a gateway reports it: the
         # system prompt); without content, a key is one stream and all of it counts.
         system = ctx.extra.get("system_tokens")
-        self._system = (np.asarray(system, np.float64).tolist()
-                        if isinstance(system, np.ndarray) and len(system) == len(self.keys)
+        self._system_tokens = (np.asarray(system, np.float64)
+                               if isinstance(system, np.ndarray)
+                               and len(system) == len(self.keys) else None)
+        # (a list as well: the per-request sums index it, cheaper than numpy item reads)
+        self._system = (self._system_tokens.tolist() if self._system_tokens is not None
                         else None)
         self._shared_sum = [0.0] * len(self.keys)
         # Where the simulator hands over the whole workload's columns (keys, reusable prefix,
@@ -360,8 +363,8 @@ class CacheRoutePolicy:
         self._window_end = end
         pre = prefix[start:end].astype(np.float64)
         shared = None
-        if self._system is not None:
-            system = np.asarray(self._system, np.float64)[window_keys]
+        if self._system_tokens is not None:
+            system = self._system_tokens[window_keys]
             shared = np.bincount(window_keys, weights=np.minimum(system, pre), minlength=n)
         return (np.bincount(window_keys, weights=pre, minlength=n),
                 np.bincount(window_keys, weights=prompt[start:end].astype(np.float64),
@@ -400,7 +403,7 @@ class CacheRoutePolicy:
         n = len(self.keys)
         parts = self.guard.settings.guard.gain_low_windows + 1
         edges = np.linspace(float(t[0]), float(t[-1]), parts + 1)
-        system = np.asarray(self._system) if self._system is not None else None
+        system = self._system_tokens
         for lo, hi in itertools.pairwise(edges.tolist()):
             part = (t >= lo) & (t <= hi) if hi == edges[-1] else (t >= lo) & (t < hi)
             k = keys[part]

@@ -240,7 +240,7 @@ def policy_factory(name: str, cfg: ReplayConfig, w: Workload) -> PolicyFactory:
         raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICY_NAMES)}")
     q_cap, slots = calibrate(w, cfg.model, cfg.warmup_fraction)
     as_gateway = name in _AS_GATEWAY
-    shipped = as_gateway and not cfg.paper_cadence and cfg.replan != "once"
+    shipped = _on_shipped_cadence(name, cfg)
     settings = CacheRouteSettings(
         q_cap=cfg.q_cap or q_cap,
         warm_slots_per_destination=cfg.warm_slots_per_destination or slots,
@@ -346,9 +346,15 @@ def run_point(cfg: ReplayConfig, load: float, seed: int) -> list[RunMetrics]:
 def cluster_for(name: str, cfg: ReplayConfig, cluster: ClusterSpec) -> ClusterSpec:
     """The cluster policy `name` runs on: a policy run as the gateway replans on the shipped
     planner's interval (unless `paper_cadence`); the rest on the scenario's."""
-    if name in _AS_GATEWAY and not cfg.paper_cadence and cfg.replan != "once":
+    if _on_shipped_cadence(name, cfg):
         return replace(cluster, control_interval_s=SHIPPED_INTERVAL_S)
     return cluster
+
+
+def _on_shipped_cadence(name: str, cfg: ReplayConfig) -> bool:
+    """Policy `name` replans as the shipped planner does (`SHIPPED_INTERVAL_S`, on the rates
+    of the last `SHIPPED_WINDOW_S`): the policies run as the gateway, unless told otherwise."""
+    return name in _AS_GATEWAY and not cfg.paper_cadence and cfg.replan != "once"
 
 
 def _display(name: str, policy_label: str) -> str:
