@@ -67,8 +67,12 @@ ROUTERS = [
     # Only when named in --routers: the gateway with idle re-homing off (its default before
     # 2026-12-05), for an A/B of that default on the same engines and traffic.
     RouterSpec("cacheroute no-rehome", "cacheroute", extra=("--idle-rehome-s", "0")),
+    # Only when named: the SGLang gateway's power of two choices, the real router the
+    # simulator's Flat-LB is checked against (bench/sim_vs_arena.py); no user picks it over
+    # cache_aware for LLM traffic, so the comparison does not rank it.
+    RouterSpec("sglang power_of_two", "sglang", "power_of_two"),
 ]
-OPT_IN = ("cacheroute no-rehome",)
+OPT_IN = ("cacheroute no-rehome", "sglang power_of_two")
 # The cache_aware policies' tuning flags (the same names in both peers; their defaults:
 # cache threshold 0.3, balance when max load - min load > 64 and max > 1.5 x min). With four
 # engines and tens of requests in flight, 64 never triggers: the grid lowers it, as a user
@@ -639,7 +643,11 @@ def main() -> int:
                     peers = named or [_best_peer(rows, name, n) or next(
                         (r.name for r in routers if r.kind != "cacheroute"), "")]
                     for seed in cap_seeds:
-                        for spec in [routers[0], *[r for r in routers if r.name in peers]]:
+                        # (the first router is CacheRoute, unless only peers were named:
+                        # then a peer swept once, not again as its own "best peer")
+                        swept = {r.name: r for r in [routers[0], *[
+                            r for r in routers if r.name in peers]]}
+                        for spec in swept.values():
                             value, sweep = capacity(spec, found[0], seed, setup, fleet, stacks,
                                                     work, scales, n)
                             per_seed.setdefault(f"{name}/{cap_label(spec.name, n)}",

@@ -12,7 +12,9 @@ counterparts:
 - `sglang cache_aware`: our SGLang-like baseline (reactive.SGLangCacheAware, its CLI
   defaults, matching on the prompts' content) next to the real SGLang gateway;
 - `sglang round_robin`: round robin, the cache-blind reference;
-- `sglang power_of_two`: Flat-LB (power of two choices on the router's in-flight counts).
+- `sglang power_of_two`: our model of it (reactive.SGLangPowerOfTwo: power of two choices on
+  the engines' `/get_load` tokens, polled every 5 s, as the gateway does; not Flat-LB, whose
+  P2C reads live in-flight counts).
 
 Per row: served hit rate and TTFT p99, arena and simulated, and whether the simulator is
 within the issue's tolerances (3 pp of hit rate, 20 % of p99).
@@ -45,8 +47,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from planner_svc.simulator.cacheroute_policy import gateway_like  # noqa: E402
-from planner_svc.simulator.policies import PolicyFactory, flat_lb, round_robin  # noqa: E402
-from planner_svc.simulator.reactive import sglang_cache_aware  # noqa: E402
+from planner_svc.simulator.policies import PolicyFactory, round_robin  # noqa: E402
+from planner_svc.simulator.reactive import sglang_cache_aware, sglang_power_of_two  # noqa: E402
 from planner_svc.simulator.session_sim import arena_run  # noqa: E402
 from planner_svc.simulator.sessions import SCENARIOS  # noqa: E402
 from router_client.ring import DEFAULT_TAIL_SLACK  # noqa: E402
@@ -69,7 +71,7 @@ def policies(time_scale: float, *, tail_slack: float = DEFAULT_TAIL_SLACK,
                                                   if rate_window else None)),
         "sglang cache_aware": sglang_cache_aware(),
         "sglang round_robin": round_robin,
-        "sglang power_of_two": flat_lb,
+        "sglang power_of_two": sglang_power_of_two(),
     }
 
 
@@ -107,18 +109,27 @@ def transport_s(path: Path | None) -> dict[str, float]:
     return out
 
 
-def simulate(row: dict[str, str], args: argparse.Namespace) -> tuple[float, float]:
+def simulate(row: dict[str, str], args: argparse.Namespace
+             ) -> tuple[float, float, tuple[float, float], tuple[float, float]]:
+    """The row replayed under `args.policy_seeds` draws of the router's own randomness (P2C's
+    pairs, tie-breaks; the conversations are the row's): the mean hit rate and the median
+    TTFT p99 over the draws, and each one's range. A router that draws at random is a
+    random process: one arena run is one draw of it, and so is one simulated run."""
     ts = float(row.get("time_scale") or args.time_scale)
     warmup = float(row.get("warmup_s") or args.warmup_s)
     factory = policies(ts, tail_slack=args.tail_slack, balance=args.balance,
                        rate_window=not args.cumulative_rates)[row["router"]]
-    r = arena_run(row["scenario"], int(row.get("seed") or 1), factory,
-             rate_scale=float(row["rate_scale"]), time_scale=ts, warmup_s=warmup,
-             measure_s=float(row.get("measure_s") or args.measure_s),
-             kv_tokens=int(float(row.get("kv_tokens") or args.kv_tokens)),
-             engines=args.engines)
-    return r.hit_rate(warmup), r.ttft_p99(warmup) + args.transport_s.get(row["router"], 0.0)
-
+    hits, p99s = [], []
+    for draw in range(1, args.policy_seeds + 1):
+        r = arena_run(row["scenario"], int(row.get("seed") or 1), factory,
+                      rate_scale=float(row["rate_scale"]), time_scale=ts, warmup_s=warmup,
+                      measure_s=float(row.get("measure_s") or args.measure_s),
+                      kv_tokens=int(float(row.get("kv_tokens") or args.kv_tokens)),
+                      engines=args.engines, policy_seed=draw)
+        hits.append(r.hit_rate(warmup))
+        p99s.append(r.ttft_p99(warmup) + args.transport_s.get(row["router"], 0.0))
+    return (statistics.fmean(hits), statistics.median(p99s), (min(hits), max(hits)),
+            (min(p99s), max(p99s)))
 
 
 def main() -> int:
@@ -142,10 +153,15 @@ def main() -> int:
     ap.add_argument("--cumulative-rates", action="store_true",
                     help="the simulated planner plans on cumulative mean rates (before "
                          "2026-12-05) instead of the stream window's, as the planner does")
+    ap.add_argument("--policy-seeds", type=int, default=1,
+                    help="simulated draws of each router's own randomness per row (the mean "
+                         "hit and median p99 are compared; the range is reported)")
     ap.add_argument("--transport", type=Path, default=None,
                     help="bench/gateway.py's JSON summary: add each router's measured "
                          "first-event cost to the simulated TTFT")
     args = ap.parse_args()
+    if args.policy_seeds < 1:
+        ap.error("--policy-seeds must be >= 1")
     args.transport_s = transport_s(args.transport)
     if args.transport_s:
         print("transport added to simulated TTFT: " + ", ".join(
@@ -157,10 +173,10 @@ def main() -> int:
                                  r.get("seed") or "1"))
     lines = [f"{'scenario':<21} {'router':<20} {'load':>5} {'seed':>4} {'arena hit':>9} "
              f"{'sim hit':>8} {'diff pp':>8} {'arena p99':>9} {'sim p99':>8} {'p99 ratio':>9}"
-             f"  within"]
+             f"  within{'  sim p99 range over draws' if args.policy_seeds > 1 else ''}"]
     results: list[dict[str, Any]] = []
     for row in rows:
-        hit, p99 = simulate(row, args)
+        hit, p99, hit_range, p99_range = simulate(row, args)
         arena_hit, arena_p99 = float(row["hit"]), float(row["ttft_p99_s"])
         diff = (hit - arena_hit) * 100
         ratio = p99 / arena_p99 if arena_p99 > 0 else float("nan")
@@ -168,11 +184,16 @@ def main() -> int:
         results.append({"scenario": row["scenario"], "router": row["router"],
                         "load": float(row["rate_scale"]), "seed": int(row.get("seed") or 1),
                         "hit_diff_pp": round(diff, 2), "p99_ratio": round(ratio, 3),
-                        "hit_ok": ok_hit, "p99_ok": ok_p99})
+                        "hit_ok": ok_hit, "p99_ok": ok_p99,
+                        # is the arena's draw one the simulator also makes?
+                        "arena_p99_in_sim_range": p99_range[0] <= arena_p99 <= p99_range[1],
+                        "arena_hit_in_sim_range": hit_range[0] <= arena_hit <= hit_range[1]})
         lines.append(f"{row['scenario']:<21} {row['router']:<20} {float(row['rate_scale']):>5g} "
                      f"{row.get('seed') or '1':>4} {arena_hit:>9.1%} {hit:>8.1%} {diff:>+8.1f} "
                      f"{arena_p99:>9.3f} {p99:>8.3f} {ratio:>9.2f}  "
-                     f"{'hit' if ok_hit else '---'} {'p99' if ok_p99 else '---'}")
+                     f"{'hit' if ok_hit else '---'} {'p99' if ok_p99 else '---'}"
+                     + (f"  {p99_range[0]:.3f}-{p99_range[1]:.3f}" if args.policy_seeds > 1
+                        else ""))
     print("\n".join(lines))
     by_router: dict[str, dict[str, Any]] = {}
     for name in dict.fromkeys(r["router"] for r in results):
@@ -183,13 +204,16 @@ def main() -> int:
             "median_p99_ratio": round(statistics.median(r["p99_ratio"] for r in mine), 3),
             "hit_within_3pp": sum(r["hit_ok"] for r in mine),
             "p99_within_20pct": sum(r["p99_ok"] for r in mine),
+            "arena_p99_in_sim_range": sum(r["arena_p99_in_sim_range"] for r in mine),
         }
         print(f"{name}: {len(mine)} rows; hit within 3 pp on {by_router[name]['hit_within_3pp']}"
               f", p99 within 20 % on {by_router[name]['p99_within_20pct']}; worst hit diff "
               f"{by_router[name]['worst_abs_hit_diff_pp']:.1f} pp, median p99 ratio "
-              f"{by_router[name]['median_p99_ratio']:.2f}")
+              f"{by_router[name]['median_p99_ratio']:.2f}"
+              + (f"; the arena's p99 inside the simulated draws' range on "
+                 f"{by_router[name]['arena_p99_in_sim_range']}" if args.policy_seeds > 1 else ""))
     print(json.dumps({
-        "routers": by_router, "rows": results,
+        "policy_seeds": args.policy_seeds, "routers": by_router, "rows": results,
         "elapsed_s": round(time.perf_counter() - t0, 1),
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
     }))

@@ -267,6 +267,10 @@ class EmulatedEngine:
         """`/get_load`: the SGLang model gateway's shape (a list per data-parallel rank), or
         vllm-router's (`{"load": n}`); the two routers poll the same path."""
         running = self.counters.running
+        # The engine model releases finished requests lazily (at the next admission): bring
+        # it to now first, or an idle engine would report the tokens of requests long done
+        # (the SGLang gateway's power_of_two compares exactly these tokens).
+        self.replica.in_flight(time.monotonic())
         if self.load_shape == "vllm":
             _send(out, 200, {"load": running})
         else:

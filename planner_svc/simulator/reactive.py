@@ -12,6 +12,7 @@ engine's state, except where DualMap-like says so).
 
 from __future__ import annotations
 
+import random
 from collections import OrderedDict
 
 import numpy as np
@@ -105,6 +106,56 @@ def sglang_cache_aware(rust_defaults: bool = False) -> PolicyFactory:
                 label="SGLang cache_aware (Rust defaults)",
             )
         return SGLangCacheAware(ctx)
+
+    return build
+
+
+class SGLangPowerOfTwo:
+    """The SGLang model gateway's `power_of_two` (sglang-router 0.3.x): two distinct workers
+    at random, the one with the lower *polled* load, ties to the first drawn. Its load
+    monitor polls each worker's `/get_load` every `poll_interval_s` (5 s, fixed in the
+    gateway) and compares the tokens the workers reported (`num_tokens`); until both of a
+    pair have reported, the router's own in-flight counts. Between polls the loads do not
+    move, so every pair goes the same way: this is not Flat-LB (P2C on live counts,
+    baselines.md §1), and the arena's real `power_of_two` is checked against this model.
+    The simulators feed the polls through `poll_loads` (session_sim)."""
+
+    name = "SGLang power_of_two"
+
+    def __init__(self, ctx: PolicyContext, *, poll_interval_s: float = 5.0) -> None:
+        if not poll_interval_s > 0:
+            raise ValueError("poll_interval_s must be > 0")
+        self.n = ctx.n_destinations
+        self.poll_interval_s = poll_interval_s
+        self.inflight = [0] * self.n
+        self.polled: list[int] | None = None
+        self._rand = random.Random(ctx.seed).random
+
+    def poll_loads(self, now: float, tokens: list[int]) -> None:
+        """The workers' `/get_load` tokens at `now`, one per destination."""
+        if len(tokens) != self.n:
+            raise ValueError(f"expected {self.n} loads, got {len(tokens)}")
+        self.polled = list(tokens)
+
+    def route(self, i: int, key: int, prompt: int, prefix: int, output: int, now: float) -> int:
+        n, rand = self.n, self._rand
+        a = int(rand() * n)
+        b = (a + 1 + int(rand() * (n - 1))) % n  # distinct, as the gateway draws them
+        loads = self.polled if self.polled is not None else self.inflight
+        d = a if loads[a] <= loads[b] else b
+        self.inflight[d] += 1
+        return d
+
+    def finished(self, i: int, dest: int, now: float) -> None:
+        self.inflight[dest] -= 1
+
+    def control(self, now: float, window_keys: np.ndarray, window_s: float) -> None:
+        return None
+
+
+def sglang_power_of_two(poll_interval_s: float = 5.0) -> PolicyFactory:
+    def build(ctx: PolicyContext) -> Policy:
+        return SGLangPowerOfTwo(ctx, poll_interval_s=poll_interval_s)
 
     return build
 

@@ -92,6 +92,11 @@ def simulate_sessions(pop: Population, plan: Sequence[Session], factory: PolicyF
     # What each request was served from cache, for a policy that learns from it (eventloop).
     on_served = getattr(policy, "served", None)
     firsts: list[tuple[float, int, int]] = []
+    # A router that polls the engines' load (the SGLang gateway's power_of_two reads
+    # `/get_load` every few seconds): what each engine reports at each poll.
+    on_poll = getattr(policy, "poll_loads", None)
+    poll_every = float(getattr(policy, "poll_interval_s", 0.0)) if on_poll else 0.0
+    next_poll = 0.0 if poll_every > 0 else float("inf")
     window: list[int] = []
     next_control = control_interval_s if control_interval_s > 0 else float("inf")
     rows: list[tuple[int, int, int, float, int, int, int, float, float]] = []
@@ -107,6 +112,11 @@ def simulate_sessions(pop: Population, plan: Sequence[Session], factory: PolicyF
             if on_served is not None:
                 on_served(i, d, c)
             policy.finished(i, d, f)
+        while now >= next_poll:
+            for engine in engines:
+                engine.in_flight(next_poll)  # (releases what finished by the poll)
+            on_poll(next_poll, [engine.kv_held for engine in engines])  # type: ignore[misc]
+            next_poll += poll_every
         while now >= next_control:
             policy.control(next_control, np.asarray(window, np.int64), control_interval_s)
             window = []
@@ -151,12 +161,14 @@ def _reported_prefix(messages: list[dict[str, str]]) -> int:
 
 def arena_run(scenario: str, seed: int, factory: PolicyFactory, *, rate_scale: float = 1.0,
          time_scale: float = 0.5, warmup_s: float = 15.0, measure_s: float = 12.0,
-         kv_tokens: int = 60_000, engines: int = 4) -> SessionRecords:
+         kv_tokens: int = 60_000, engines: int = 4, policy_seed: int = 1) -> SessionRecords:
     """One run of bench/arena.py in virtual time: the arena's conversations for `scenario`
     and `seed` at its offered load, its engines and control interval, the requests recorded
     as the arena's driver records them: those answered by the end of the run
     (bench/sim_vs_arena.py, bench/arena_transient.py). At overload the requests still
-    queued at the end are the slowest ones, and the arena's p99 does not see them either."""
+    queued at the end are the slowest ones, and the arena's p99 does not see them either.
+    `policy_seed`: the router's own random draws (P2C's pairs, tie-breaks), apart from the
+    conversations' `seed`."""
     base = SCENARIOS[scenario]
     sc = base.scaled(sessions_per_s=base.sessions_per_s * rate_scale / time_scale)
     pop = population(sc, seed)
@@ -165,4 +177,4 @@ def arena_run(scenario: str, seed: int, factory: PolicyFactory, *, rate_scale: f
         pop, sessions(pop, total), factory,
         model=ReplicaModel(kv_capacity_tokens=kv_tokens).time_scaled(time_scale),
         n_destinations=engines, until_s=total,
-        control_interval_s=4.0 * max(1.0, time_scale)).finished_by(total)
+        control_interval_s=4.0 * max(1.0, time_scale), seed=policy_seed).finished_by(total)

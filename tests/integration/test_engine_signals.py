@@ -126,3 +126,23 @@ def test_an_emulated_engine_reports_its_queue_as_vllm_does(tmp_path):
         assert scrape().waiting == 0 and scrape().running == 0
     finally:
         fleet.stop()
+
+
+def test_get_load_reports_the_tokens_of_requests_still_running(tmp_path):
+    """The SGLang gateway's power_of_two compares the tokens each engine's `/get_load`
+    reports: an engine whose requests have all finished reports none, even before its next
+    request (the engine model releases finished requests lazily; the handler catches up)."""
+    fleet = start_engines(tmp_path, 1, extra=["--time-scale", "0"])
+    try:
+        url = fleet.urls["e0"]
+        body = json.dumps({"model": "emulated-model", "max_tokens": 4, "messages": [
+            {"role": "user", "content": "load " * 300}]}).encode()
+        req = urllib.request.Request(f"{url}/v1/chat/completions", body,
+                                     {"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            assert json.loads(r.read())["usage"]["prompt_tokens"] > 0
+        with urllib.request.urlopen(f"{url}/get_load", timeout=10) as r:
+            (rank,) = json.loads(r.read())
+        assert rank["num_tokens"] == 0 and rank["num_reqs"] == 0
+    finally:
+        fleet.stop()

@@ -9,7 +9,7 @@ import numpy as np
 from planner_svc.simulator.hashring import HashRing, stable_hash
 from planner_svc.simulator.policies import CHWBL, FlatP2C, PolicyContext, Sticky
 from planner_svc.simulator.preble import PrebleLike
-from planner_svc.simulator.reactive import DualMapLike, SGLangCacheAware
+from planner_svc.simulator.reactive import DualMapLike, SGLangCacheAware, SGLangPowerOfTwo
 from planner_svc.simulator.replica import ReplicaModel
 
 KEYS = [f"tenant-{i:05d}" for i in range(200)]
@@ -149,3 +149,24 @@ def test_prefix_index_ignores_empty_segments_and_trims_leaves_before_their_prefi
     idx.trim(4)  # destination 0 drops its leaf, keeps the shared prefix
     assert idx.blocks == [4, 4]  # destination 1 dropped its leaf (3) too
     assert idx.match([(1, 4), (2, 6)])[0] == 4
+
+
+def test_sglang_power_of_two_compares_the_polled_tokens_and_herds_between_polls() -> None:
+    """sglang-router's power_of_two: the lower of two distinct workers' polled `/get_load`
+    tokens, ties to the first drawn; before the first poll, its own in-flight counts. The
+    loads hold until the next poll, so every request goes to the least-loaded of its pair
+    however many were sent there since (the herding live-count P2C avoids)."""
+    p = SGLangPowerOfTwo(ctx(n=4))
+    p.inflight[:] = [3, 3, 3, 0]
+    before = Counter(p.route(i, 0, 10, 0, 1, 0.0) for i in range(200))
+    assert before.most_common(1)[0][0] == 3  # live counts until a poll: the idle one
+    p.poll_loads(5.0, [900, 100, 500, 700])
+    picks = Counter(p.route(i, 0, 10, 0, 1, 5.0) for i in range(3000))
+    # the least loaded wins every pair it is in (1/2 of pairs), the next 1/3, the next 1/6,
+    # the most loaded none, however many requests land in between
+    assert picks[0] == 0
+    assert picks[1] > picks[2] > picks[3] > 0
+    assert abs(picks[1] / 3000 - 0.5) < 0.05 and abs(picks[3] / 3000 - 1 / 6) < 0.05
+    p.poll_loads(5.0, [0, 0, 0, 0])  # ties: the first drawn, so uniform
+    ties = Counter(p.route(i, 0, 10, 0, 1, 5.0) for i in range(4000))
+    assert all(abs(ties[d] / 4000 - 0.25) < 0.04 for d in range(4))

@@ -134,3 +134,36 @@ def test_the_guard_reads_the_gateways_reported_prefix_and_falls_back_on_low_reus
         arena_run(name, 1, factory, rate_scale=4.0, time_scale=4.0, warmup_s=60.0,
                   measure_s=10.0)
         assert policies[-1].core.mode == mode, (name, policies[-1].gains)
+
+
+def test_the_policy_seed_draws_the_routers_randomness_and_leaves_the_conversations() -> None:
+    """bench/sim_vs_arena.py compares a random router (P2C) over several draws of its own
+    randomness: another policy seed sends requests elsewhere, never other requests."""
+    from planner_svc.simulator.policies import flat_lb
+
+    runs = [arena_run("paper-like", 1, flat_lb, warmup_s=5.0, measure_s=5.0, policy_seed=s)
+            for s in (1, 1, 2)]
+    assert np.array_equal(runs[0].dest, runs[1].dest)  # a draw is reproducible
+    assert np.array_equal(runs[0].sent_s[runs[0].turn == 0], runs[2].sent_s[runs[2].turn == 0])
+    assert not np.array_equal(runs[0].dest, runs[2].dest)
+
+
+def test_a_polling_router_is_given_what_each_engine_holds_at_every_poll() -> None:
+    """The session simulator feeds a router that polls the engines' load (the SGLang
+    gateway's power_of_two) the tokens each engine holds at each poll, once per interval."""
+    from planner_svc.simulator.reactive import SGLangPowerOfTwo
+
+    polls: list[tuple[float, list[int]]] = []
+
+    class Recording(SGLangPowerOfTwo):
+        def poll_loads(self, now: float, tokens: list[int]) -> None:
+            polls.append((now, list(tokens)))
+            super().poll_loads(now, tokens)
+
+    r = arena_run("paper-like", 1, lambda c: Recording(c, poll_interval_s=2.0),
+                  warmup_s=10.0, measure_s=10.0)
+    times = [t for t, _ in polls]
+    assert times[:3] == [0.0, 2.0, 4.0] and times == sorted(set(times))
+    assert times[-1] <= float(r.sent_s.max())  # polled as requests arrive
+    assert all(len(t) == 4 for _, t in polls) and polls[0][1] == [0, 0, 0, 0]
+    assert any(sum(t) > 0 for _, t in polls)  # engines holding running requests' tokens
