@@ -47,7 +47,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from planner_svc.simulator.cacheroute_policy import gateway_like  # noqa: E402
-from planner_svc.simulator.policies import PolicyFactory, round_robin  # noqa: E402
+from planner_svc.simulator.policies import PolicyFactory, flat_lb, round_robin  # noqa: E402
 from planner_svc.simulator.reactive import sglang_cache_aware, sglang_power_of_two  # noqa: E402
 from planner_svc.simulator.session_sim import arena_run  # noqa: E402
 from planner_svc.simulator.sessions import SCENARIOS  # noqa: E402
@@ -58,8 +58,8 @@ P99_TOLERANCE = 0.20
 
 
 def policies(time_scale: float, *, tail_slack: float = DEFAULT_TAIL_SLACK,
-             balance: str = "first-token", rate_window: bool = True
-             ) -> dict[str, PolicyFactory]:
+             balance: str = "first-token", rate_window: bool = True,
+             power_of_two: str = "polled") -> dict[str, PolicyFactory]:
     """Arena router name -> its simulated counterpart (q_cap and W as the arena sets them;
     the gateway's cold-tail bound and balance as the arena rows ran with them)."""
     return {
@@ -71,7 +71,8 @@ def policies(time_scale: float, *, tail_slack: float = DEFAULT_TAIL_SLACK,
                                                   if rate_window else None)),
         "sglang cache_aware": sglang_cache_aware(),
         "sglang round_robin": round_robin,
-        "sglang power_of_two": sglang_power_of_two(),
+        # the gateway's rule (polled tokens), or Flat-LB's (live counts) to compare with it
+        "sglang power_of_two": sglang_power_of_two() if power_of_two == "polled" else flat_lb,
     }
 
 
@@ -118,7 +119,8 @@ def simulate(row: dict[str, str], args: argparse.Namespace
     ts = float(row.get("time_scale") or args.time_scale)
     warmup = float(row.get("warmup_s") or args.warmup_s)
     factory = policies(ts, tail_slack=args.tail_slack, balance=args.balance,
-                       rate_window=not args.cumulative_rates)[row["router"]]
+                       rate_window=not args.cumulative_rates,
+                       power_of_two=args.power_of_two)[row["router"]]
     hits, p99s = [], []
     for draw in range(1, args.policy_seeds + 1):
         r = arena_run(row["scenario"], int(row.get("seed") or 1), factory,
@@ -153,6 +155,9 @@ def main() -> int:
     ap.add_argument("--cumulative-rates", action="store_true",
                     help="the simulated planner plans on cumulative mean rates (before "
                          "2026-12-05) instead of the stream window's, as the planner does")
+    ap.add_argument("--power-of-two", choices=("polled", "flat"), default="polled",
+                    help="simulate the SGLang gateway's power_of_two as it runs (polled "
+                         "/get_load tokens) or as Flat-LB (live in-flight counts)")
     ap.add_argument("--policy-seeds", type=int, default=1,
                     help="simulated draws of each router's own randomness per row (the mean "
                          "hit and median p99 are compared; the range is reported)")
