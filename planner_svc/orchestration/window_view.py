@@ -12,7 +12,7 @@ import numpy as np
 
 from planner_svc.control.telemetry import Telemetry
 from planner_svc.control.traffic import Traffic
-from planner_svc.planning.affinity import fleet_gain
+from planner_svc.planning.affinity import fleet_gain, reusable_prefix
 from streams.assembly import KEY_COLUMNS
 
 
@@ -75,7 +75,7 @@ def window_affinity_gain(window: Any, n_destinations: int,
     cached = np.divide(np.asarray(window.cached_tokens, np.float64), requests,
                        out=per_request.copy(), where=requests > 0)
     reported = np.nan_to_num(np.asarray(window.reusable_prefix_tokens, np.float64))
-    prefix = np.maximum(reported, np.nan_to_num(cached))
+    prefix = reusable_prefix(reported, cached)
     gain = fleet_gain(np.asarray(window.rate_per_s, np.float64), prefix, prompt, requests,
                       n_destinations, warm_slots_per_destination, shared_tokens=reported)
     return None if gain is None else gain.judged_gain

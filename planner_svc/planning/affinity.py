@@ -137,6 +137,15 @@ def predicted_gain(rates: np.ndarray, prefix_tokens: np.ndarray, prompt_tokens: 
     )
 
 
+def reusable_prefix(reported_tokens: np.ndarray, cached_per_request: np.ndarray) -> np.ndarray:
+    """Per key, the reusable prefix the guard judges: what the routers reported (the part of
+    the prompt its key covers) or, where more, what the engines served each of its requests
+    from cache (a conversation's history, a key named by a header). `fleet_gain` takes the
+    reported part as the shared one: the rest is history Flat-LB finds one time in R."""
+    return np.maximum(np.nan_to_num(np.asarray(reported_tokens, np.float64)),
+                      np.nan_to_num(np.asarray(cached_per_request, np.float64)))
+
+
 def fleet_gain(rates: np.ndarray, prefix_tokens: np.ndarray, prompt_tokens: np.ndarray,
                requests: np.ndarray, n_destinations: int,
                warm_slots_per_destination: int,
