@@ -111,8 +111,10 @@ def sglang_cache_aware(rust_defaults: bool = False) -> PolicyFactory:
 
 
 class SGLangPowerOfTwo:
-    """The SGLang model gateway's `power_of_two` (sglang-router 0.3.x): two distinct workers
-    at random, the one with the lower *polled* load, ties to the first drawn. Its load
+    """The SGLang model gateway's `power_of_two` as its source states it (smg
+    `policies/power_of_two.rs`): two distinct workers at random, the one with the lower
+    *polled* load, ties to the first drawn. (A probe of sglang-router 0.3.2 did not show it
+    following the polled tokens: `bench/probe_sglang_p2c.py`, docs/arena.md.) Its load
     monitor polls each worker's `/get_load` every `poll_interval_s` (5 s, fixed in the
     gateway) and compares the tokens the workers reported (`num_tokens`); until both of a
     pair have reported, the router's own in-flight counts. Between polls the loads do not
