@@ -48,20 +48,25 @@ def _post(url: str, text: str, timeout_s: float) -> None:
 
 
 def _tokens(url: str) -> int:
+    """What `/get_load` reports: the ranks' tokens (SGLang's shape) or `load` (vllm-router's)."""
     with urllib.request.urlopen(f"{url}/get_load", timeout=5) as r:
-        return sum(int(rank["num_tokens"]) for rank in json.loads(r.read()))
+        answer = json.loads(r.read())
+    if isinstance(answer, dict):
+        return int(answer["load"])
+    return sum(int(rank["num_tokens"]) for rank in answer)
 
 
 def _send(url: str, text: str) -> None:
     threading.Thread(target=_post, args=(url, text, 30.0), daemon=True).start()
 
 
-def probe(requests: int, hold: int, settle_s: float) -> tuple[str, int, int]:
+def probe(requests: int, hold: int, settle_s: float, load_shape: str = "sglang"
+          ) -> tuple[str, int, int]:
     """One run: the engine each request landed on ("0": the loaded one, "1": the idle
     one), and the tokens each reported just before the gateway started."""
     work = Path(tempfile.mkdtemp(prefix="probe-p2c-"))
     fleet: EngineFleet = start_engines(work, 2, extra=["--time-scale", "200", "--model", MODEL,
-                                                       "--faults"])
+                                                       "--faults", "--load-shape", load_shape])
     try:
         loaded, idle = fleet.urls["e0"], fleet.urls["e1"]
         for i in range(hold):
@@ -93,6 +98,9 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--requests", type=int, default=24)
     ap.add_argument("--hold", type=int, default=3, help="long requests held on engine 0")
+    ap.add_argument("--load-shape", choices=("sglang", "vllm"), default="sglang",
+                    help="the engines' /get_load answer: SGLang's per-rank list (num_tokens) "
+                         "or vllm-router's {\"load\": running requests}")
     ap.add_argument("--settle-s", type=float, default=7.0,
                     help="wait after the gateway starts (its load monitor polls every 5 s)")
     args = ap.parse_args()
@@ -101,7 +109,7 @@ def main() -> int:
     rows = []
     print(f"{'run':>3} {'tokens loaded / idle':>21}  sequence (0 = the loaded engine)")
     for run in range(1, args.runs + 1):
-        seq, t0, t1 = probe(args.requests, args.hold, args.settle_s)
+        seq, t0, t1 = probe(args.requests, args.hold, args.settle_s, args.load_shape)
         rows.append(seq)
         print(f"{run:>3} {t0:>10} / {t1:<8}  {seq}")
     landed = "".join(rows)

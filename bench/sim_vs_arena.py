@@ -12,9 +12,9 @@ counterparts:
 - `sglang cache_aware`: our SGLang-like baseline (reactive.SGLangCacheAware, its CLI
   defaults, matching on the prompts' content) next to the real SGLang gateway;
 - `sglang round_robin`: round robin, the cache-blind reference;
-- `sglang power_of_two`: our model of it (reactive.SGLangPowerOfTwo: power of two choices on
-  the engines' `/get_load` tokens, polled every 5 s, as the gateway does; not Flat-LB, whose
-  P2C reads live in-flight counts).
+- `sglang power_of_two`: uniform random routing, what it measured as in front of these
+  engines (bench/probe_sglang_p2c.py); `--power-of-two polled` for its source's rule
+  (reactive.SGLangPowerOfTwo), `flat` for Flat-LB.
 
 Per row: served hit rate and TTFT p99, arena and simulated, and whether the simulator is
 within the issue's tolerances (3 pp of hit rate, 20 % of p99).
@@ -47,7 +47,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from planner_svc.simulator.cacheroute_policy import gateway_like  # noqa: E402
-from planner_svc.simulator.policies import PolicyFactory, flat_lb, round_robin  # noqa: E402
+from planner_svc.simulator.policies import (  # noqa: E402
+    PolicyFactory,
+    flat_lb,
+    round_robin,
+    uniform_random,
+)
 from planner_svc.simulator.reactive import sglang_cache_aware, sglang_power_of_two  # noqa: E402
 from planner_svc.simulator.session_sim import arena_run  # noqa: E402
 from planner_svc.simulator.sessions import SCENARIOS  # noqa: E402
@@ -59,7 +64,7 @@ P99_TOLERANCE = 0.20
 
 def policies(time_scale: float, *, tail_slack: float = DEFAULT_TAIL_SLACK,
              balance: str = "first-token", rate_window: bool = True,
-             power_of_two: str = "polled") -> dict[str, PolicyFactory]:
+             power_of_two: str = "random") -> dict[str, PolicyFactory]:
     """Arena router name -> its simulated counterpart (q_cap and W as the arena sets them;
     the gateway's cold-tail bound and balance as the arena rows ran with them)."""
     return {
@@ -71,8 +76,10 @@ def policies(time_scale: float, *, tail_slack: float = DEFAULT_TAIL_SLACK,
                                                   if rate_window else None)),
         "sglang cache_aware": sglang_cache_aware(),
         "sglang round_robin": round_robin,
-        # the gateway's rule (polled tokens), or Flat-LB's (live counts) to compare with it
-        "sglang power_of_two": sglang_power_of_two() if power_of_two == "polled" else flat_lb,
+        # what the gateway's power_of_two measured as (uniform random: bench/probe_sglang_p2c.py),
+        # its source's rule (polled tokens), or Flat-LB's (live counts)
+        "sglang power_of_two": {"random": uniform_random, "polled": sglang_power_of_two(),
+                                "flat": flat_lb}[power_of_two],
     }
 
 
@@ -155,9 +162,10 @@ def main() -> int:
     ap.add_argument("--cumulative-rates", action="store_true",
                     help="the simulated planner plans on cumulative mean rates (before "
                          "2026-12-05) instead of the stream window's, as the planner does")
-    ap.add_argument("--power-of-two", choices=("polled", "flat"), default="polled",
-                    help="simulate the SGLang gateway's power_of_two as it runs (polled "
-                         "/get_load tokens) or as Flat-LB (live in-flight counts)")
+    ap.add_argument("--power-of-two", choices=("random", "polled", "flat"), default="random",
+                    help="simulate the SGLang gateway's power_of_two as it measured (uniform "
+                         "random), as its source states it (polled /get_load tokens) or as "
+                         "Flat-LB (live in-flight counts)")
     ap.add_argument("--policy-seeds", type=int, default=1,
                     help="simulated draws of each router's own randomness per row (the mean "
                          "hit and median p99 are compared; the range is reported)")

@@ -190,6 +190,29 @@ class RoundRobin(_NoControl):
         return None
 
 
+class UniformRandom(_NoControl):
+    """Every request to a destination drawn uniformly at random: what the SGLang gateway's
+    `power_of_two` (sglang-router 0.3.2) measured as in front of the arena's engines
+    (`bench/probe_sglang_p2c.py`: ~half of the requests on an engine holding 780 tokens
+    while the other was idle; docs/arena.md), so the simulator's counterpart of it."""
+
+    name = "uniform random"
+
+    def __init__(self, ctx: PolicyContext) -> None:
+        self.n = ctx.n_destinations
+        self._rand = random.Random(ctx.seed).random
+
+    def route(self, i: int, key: int, prompt: int, prefix: int, output: int, now: float) -> int:
+        return int(self._rand() * self.n)
+
+    def finished(self, i: int, dest: int, now: float) -> None:
+        return None
+
+
+def uniform_random(ctx: PolicyContext) -> Policy:
+    return UniformRandom(ctx)
+
+
 def round_robin(ctx: PolicyContext) -> Policy:
     return RoundRobin(ctx)
 

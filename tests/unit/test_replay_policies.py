@@ -170,3 +170,13 @@ def test_sglang_power_of_two_compares_the_polled_tokens_and_herds_between_polls(
     p.poll_loads(5.0, [0, 0, 0, 0])  # ties: the first drawn, so uniform
     ties = Counter(p.route(i, 0, 10, 0, 1, 5.0) for i in range(4000))
     assert all(abs(ties[d] / 4000 - 0.25) < 0.04 for d in range(4))
+
+
+def test_uniform_random_spreads_evenly_and_ignores_load() -> None:
+    """The simulator's counterpart of the SGLang gateway's power_of_two as it measured in
+    front of the arena's engines: a destination drawn uniformly, whatever is in flight."""
+    from planner_svc.simulator.policies import UniformRandom
+
+    p = UniformRandom(ctx(n=4))
+    picks = Counter(p.route(i, 0, 10, 0, 1, 0.0) for i in range(8000))  # never finished
+    assert all(abs(picks[d] / 8000 - 0.25) < 0.03 for d in range(4))
