@@ -535,6 +535,9 @@ def start_engines(workdir: Path, count: int = 4, *, extra: Sequence[str] = (),
     """Start `python -m planner_svc.devstack.engines` and wait for its engines' URLs.
     `wrap` prefixes the command (e.g. `taskset -c 1` to pin it to a core)."""
     log_path = workdir / f"{name}.log"
+    # The engines announce their URLs in this log, and processes append to theirs: a log left
+    # by an earlier fleet in the same directory would hand back its (dead) URLs at once.
+    log_path.unlink(missing_ok=True)
     proc = ManagedProcess(name, [*wrap, sys.executable, "-m", "planner_svc.devstack.engines",
                                  "--count", str(count), *extra], log_path)
     proc.start()

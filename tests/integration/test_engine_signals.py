@@ -146,3 +146,16 @@ def test_get_load_reports_the_tokens_of_requests_still_running(tmp_path):
         assert rank["num_tokens"] == 0 and rank["num_reqs"] == 0
     finally:
         fleet.stop()
+
+
+def test_a_fleet_started_where_another_ran_answers_on_its_own_urls(tmp_path):
+    """The engines announce their URLs in their log; a second fleet in the same directory
+    must not be handed the first one's (dead) URLs from the old log."""
+    first = start_engines(tmp_path, 1, extra=["--time-scale", "0"])
+    first.stop()
+    second = start_engines(tmp_path, 1, extra=["--time-scale", "0"])
+    try:  # (the old URL refuses: its engine is gone)
+        with urllib.request.urlopen(f"{second.urls['e0']}/health", timeout=10) as r:
+            assert r.status == 200
+    finally:
+        second.stop()
