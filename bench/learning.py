@@ -32,6 +32,7 @@ Writes docs/results/learning/ (table, CSV, a plot of the values over time); last
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
 import resource
@@ -40,6 +41,7 @@ import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -119,20 +121,14 @@ def sweep(seeds: list[int], factors: tuple[float, ...] = FACTORS,
     (the simulator runs in virtual time: the figures do not depend on it)."""
     points = _grid(knobs, factors)
     tasks = [(q, w, seed) for _, _, q, w in points for seed in seeds]
-    if jobs > 1:
-        from concurrent.futures import ProcessPoolExecutor
-        with ProcessPoolExecutor(max_workers=jobs) as pool:
-            caps_flat = []
-            for i, cap in enumerate(pool.map(_capacity_task, tasks)):
-                caps_flat.append(cap)
-                print(f"  sweep {i + 1}/{len(tasks)}: q_cap {tasks[i][0]:.3g}, W {tasks[i][1]}, "
-                      f"seed {tasks[i][2]}: {cap:.3f} sessions/s", file=sys.stderr, flush=True)
-    else:
-        caps_flat = []
-        for i, task in enumerate(tasks):
-            caps_flat.append(_capacity_task(task))
-            print(f"  sweep {i + 1}/{len(tasks)}: q_cap {task[0]:.3g}, W {task[1]}, "
-                  f"seed {task[2]}: {caps_flat[-1]:.3f} sessions/s", file=sys.stderr, flush=True)
+    caps_flat: list[float] = []
+    with (ProcessPoolExecutor(max_workers=jobs) if jobs > 1
+          else contextlib.nullcontext()) as pool:
+        results = pool.map(_capacity_task, tasks) if pool else map(_capacity_task, tasks)
+        for i, cap in enumerate(results):
+            caps_flat.append(cap)
+            print(f"  sweep {i + 1}/{len(tasks)}: q_cap {tasks[i][0]:.3g}, W {tasks[i][1]}, "
+                  f"seed {tasks[i][2]}: {cap:.3f} sessions/s", file=sys.stderr, flush=True)
     rows: list[dict[str, Any]] = []
     for i, (knob, f, q, w) in enumerate(points):
         caps = caps_flat[i * len(seeds):(i + 1) * len(seeds)]

@@ -71,11 +71,9 @@ def window_affinity_gain(window: Any, n_destinations: int,
     requests = np.asarray(window.requests, np.float64)
     per_request = np.zeros(len(requests))
     prompt = np.divide(np.asarray(window.prompt_tokens, np.float64), requests,
-                       out=per_request.copy(), where=requests > 0)
-    cached = np.divide(np.asarray(window.cached_tokens, np.float64), requests,
-                       out=per_request.copy(), where=requests > 0)
+                       out=per_request, where=requests > 0)
     reported = np.nan_to_num(np.asarray(window.reusable_prefix_tokens, np.float64))
-    prefix = reusable_prefix(reported, cached)
+    prefix = reusable_prefix(reported, window.cached_tokens, requests)
     gain = fleet_gain(np.asarray(window.rate_per_s, np.float64), prefix, prompt, requests,
                       n_destinations, warm_slots_per_destination, shared_tokens=reported)
     return None if gain is None else gain.judged_gain

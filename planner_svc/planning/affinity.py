@@ -30,6 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 
 def characteristic_time(rates: np.ndarray, sizes: np.ndarray, capacity: float) -> float:
@@ -137,13 +138,18 @@ def predicted_gain(rates: np.ndarray, prefix_tokens: np.ndarray, prompt_tokens: 
     )
 
 
-def reusable_prefix(reported_tokens: np.ndarray, cached_per_request: np.ndarray) -> np.ndarray:
+def reusable_prefix(reported_tokens: ArrayLike, cached_tokens: ArrayLike,
+                    requests: ArrayLike) -> np.ndarray:
     """Per key, the reusable prefix the guard judges: what the routers reported (the part of
-    the prompt its key covers) or, where more, what the engines served each of its requests
-    from cache (a conversation's history, a key named by a header). `fleet_gain` takes the
-    reported part as the shared one: the rest is history Flat-LB finds one time in R."""
+    the prompt its key covers) or, where more, what the engines served each of its
+    `requests` from cache (`cached_tokens` is their sum: a conversation's history, a key
+    named by a header). `fleet_gain` takes the reported part as the shared one: the rest is
+    history Flat-LB finds one time in R."""
+    n = np.asarray(requests, np.float64)
+    cached = np.zeros(len(n))
+    np.divide(np.asarray(cached_tokens, np.float64), n, out=cached, where=n > 0)
     return np.maximum(np.nan_to_num(np.asarray(reported_tokens, np.float64)),
-                      np.nan_to_num(np.asarray(cached_per_request, np.float64)))
+                      np.nan_to_num(cached))
 
 
 def fleet_gain(rates: np.ndarray, prefix_tokens: np.ndarray, prompt_tokens: np.ndarray,

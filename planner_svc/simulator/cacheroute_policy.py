@@ -183,7 +183,6 @@ class CacheRoutePolicy:
         # the planner does (orchestration.window_view.window_affinity_gain)
         self._win_cached_by_key = [0.0] * len(self.keys)
         self._win_served_by_key = [0] * len(self.keys)
-        self._win_cached = 0.0
         self._win_prompt = 0.0
         self._win_arrivals = [0] * ctx.n_destinations
         conversations = ctx.extra.get("conversations") if settings.session_affinity else None
@@ -303,7 +302,6 @@ class CacheRoutePolicy:
     def _served(self, i: int, dest: int, cached_tokens: int) -> None:
         sent = self._prompt_of.pop(i, None)
         if sent is not None:  # the window's served hit rate, as the stream measures it
-            self._win_cached += cached_tokens
             self._win_prompt += sent[0]
             self._win_cached_by_key[sent[1]] += cached_tokens
             self._win_served_by_key[sent[1]] += 1
@@ -329,8 +327,17 @@ class CacheRoutePolicy:
         counts = np.bincount(window_keys, minlength=len(self.keys)).astype(np.float64)
         tokens, prompts, shared = _per_key_means(counts, *sums)
         prompt_tokens = float(sums[1].sum())
-        self._guard_step(now, counts, window_s, self._judged_prefix(tokens), prompts,
-                         tokens if shared is None else shared)
+        # what the engines served each key from cache in the window, and a fresh window
+        cached, served = self._win_cached_by_key, self._win_served_by_key
+        self._win_cached_by_key = [0.0] * len(cached)
+        self._win_served_by_key = [0] * len(served)
+        # The guard judges the reusable prefix as the planner derives it from a stream window
+        # (`planning.affinity.reusable_prefix`): the reported prefix or, where more, what the
+        # engines served per request (a conversation's history). On the reported prefix alone
+        # the simulated guard judged paper-like conversations by their system prompts,
+        # predicted 8-11 pp against a measured 19 pp and fell back to Flat-LB mid-run.
+        self._guard_step(now, counts, window_s, reusable_prefix(tokens, cached, served),
+                         prompts, tokens if shared is None else shared)
         s = self.settings
         if s.rates == "known":
             if s.replan != "once" and isinstance(self._known, np.ndarray):
@@ -346,24 +353,10 @@ class CacheRoutePolicy:
                 self._install(now, self._rates())
             else:
                 self._decide(now, counts / window_s, tokens,
-                             self._telemetry(now, window_s, counts, prompt_tokens))
-        self._win_cached = self._win_prompt = 0.0
+                             self._telemetry(now, window_s, counts, prompt_tokens,
+                                             sum(cached)))
+        self._win_prompt = 0.0
         self._win_arrivals = [0] * len(self._win_arrivals)
-
-    def _judged_prefix(self, reported: np.ndarray) -> np.ndarray:
-        """The reusable prefix per key the guard judges, as the planner derives it from a
-        stream window (`planning.affinity.reusable_prefix`): the reported prefix or, where
-        more, what the engines served the key's requests from cache in the window (a
-        conversation's history). A fresh window follows. Without it the simulated guard
-        judged multi-turn traffic by its system prompts alone: on paper-like conversations
-        at a few x its base load it predicted 8-11 pp against a measured 19 pp and fell back
-        to Flat-LB, which the planner, reading the cached tokens, does not."""
-        served = np.asarray(self._win_served_by_key, np.float64)
-        cached = np.zeros(len(served))
-        np.divide(np.asarray(self._win_cached_by_key), served, out=cached, where=served > 0)
-        self._win_cached_by_key = [0.0] * len(served)
-        self._win_served_by_key = [0] * len(served)
-        return reusable_prefix(reported, cached)
 
     def _window_sums(self, window_keys: np.ndarray
                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
@@ -395,14 +388,14 @@ class CacheRoutePolicy:
                 shared)
 
     def _telemetry(self, now: float, window_s: float, counts: np.ndarray,
-                   prompt_tokens: float) -> Telemetry:
+                   prompt_tokens: float, cached_tokens: float) -> Telemetry:
         """The window as the stream reports it to the planner. Without it the loop never
         saw an install settle and skipped every step after its first install ("still
         rewarming"): on the drifting replay the gateway installed once in 16 intervals."""
         ids = self.core.destination_ids
         return Telemetry(
             window_end_s=now, window_s=window_s,
-            hit_rate=self._win_cached / self._win_prompt if self._win_prompt > 0 else 0.0,
+            hit_rate=cached_tokens / self._win_prompt if self._win_prompt > 0 else 0.0,
             prompt_tokens_per_s=prompt_tokens / window_s, requests=int(counts.sum()),
             active_keys=int((counts > 0).sum()),
             destination_loads_per_s={d: n / window_s

@@ -19,7 +19,13 @@ import numpy as np
 
 from planner_svc.simulator.hashring import HashRing
 from planner_svc.simulator.kvcache import Chain
-from planner_svc.simulator.policies import Policy, PolicyContext, PolicyFactory, _KeyOwners
+from planner_svc.simulator.policies import (
+    Policy,
+    PolicyContext,
+    PolicyFactory,
+    _KeyOwners,
+    _NoControl,
+)
 from planner_svc.simulator.prefix_index import PrefixIndex, key_chain
 
 CHARS_PER_TOKEN = 4
@@ -110,7 +116,7 @@ def sglang_cache_aware(rust_defaults: bool = False) -> PolicyFactory:
     return build
 
 
-class SGLangPowerOfTwo:
+class SGLangPowerOfTwo(_NoControl):
     """The SGLang model gateway's `power_of_two` as its source states it (smg
     `policies/power_of_two.rs`): two distinct workers at random, the one with the lower
     *polled* load, ties to the first drawn. (A probe of sglang-router 0.3.2 did not show it
@@ -119,8 +125,9 @@ class SGLangPowerOfTwo:
     gateway) and compares the tokens the workers reported (`num_tokens`); until both of a
     pair have reported, the router's own in-flight counts. Between polls the loads do not
     move, so every pair goes the same way: this is not Flat-LB (P2C on live counts,
-    baselines.md §1), and the arena's real `power_of_two` is checked against this model.
-    The simulators feed the polls through `poll_loads` (session_sim)."""
+    baselines.md §1). `bench/sim_vs_arena.py --power-of-two polled` checks the arena's real
+    `power_of_two` against it (its default is `policies.UniformRandom`, what that router
+    measured as). The simulators feed the polls through `poll_loads` (session_sim)."""
 
     name = "SGLang power_of_two"
 
@@ -150,9 +157,6 @@ class SGLangPowerOfTwo:
 
     def finished(self, i: int, dest: int, now: float) -> None:
         self.inflight[dest] -= 1
-
-    def control(self, now: float, window_keys: np.ndarray, window_s: float) -> None:
-        return None
 
 
 def sglang_power_of_two(poll_interval_s: float = 5.0) -> PolicyFactory:
