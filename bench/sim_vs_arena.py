@@ -7,8 +7,8 @@ stretch (from the row; older CSVs without those columns take the command's flags
 simulator plays exactly the arena's conversations. Routers, next to their arena
 counterparts:
 - `cacheroute`: the simulator's CacheRoute as the gateway and planner run it
-  (`gateway_like`: sessions kept with their history, the hashed cold tail, the production
-  control loop and placement);
+  (`gateway_like`: sessions kept with their history, the hashed cold tail, idle keys
+  re-homed, the production control loop and placement);
 - `sglang cache_aware`: our SGLang-like baseline (reactive.SGLangCacheAware, its CLI
   defaults, matching on the prompts' content) next to the real SGLang gateway;
 - `sglang round_robin`: round robin, the cache-blind reference;
@@ -57,6 +57,7 @@ from planner_svc.simulator.reactive import sglang_cache_aware, sglang_power_of_t
 from planner_svc.simulator.session_sim import arena_run  # noqa: E402
 from planner_svc.simulator.sessions import SCENARIOS  # noqa: E402
 from router_client.ring import DEFAULT_TAIL_SLACK  # noqa: E402
+from router_client.routing import DEFAULT_IDLE_REHOME_S  # noqa: E402
 
 HIT_TOLERANCE_PP = 3.0
 P99_TOLERANCE = 0.20
@@ -64,14 +65,16 @@ P99_TOLERANCE = 0.20
 
 def policies(time_scale: float, *, tail_slack: float = DEFAULT_TAIL_SLACK,
              balance: str = "first-token", rate_window: bool = True,
-             power_of_two: str = "random") -> dict[str, PolicyFactory]:
+             power_of_two: str = "random",
+             idle_rehome_s: float | None = DEFAULT_IDLE_REHOME_S) -> dict[str, PolicyFactory]:
     """Arena router name -> its simulated counterpart (q_cap and W as the arena sets them;
-    the gateway's cold-tail bound and balance as the arena rows ran with them)."""
+    the gateway's cold-tail bound, balance and idle re-homing as the arena rows ran with
+    them)."""
     return {
         # the arena's planner: rates of a 6-s stream window (longer on slowed engines, as
         # bench/arena.py sets it), replanned every 4 s (session_sim.arena_run)
         "cacheroute": gateway_like(12.0 / time_scale, 12, tail_slack=tail_slack,
-                                   balance=balance,
+                                   balance=balance, idle_rehome_s=idle_rehome_s,
                                    rate_window_s=(6.0 * max(1.0, time_scale)
                                                   if rate_window else None)),
         "sglang cache_aware": sglang_cache_aware(),
@@ -127,7 +130,8 @@ def simulate(row: dict[str, str], args: argparse.Namespace
     warmup = float(row.get("warmup_s") or args.warmup_s)
     factory = policies(ts, tail_slack=args.tail_slack, balance=args.balance,
                        rate_window=not args.cumulative_rates,
-                       power_of_two=args.power_of_two)[row["router"]]
+                       power_of_two=args.power_of_two,
+                       idle_rehome_s=args.idle_rehome_s or None)[row["router"]]
     hits, p99s = [], []
     for draw in range(1, args.policy_seeds + 1):
         r = arena_run(row["scenario"], int(row.get("seed") or 1), factory,
@@ -154,11 +158,14 @@ def main() -> int:
     ap.add_argument("--measure-s", type=float, default=12.0)
     # The gateway's settings changed after some arena rows were recorded, and the CSVs do not
     # record them: replay each row with the gateway it ran (before 2026-12-04 the cold tail's
-    # bound was 0.25; before 2026-12-05 the balance was p2c).
+    # bound was 0.25; before 2026-12-05 the balance was p2c and idle re-homing off).
     ap.add_argument("--tail-slack", type=float, default=DEFAULT_TAIL_SLACK,
                     help="the gateways' --tail-slack when the rows ran")
     ap.add_argument("--balance", default="first-token", choices=("p2c", "first-token"),
                     help="the gateways' --balance when the rows ran")
+    ap.add_argument("--idle-rehome-s", type=float, default=DEFAULT_IDLE_REHOME_S,
+                    help="the gateways' --idle-rehome-s when the rows ran (the learned "
+                         "window's start; 0: off, as before 2026-12-05)")
     ap.add_argument("--cumulative-rates", action="store_true",
                     help="the simulated planner plans on cumulative mean rates (before "
                          "2026-12-05) instead of the stream window's, as the planner does")

@@ -42,7 +42,13 @@ from planner_svc.simulator.policies import Policy, PolicyContext, PolicyFactory
 from router_client.eviction_window import EvictionWindow, prefix_hit
 from router_client.plan import RoutingPlan
 from router_client.ring import DEFAULT_TAIL_SLACK
-from router_client.routing import BALANCES, DEFAULT_HISTORY_SLACK, RouterCore, RoutingTable
+from router_client.routing import (
+    BALANCES,
+    DEFAULT_HISTORY_SLACK,
+    DEFAULT_IDLE_REHOME_S,
+    RouterCore,
+    RoutingTable,
+)
 
 VARIANTS = ("full", "affinity", "replication")
 _NO_REPLICATION_Q_CAP = 1e18
@@ -556,18 +562,27 @@ def gateway_like(q_cap: float, warm_slots_per_destination: int, *,
                  publish_delay_s: float = 0.5, hashed_tail: bool = False,
                  tail_slack: float = DEFAULT_TAIL_SLACK,
                  balance: str = "first-token",
-                 rate_window_s: float | None = None) -> PolicyFactory:
+                 rate_window_s: float | None = None,
+                 idle_rehome_s: float | None = DEFAULT_IDLE_REHOME_S) -> PolicyFactory:
     """CacheRoute as `cacheroute gateway` and the planner run it by default: conversations
-    kept on their member and with their history, the cold tail consistent-hashed, replans
-    through the production control loop, plans reaching the router after a publish delay.
-    `rate_window_s`: plan on the rates of the last `rate_window_s` (the stream's window, as
-    the planner does); None: on the cumulative mean rates."""
+    kept on their member and with their history, the cold tail consistent-hashed, idle keys
+    re-homed (the window learned from `idle_rehome_s`; None = off, the gateway before
+    2026-12-05), replans through the production control loop, plans reaching the router
+    after a publish delay. `rate_window_s`: plan on the rates of the last `rate_window_s`
+    (the stream's window, as the planner does), the first plan once a whole window of
+    traffic has been counted (the planner waits for a full window after the first one with
+    traffic: planned from the first control interval's few sessions, the simulated first
+    plan left most tenants out, and the replan that admitted them moved each one off the
+    ring owner that had warmed it, a cold first turn apiece the live gateway never paid);
+    None: on the cumulative mean rates, planned at the first control step."""
     return cacheroute(CacheRouteSettings(
         q_cap=q_cap, warm_slots_per_destination=warm_slots_per_destination,
         session_affinity=True, cold_tail="hash", control_loop=True,
         publish_delay_s=publish_delay_s, hashed_tail=hashed_tail, tail_slack=tail_slack,
         balance=balance, replan="repack" if rate_window_s is None else "repack-window",
-        rate_window_s=rate_window_s))
+        rate_window_s=rate_window_s, plan_at_s=rate_window_s or 0.0,
+        idle_rehome_s=idle_rehome_s,
+        learn_idle_rehome=idle_rehome_s is not None))
 
 
 def cacheroute(settings: CacheRouteSettings) -> PolicyFactory:

@@ -8,7 +8,7 @@ import itertools
 import numpy as np
 
 from planner_svc.simulator.cacheroute_policy import gateway_like
-from planner_svc.simulator.policies import round_robin
+from planner_svc.simulator.policies import PolicyContext, round_robin
 from planner_svc.simulator.replica import ReplicaModel
 from planner_svc.simulator.session_sim import arena_run, simulate_sessions
 from planner_svc.simulator.sessions import SCENARIOS, population, sessions
@@ -188,3 +188,46 @@ def test_the_simulated_guard_counts_conversation_history_as_the_planner_does() -
     assert p.core.mode == "planned" and "fallback" not in p.decisions, p.gains
     assert min(p.gains[1:]) > 0.2  # history counted: far above the 10-pp floor
     assert r.hit_rate(72.0) > 0.9
+
+
+def test_the_simulated_gateway_routes_with_the_gateways_defaults() -> None:
+    """`gateway_like` is what `bench/sim_vs_arena.py` checks against the live gateway, so it
+    must route with the gateway's command-line defaults. It had idle re-homing off after the
+    gateway turned it on (2026-12-05): on the arena's one-replica capacity points the
+    simulated gateway then served first turns 3 pp below the live one."""
+    from planner_svc.cli.edge_args import ROUTING_FLAGS
+
+    pop = population(SCENARIOS["paper-like"], 1)
+    keys = [pop.tenant_key(t) for t in range(pop.scenario.tenants)]
+    core = gateway_like(3.0, 12)(PolicyContext(4, keys, MODEL, seed=1)).core
+    default = {flag: ROUTING_FLAGS[flag][1] for flag in
+               ("cold-tail", "tail-slack", "history-slack", "balance", "idle-rehome-s",
+                "idle-rehome-learn")}
+    assert (core.cold_tail, core.tail_slack, core.history_slack, core.balance) == (
+        default["cold-tail"], default["tail-slack"], default["history-slack"], default["balance"])
+    assert core.idle_rehome_s == default["idle-rehome-s"] > 0
+    assert (core.rehome_window is not None) == default["idle-rehome-learn"]
+
+
+def test_the_simulated_planner_plans_first_after_a_whole_window_of_traffic() -> None:
+    """The planner's first plan waits for a full stream window of traffic after the first
+    window that had any (`orchestration.planner`). Planned at the first control step instead
+    (16 s of the arena's slowed traffic, a few sessions), the simulated first plan admitted
+    few tenants; the replan that admitted the rest moved each off the ring owner that had
+    warmed it, and the simulator served first turns 3 pp worse than the arena's gateway."""
+    seen: list[tuple[float, bool]] = []
+
+    def factory(ctx):
+        policy = gateway_like(3.0, 12, rate_window_s=24.0)(ctx)
+        control = policy.control
+
+        def recorded(now: float, window_keys: np.ndarray, window_s: float) -> None:
+            control(now, window_keys, window_s)
+            seen.append((now, policy.plan is not None))
+
+        policy.control = recorded  # type: ignore[method-assign]
+        return policy
+
+    arena_run("paper-like", 1, factory, rate_scale=5.0, time_scale=4.0, warmup_s=40.0,
+              measure_s=10.0)
+    assert seen[:3] == [(16.0, False), (32.0, True), (48.0, True)]
