@@ -636,7 +636,13 @@ class RouterCore:
             self.history_kept += 1
             if idle >= 0 and last != idle:
                 # `_idle` counted this request open at `idle`; it goes to `last` instead.
-                self._seen[key] = (now, last, 1, self._seen[key][3])  # type: ignore[assignment]
+                # The key's home stays `idle`: a conversation begun before the plan moved
+                # its key must not pull the key back, or every new conversation of it
+                # follows the old ones there and the plan's move never lands (the
+                # destinations drift from the plan: one engine at 194 requests against
+                # 500-780 for the others, arena paper-like x7 in the simulator).
+                when, home, open_, plan_slot = self._seen[key]
+                self._seen[key] = (when, home, max(0, open_ - 1), plan_slot)
             return last
         slot = idle if idle >= 0 else self._decide(key, affinity)
         if slot != last and self._history_out is not None:

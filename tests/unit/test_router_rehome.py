@@ -84,11 +84,30 @@ def test_re_homing_keeps_a_conversation_with_its_history():
     assert first == 2
     core.remember("conv-1", 1)  # a retry took the turn to d1: its history is there
     assert core.route_index("app", "conv-1", now=50.0) == 1  # its history outranks the home
-    assert core.route_index("app", "conv-2", now=51.0) == 1  # the key was just seen there
+    # A new conversation goes to the key's home, not where another conversation's history
+    # pulled a turn: the key stays where the plan put it.
+    assert core.route_index("app", "conv-2", now=51.0) == 2
     # Both idle past the window: the history is evicted too, so the turn is re-homed with
     # its key (to the least busy) and the key's next conversation follows it there.
     assert core.route_index("app", "conv-1", now=500.0) == 3
     assert core.route_index("app", "conv-3", now=501.0) == 3
+
+
+def test_a_key_the_plan_moved_stays_moved_while_its_old_conversations_go_on():
+    """The plan moves a key: its conversations under way keep their history where they
+    are, and each of their turns must not pull the key back there, or every new
+    conversation follows the old ones and the move never lands (the simulator's arena
+    replay at x7: one engine carried 194 requests against 500-780 for the others, the
+    planner's loads no longer where it had put them)."""
+    core = RouterCore(["d0", "d1", "d2", "d3"], seed=3, cold_tail="hash", idle_rehome_s=100.0,
+                      history_slack=1.0)
+    core.install(RoutingTable.from_plan(plan_of({"app": (0,)})))
+    assert core.route_index("app", "old", now=0.0) == 0
+    core.install(RoutingTable.from_plan(plan_of({"app": (1,)})))
+    assert core.route_index("app", "new-1", now=10.0) == 1  # the plan moved it: follow it
+    for t in (11.0, 12.0, 13.0):
+        assert core.route_index("app", "old", now=t) == 0  # its history stays on d0
+        assert core.route_index("app", f"new-{t:g}", now=t + 0.5) == 1
 
 
 def test_the_gateway_flag_reaches_the_core_and_refuses_a_negative_window():
