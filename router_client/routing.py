@@ -618,33 +618,39 @@ class RouterCore:
     def route_index(self, key: str, affinity: str | None = None,
                     now: float | None = None) -> int:
         """The slot to send `key` to. Does not count it in flight: call `started`."""
-        idle = -1
+        home, plan = -1, -1
         if self.idle_rehome_s is not None and now is not None:
             if self.rehome_paused:
                 self.last_return = None  # no return home was judged
             else:
-                idle = self._idle(key, now)
+                home, plan = self._idle(key, now)
+        slot = self._with_history(key, affinity, home, now)
+        if home >= 0:
+            # The key's home is where `_idle` put it even when the turn goes with its
+            # conversation's history elsewhere: a conversation begun before the plan moved
+            # its key must not pull the key back, or every new conversation of it follows
+            # the old ones there and the plan's move never lands (the destinations drift
+            # from the plan: one engine at 194 requests against 500-780 for the others,
+            # arena paper-like x7 in the simulator).
+            self._seen_at(key, now, home, plan, opened=slot == home)  # type: ignore[arg-type]
+        return slot
+
+    def _with_history(self, key: str, affinity: str | None, home: int,
+                      now: float | None) -> int:
+        """The final slot: the conversation's last destination while its history is worth
+        a queue there (`history_slack`), else `home` (idle re-homing's pick) or the plan's."""
         if affinity is None or self.history_slack is None:
-            return idle if idle >= 0 else self._decide(key, affinity)
+            return home if home >= 0 else self._decide(key, affinity)
         history = self._history
         a = self._active
         last = history.get(affinity)
-        if idle >= 0 and self._history_gone(affinity, now) and last is not None:  # type: ignore[arg-type]
+        if home >= 0 and self._history_gone(affinity, now) and last is not None:  # type: ignore[arg-type]
             last = None  # its history is evicted: the turn goes where its key goes
         if last is not None and not a.fallback and self._within(last, a, self.history_slack):
             history.move_to_end(affinity)
             self.history_kept += 1
-            if idle >= 0 and last != idle:
-                # `_idle` counted this request open at `idle`; it goes to `last` instead.
-                # The key's home stays `idle`: a conversation begun before the plan moved
-                # its key must not pull the key back, or every new conversation of it
-                # follows the old ones there and the plan's move never lands (the
-                # destinations drift from the plan: one engine at 194 requests against
-                # 500-780 for the others, arena paper-like x7 in the simulator).
-                when, home, open_, plan_slot = self._seen[key]
-                self._seen[key] = (when, home, max(0, open_ - 1), plan_slot)
             return last
-        slot = idle if idle >= 0 else self._decide(key, affinity)
+        slot = home if home >= 0 else self._decide(key, affinity)
         if slot != last and self._history_out is not None:
             self._placed(affinity, slot)
         _lru_put(history, affinity, slot, self._history_capacity)
@@ -660,9 +666,11 @@ class RouterCore:
         window = self.idle_rehome_s
         return previous is not None and window is not None and now - previous > window
 
-    def _idle(self, key: str, now: float) -> int:
-        """Idle re-homing (`idle_rehome_s`): the slot for a key not planned on several
-        destinations, or -1 to let the plan decide. A key seen here for the first time goes
+    def _idle(self, key: str, now: float) -> tuple[int, int]:
+        """Idle re-homing (`idle_rehome_s`): the key's home for a key not planned on several
+        destinations and the plan's slot for it (-1: not planned), or (-1, -1) to let the
+        plan decide. Records nothing: `route_index` notes the sighting (`_seen_at`) once the
+        final slot is known. A key seen here for the first time goes
         where the plan or the hashed cold tail puts it (the same at every router replica);
         one the plan has moved since its last request follows the plan; one back within
         the window returns where it went last (its prefix is cached there) unless that is
@@ -672,11 +680,11 @@ class RouterCore:
         self.last_return = None  # set below only for a return home
         a = self._active
         if a.fallback:
-            return -1
+            return -1, -1
         over = a.overlay
         m = a.lookup.get(key) if over is None else over.get(key, a.lookup.get(key))
         if m is not None and m.__class__ is not int:
-            return -1  # replicated: hot, and the plan balances its set
+            return -1, -1  # replicated: hot, and the plan balances its set
         seen = self._seen.get(key)
         window = self.idle_rehome_s
         assert window is not None
@@ -717,16 +725,16 @@ class RouterCore:
             slot = (self._least_loaded(a.pool, a) if self.balance == "p2c" or not a.pool
                     else self._fewest_awaiting(a))
             if slot < 0:
-                return -1
+                return -1, -1
             self.rehomed += 1
-        self._seen_at(key, now, slot, plan)
-        return slot
+        return slot, plan
 
-    def _seen_at(self, key: str, now: float, slot: int, plan: int) -> None:
+    def _seen_at(self, key: str, now: float, home: int, plan: int, *, opened: bool) -> None:
+        """Note a sighting of `key` at `now`: its home, the plan's slot for it then, and its
+        requests still open at home (`opened`: this one went there)."""
         seen = self._seen.get(key)
-        _lru_put(self._seen, key,
-                 (now, slot, seen[2] + 1 if seen is not None and seen[1] == slot else 1, plan),
-                 self._history_capacity)
+        open_ = seen[2] if seen is not None and seen[1] == home else 0
+        _lru_put(self._seen, key, (now, home, open_ + opened, plan), self._history_capacity)
 
     def key_finished(self, key: str, slot: int, now: float) -> None:
         """A request of `key` that went to `slot` ended at `now` (with idle re-homing): its
