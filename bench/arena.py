@@ -608,6 +608,12 @@ def main() -> int:
             tuned = tuned_peers(Path(args.peer_settings), tunable) if args.peer_settings else []
         routers = [r for r in [*routers, *tuned]
                    if (r.name not in OPT_IN if wanted is None else r.name in wanted)]
+        left_out = unswept([r.name for r in routers],
+                           [p for p in args.capacity_peers.split(",") if p])
+        if left_out and args.capacity_scales and not quick:
+            # an A/B of a CacheRoute variant swept only CacheRoute before this said so
+            print(f"warning: the capacity sweep leaves out {', '.join(left_out)} "
+                  "(name them in --capacity-peers to sweep them)", file=sys.stderr)
         runs = [(scenario, seed, spec, replicas)
                 for scenario in scenarios for seed in range(1, args.seeds + 1)
                 for spec in routers if not quick or spec.name in QUICK_ROUTERS
@@ -681,6 +687,16 @@ def _ratio_4r(cap: dict[str, float], scenario: str, best4: str) -> dict[str, flo
 def _mean(rows: list[dict], key: str, **match: Any) -> float:
     vals = [r[key] for r in rows if all(r[k] == v for k, v in match.items())]
     return float(np.mean(vals)) if vals else math.nan
+
+
+def unswept(router_names: list[str], named_peers: list[str]) -> list[str]:
+    """Routers of the run that the capacity sweep will leave out: it sweeps the first router
+    (CacheRoute) and the peers named in `--capacity-peers` (or the best peer, chosen after
+    the comparison runs, which is never a CacheRoute variant)."""
+    rest = router_names[1:]
+    if named_peers:
+        return [n for n in rest if n not in named_peers]
+    return [n for n in rest if n.startswith("cacheroute")]
 
 
 def _best_peer(rows: list[dict], scenario: str, replicas: int) -> str:

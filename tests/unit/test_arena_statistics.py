@@ -156,3 +156,13 @@ def test_a_cacheroute_variant_is_never_ranked_as_a_peer() -> None:
     assert "cacheroute no-rehome" in arena.OPT_IN
     assert any(r.name == "cacheroute no-rehome" and "--idle-rehome-s" in r.extra
                for r in arena.ROUTERS)
+
+
+def test_the_arena_names_the_routers_its_capacity_sweep_leaves_out() -> None:
+    """A CacheRoute variant is swept only when named; without names the best peer is
+    chosen later, so only the variants are known to be left out."""
+    names = ["cacheroute", "cacheroute no-rehome", "sglang cache_aware", "vllm cache_aware"]
+    assert arena.unswept(names, []) == ["cacheroute no-rehome"]
+    assert arena.unswept(names, ["cacheroute no-rehome"]) == [
+        "sglang cache_aware", "vllm cache_aware"]
+    assert arena.unswept(["cacheroute", "sglang cache_aware"], []) == []
