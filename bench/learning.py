@@ -111,16 +111,17 @@ def _grid(knobs: tuple[str, ...], factors: tuple[float, ...]
     return points
 
 
-def _capacity_task(task: tuple[float, int, int]) -> float:
+def _capacity_task(task: tuple[float, int, int, str]) -> float:
     return sim_capacity(*task)
 
 
 def sweep(seeds: list[int], factors: tuple[float, ...] = FACTORS,
-          knobs: tuple[str, ...] = ("q_cap", "w"), jobs: int = 1) -> list[dict[str, Any]]:
+          knobs: tuple[str, ...] = ("q_cap", "w"), jobs: int = 1,
+          scenario: str = "paper-like") -> list[dict[str, Any]]:
     """Each grid point's capacity per seed. `jobs` > 1 runs points in that many processes
     (the simulator runs in virtual time: the figures do not depend on it)."""
     points = _grid(knobs, factors)
-    tasks = [(q, w, seed) for _, _, q, w in points for seed in seeds]
+    tasks = [(q, w, seed, scenario) for _, _, q, w in points for seed in seeds]
     caps_flat: list[float] = []
     with (ProcessPoolExecutor(max_workers=jobs) if jobs > 1
           else contextlib.nullcontext()) as pool:
@@ -183,7 +184,8 @@ def plateau_error(value: float, plateau: list[float]) -> float:
 
 
 def live(start_factor: float, best_q: float, best_w: float, run_s: float, scale: float,
-         seed: int, work: Path, ttft_target: bool = True) -> list[dict[str, Any]]:
+         seed: int, work: Path, ttft_target: bool = True,
+         scenario_name: str = "paper-like") -> list[dict[str, Any]]:
     """One learning run: the arena's fleet and CacheRoute's stack with learning on, started
     at `start_factor` x the best values; the planner's values every few seconds."""
     sys.path.insert(0, str(ROOT / "bench"))
@@ -235,7 +237,7 @@ def live(start_factor: float, best_q: float, best_w: float, run_s: float, scale:
     poller = threading.Thread(target=poll, daemon=True)
     poller.start()
     try:
-        base = SCENARIOS["paper-like"]  # offered as the arena does on slowed engines
+        base = SCENARIOS[scenario_name]  # offered as the arena does on slowed engines
         scenario = base.scaled(sessions_per_s=base.sessions_per_s / TIME_SCALE)
         run_one(RouterSpec("cacheroute", "cacheroute"), 1, scenario, seed, setup, fleet, stacks,
                 work, scale, f"learning from x{start_factor:g}")
@@ -277,6 +279,9 @@ def main() -> int:
     ap.add_argument("--no-ttft-target", action="store_true",
                     help="learn q_cap without the planner's TTFT target (saturation and served "
                     "loads only, as before 2026-12-05)")
+    ap.add_argument("--scenario", default="paper-like", choices=sorted(SCENARIOS),
+                    help="the conversations swept and driven (whale: hot tenants whose "
+                    "rate nears q_cap, so q_cap decides which are replicated)")
     ap.add_argument("--out", default=str(OUT))
     args = ap.parse_args()
     out = Path(args.out)
@@ -296,7 +301,7 @@ def main() -> int:
                 raise SystemExit("--knobs takes q_cap, w or both")
             rows = sweep([int(s) for s in args.seeds.split(",")],
                          tuple(float(f) for f in args.factors.split(",")), knobs,
-                         max(1, args.jobs))
+                         max(1, args.jobs), args.scenario)
         summary = summarise(rows)
         with open(out / "sweep.csv", "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=list(rows[0]))
@@ -329,7 +334,8 @@ def main() -> int:
         for factor in (2.0, 0.5):
             with tempfile.TemporaryDirectory(prefix="learning-") as tmp:
                 samples += live(factor, best_q, best_w, args.run_s, args.scale, 1, Path(tmp),
-                                ttft_target=not args.no_ttft_target)
+                                ttft_target=not args.no_ttft_target,
+                                scenario_name=args.scenario)
         with open(out / "live.csv", "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=list(samples[0]))
             writer.writeheader()
@@ -353,6 +359,7 @@ def main() -> int:
                             f"q_cap_outside_plateau_from_{tag}": round(q_out, 3),
                             f"w_outside_plateau_from_{tag}": round(w_out, 3)})
         _plot(samples, plateaus, out)
+    figures["scenario"] = args.scenario
     figures["elapsed_s"] = round(time.monotonic() - t0, 1)
     figures["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
     print(json.dumps(figures))
