@@ -397,6 +397,7 @@ class RouterCore:
         self._seen: OrderedDict[str, tuple[float, int, int, int]] = OrderedDict()
         self.rehomed = 0
         self.rehome_kept = 0  # returns within the window to where re-homing sent the key
+        self.spilled = 0  # a planned key's requests sent off its overloaded slot, home kept
         # Set by the shell while other routers share this plan's traffic (their idle
         # clocks are their own): the plan, history and tail decide meanwhile.
         self.rehome_paused = False
@@ -565,6 +566,7 @@ class RouterCore:
             "history_kept": self.history_kept,
             "rehomed": self.rehomed,
             "rehome_kept": self.rehome_kept,
+            "spilled": self.spilled,
         }
 
     # --- shared conversation memory (the shell carries it between routers) -------
@@ -618,13 +620,13 @@ class RouterCore:
     def route_index(self, key: str, affinity: str | None = None,
                     now: float | None = None) -> int:
         """The slot to send `key` to. Does not count it in flight: call `started`."""
-        home, plan = -1, -1
+        pick, home, plan = -1, -1, -1
         if self.idle_rehome_s is not None and now is not None:
             if self.rehome_paused:
                 self.last_return = None  # no return home was judged
             else:
-                home, plan = self._idle(key, now)
-        slot = self._with_history(key, affinity, home, now)
+                pick, home, plan = self._idle(key, now)
+        slot = self._with_history(key, affinity, pick, now)
         if home >= 0:
             # The key's home is where `_idle` put it even when the turn goes with its
             # conversation's history elsewhere: a conversation begun before the plan moved
@@ -635,22 +637,22 @@ class RouterCore:
             self._seen_at(key, now, home, plan, opened=slot == home)  # type: ignore[arg-type]
         return slot
 
-    def _with_history(self, key: str, affinity: str | None, home: int,
+    def _with_history(self, key: str, affinity: str | None, pick: int,
                       now: float | None) -> int:
         """The final slot: the conversation's last destination while its history is worth
-        a queue there (`history_slack`), else `home` (idle re-homing's pick) or the plan's."""
+        a queue there (`history_slack`), else `pick` (idle re-homing's) or the plan's."""
         if affinity is None or self.history_slack is None:
-            return home if home >= 0 else self._decide(key, affinity)
+            return pick if pick >= 0 else self._decide(key, affinity)
         history = self._history
         a = self._active
         last = history.get(affinity)
-        if home >= 0 and self._history_gone(affinity, now) and last is not None:  # type: ignore[arg-type]
+        if pick >= 0 and self._history_gone(affinity, now) and last is not None:  # type: ignore[arg-type]
             last = None  # its history is evicted: the turn goes where its key goes
         if last is not None and not a.fallback and self._within(last, a, self.history_slack):
             history.move_to_end(affinity)
             self.history_kept += 1
             return last
-        slot = home if home >= 0 else self._decide(key, affinity)
+        slot = pick if pick >= 0 else self._decide(key, affinity)
         if slot != last and self._history_out is not None:
             self._placed(affinity, slot)
         _lru_put(history, affinity, slot, self._history_capacity)
@@ -666,25 +668,26 @@ class RouterCore:
         window = self.idle_rehome_s
         return previous is not None and window is not None and now - previous > window
 
-    def _idle(self, key: str, now: float) -> tuple[int, int]:
-        """Idle re-homing (`idle_rehome_s`): the key's home for a key not planned on several
-        destinations and the plan's slot for it (-1: not planned), or (-1, -1) to let the
-        plan decide. Records nothing: `route_index` notes the sighting (`_seen_at`) once the
-        final slot is known. A key seen here for the first time goes
-        where the plan or the hashed cold tail puts it (the same at every router replica);
-        one the plan has moved since its last request follows the plan; one back within
-        the window returns where it went last (its prefix is cached there) unless that is
-        over twice the mean load plus one Poisson deviation (`_within`); one idle longer is
-        cold everywhere, so affinity buys it nothing and it goes where the balance sends
-        it, its home from then on."""
+    def _idle(self, key: str, now: float) -> tuple[int, int, int]:
+        """Idle re-homing (`idle_rehome_s`), for a key not planned on several destinations:
+        the slot it picks, the key's home from now on (the same slot but for a spill) and
+        the plan's slot for it (-1: not planned); (-1, -1, -1) lets the plan decide. Records
+        nothing: `route_index` notes the sighting (`_seen_at`) once the final slot is known.
+        A key seen here for the first time goes where the plan or the hashed cold tail puts
+        it (the same at every router replica); one the plan has moved since its last request
+        follows the plan; one back within the window returns where it went last (its prefix
+        is cached there) unless that is over twice the mean load plus one Poisson deviation
+        (`_within`): then the request spills where the balance sends it, and a key the plan
+        put there keeps its home; one idle longer is cold everywhere, so affinity buys it
+        nothing and it goes where the balance sends it, its home from then on."""
         self.last_return = None  # set below only for a return home
         a = self._active
         if a.fallback:
-            return -1, -1
+            return -1, -1, -1
         over = a.overlay
         m = a.lookup.get(key) if over is None else over.get(key, a.lookup.get(key))
         if m is not None and m.__class__ is not int:
-            return -1, -1  # replicated: hot, and the plan balances its set
+            return -1, -1, -1  # replicated: hot, and the plan balances its set
         seen = self._seen.get(key)
         window = self.idle_rehome_s
         assert window is not None
@@ -725,9 +728,19 @@ class RouterCore:
             slot = (self._least_loaded(a.pool, a) if self.balance == "p2c" or not a.pool
                     else self._fewest_awaiting(a))
             if slot < 0:
-                return -1, -1
+                return -1, -1, -1
+            if now - seen[0] <= window and plan >= 0 and seen[1] == plan:
+                # Warm at the plan's slot, which is over its bound: a burst (often the
+                # key's own). This request goes elsewhere; the key stays where the plan and
+                # its cache are. Moving it would carry the burst to a cold destination, a
+                # whole prefill per request in flight (simulated arena, seed 8 at x4: TTFT
+                # 4 s there, p99 2.56 s against 1.94 s spilling), and leave it off the
+                # plan's slot until the plan moves it (replay: imbalance 1.12 -> 1.05 on
+                # paper-like). A key off the plan re-homes: it has no slot to come back to.
+                self.spilled += 1
+                return slot, seen[1], plan
             self.rehomed += 1
-        return slot, plan
+        return slot, slot, plan
 
     def _seen_at(self, key: str, now: float, home: int, plan: int, *, opened: bool) -> None:
         """Note a sighting of `key` at `now`: its home, the plan's slot for it then, and its

@@ -212,3 +212,22 @@ def test_a_static_source_counts_the_other_routers_that_reported_recently():
     assert src.report(pb.RouterStatus(router_id="b", reported_at_ms=1_500)) == 1
     later = 1_500 + ROUTER_STATUS_TTL_S * 1000 + 1
     assert src.report(pb.RouterStatus(router_id="b", reported_at_ms=later)) == 0
+
+
+def test_a_planned_key_spills_a_burst_and_stays_where_the_plan_put_it():
+    """A warm key whose planned slot is far over its bound sends that request elsewhere but
+    keeps its home: moving it would carry its burst to a cold destination and leave it off
+    the plan. A key off the plan has no slot to come back to, and makes the new place home."""
+    core = _core()
+    assert core.route_index("app", now=0.0) == 2
+    tail = next(k for k in (f"t{i}" for i in range(100)) if core.route_index(k, now=0.0) == 2)
+    _load(core, [0, 0, 13, 0])  # 13 against a mean of 3.25: over 2 x mean + sqrt(mean)
+    spilled = core.route_index("app", now=5.0)
+    assert spilled != 2 and core.counters()["spilled"] == 1
+    assert core.counters()["rehomed"] == 0
+    moved = core.route_index(tail, now=5.0)
+    assert moved != 2 and core.counters()["rehomed"] == 1
+    for _ in range(13):
+        core.finished(2)
+    assert core.route_index("app", now=6.0) == 2  # the burst is over: home, warm, planned
+    assert core.route_index(tail, now=6.0) == moved  # its new home
