@@ -93,6 +93,7 @@ def tunables_from(settings: PlannerSettings) -> Tunables:
         max_plan_age_s=settings.max_plan_age_s,
         byte_aware=settings.byte_aware,
         admission_hysteresis=settings.admission_hysteresis,
+        replica_hysteresis=settings.replica_hysteresis,
         balance_effort=settings.balance_effort,
         rate_noise_z=settings.rate_noise_z,
         learn_warm_slots=settings.learn_warm_slots,

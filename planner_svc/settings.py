@@ -54,6 +54,9 @@ class PlannerSettings:
     # favour installed keys at the admission boundary by this factor; churn vs balance.
     byte_aware: bool = False
     admission_hysteresis: float = 0.0
+    # keep a hot key's installed replica count while its rate stays within this fraction of
+    # the count's bounds (0 = ⌈λ/q_cap⌉ exactly); PlanningConfig.replica_hysteresis
+    replica_hysteresis: float = 0.0
     balance_effort: float = 1.0
     # Hold each key's rate at the installed plan's while the window's count moved by no
     # more than this many Poisson standard errors (0 = plan on the raw window, the paper's).

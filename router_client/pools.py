@@ -60,6 +60,7 @@ POOL_SETTINGS: dict[str, tuple[type, float, float]] = {
     "min_dwell_s": (float, 0.0, 86_400.0),
     "byte_aware": (bool, 0, 1),
     "admission_hysteresis": (float, 0.0, 100.0),
+    "replica_hysteresis": (float, 0.0, 0.99),
     "balance_effort": (float, 0.0, 1.0),
     "rate_noise_z": (float, 0.0, 10.0),
     "learn_warm_slots": (bool, 0, 1),

@@ -204,6 +204,7 @@ class Tunables:
     # Planning options (planner_svc.planning.config.PlanningConfig documents them).
     byte_aware: bool = False
     admission_hysteresis: float = 0.0
+    replica_hysteresis: float = 0.0
     balance_effort: float = 1.0
     # Hold a key's rate at the installed plan's while it moved by no more than this many
     # Poisson standard errors (control.traffic.hold_noise); 0 = plan on the raw window.
@@ -1155,6 +1156,7 @@ class Planner:
             imbalance_tolerance=t.imbalance_tolerance,
             byte_aware=t.byte_aware,
             admission_hysteresis=t.admission_hysteresis,
+            replica_hysteresis=t.replica_hysteresis,
             balance_effort=t.balance_effort,
             hashed_tail=t.hashed_tail,
         )

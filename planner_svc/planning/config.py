@@ -31,6 +31,11 @@ class PlanningConfig:
     - `admission_hysteresis` (repack only, default 0 = exact top-rate admission): keys the
       installed plan admits rank at λ·(1 + h), so rate noise near the admission boundary does
       not swap keys in and out (each swap rewarms a prefix).
+    - `replica_hysteresis` (repack only, default 0 = k_b = ⌈λ/q⌉ exactly): a key keeps the
+      replica count the installed plan gives it while its rate stays within (1 + h) above that
+      count's capacity or (1 − h) below the next lower one's, so a hot key whose windowed rate
+      hovers at a multiple of q_cap does not gain and lose a replica every few replans (each
+      change rewarms the new replica and moves the keys that make room for it).
     - `hashed_tail` (default off = the paper's P2C cold tail): the routers consistent-hash the
       keys the plan does not admit (`cold_tail="hash"`, the gateway's default); the plan then
       models that tail on the shared ring and places keys entering the plan on their ring
@@ -46,6 +51,7 @@ class PlanningConfig:
     byte_aware: bool = False
     token_budget: float | None = None
     admission_hysteresis: float = 0.0
+    replica_hysteresis: float = 0.0
     hashed_tail: bool = False
 
     def __post_init__(self) -> None:
@@ -62,6 +68,10 @@ class PlanningConfig:
         if not (math.isfinite(self.admission_hysteresis) and self.admission_hysteresis >= 0):
             raise PlanningError(
                 f"admission_hysteresis must be >= 0, got {self.admission_hysteresis}"
+            )
+        if not (math.isfinite(self.replica_hysteresis) and 0 <= self.replica_hysteresis < 1):
+            raise PlanningError(
+                f"replica_hysteresis must be in [0, 1), got {self.replica_hysteresis}"
             )
         if self.token_budget is not None:
             _check_positive("token_budget", self.token_budget)

@@ -54,7 +54,8 @@ def repack(
     """
     started = clock() if clock else 0.0
     r = check_rates(len(keys), rates)
-    adm = admit(r, config, prefix_tokens, incumbent=_incumbents(previous, keys, config))
+    adm = admit(_held_replicas(previous, keys, r, config), config, prefix_tokens,
+                incumbent=_incumbents(previous, keys, config))
     healthy = np.flatnonzero(config.active)
     weights = config.weights[healthy]
     shares = r[adm.index] / adm.replicas
@@ -80,6 +81,33 @@ def repack(
         loads = tail.with_planned(loads - base)
     return assemble(keys, r, config, adm, members, loads, "repack",
                     (clock() - started) if clock else 0.0)
+
+
+def _held_replicas(
+    previous: RoutingPlan, keys: Sequence[str], rates: np.ndarray, config: PlanningConfig
+) -> np.ndarray:
+    """The rates admission counts replicas from (`config.replica_hysteresis` h): an incumbent
+    whose ⌈λ/q⌉ differs from its installed k while λ stays within q·k·(1 + h) above or
+    q·(k − 1)·(1 − h) below is counted just inside its installed k. Only k_b and the order
+    of admission see these rates; loads are planned on the true ones."""
+    h = config.replica_hysteresis
+    if h <= 0.0:
+        return rates
+    q = config.reference_capacity
+    table = previous.table
+    sizes = np.diff(table.set_offsets)
+    index = dict(zip(keys, range(len(keys)), strict=True))
+    held = rates.copy()
+    for key, k in zip(table.keys, sizes.tolist(), strict=True):
+        i = index.get(key)
+        if i is None:
+            continue
+        lam = float(rates[i])
+        if lam > q * k and lam <= q * k * (1.0 + h):
+            held[i] = q * k * (1.0 - 1e-9)  # ⌈·/q⌉ = k
+        elif k > 1 and lam <= q * (k - 1) and lam >= q * (k - 1) * (1.0 - h):
+            held[i] = q * (k - 1) * (1.0 + 1e-9)  # just over k − 1: still k
+    return held
 
 
 def _incumbents(

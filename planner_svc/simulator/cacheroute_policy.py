@@ -85,6 +85,10 @@ class CacheRouteSettings:
     # The plan models a hashed cold tail and places keys entering it on their ring owner
     # (PlanningConfig.hashed_tail, the planner's `--hashed-tail`; off by default).
     hashed_tail: bool = False
+    # Keep a key's installed replica count while its rate stays near it
+    # (PlanningConfig.replica_hysteresis, the planner's CACHEROUTE_REPLICA_HYSTERESIS; 0 by
+    # default).
+    replica_hysteresis: float = 0.0
     # The guard's floor on affinity's predicted gain over Flat-LB (planning.affinity), as the
     # planner runs it by default: below it the routers serve Flat-LB. None = never (the
     # paper's: always plan).
@@ -112,6 +116,8 @@ class CacheRouteSettings:
         return (names[self.variant] + (" + sessions" if self.session_affinity else "")
                 + (" + hashed tail" if self.cold_tail == "hash" else "")
                 + (" + tail placement" if self.hashed_tail else "")
+                + (f" + replica hysteresis {self.replica_hysteresis:g}"
+                   if self.replica_hysteresis else "")
                 + (" (control loop)" if self.control_loop else "")
                 + (" without guard" if self.affinity_gain_min is None else "")
                 + (" + idle re-homing" if self.idle_rehome_s is not None else "")
@@ -127,7 +133,7 @@ def planning_config(n_destinations: int, s: CacheRouteSettings) -> PlanningConfi
     q_cap = s.q_cap if s.variant != "affinity" else _NO_REPLICATION_Q_CAP
     return PlanningConfig.uniform(
         n_destinations, q_cap, s.warm_slots_per_destination, balance_effort=s.balance_effort,
-        hashed_tail=s.hashed_tail,
+        hashed_tail=s.hashed_tail, replica_hysteresis=s.replica_hysteresis,
     )
 
 
@@ -563,7 +569,8 @@ def gateway_like(q_cap: float, warm_slots_per_destination: int, *,
                  tail_slack: float = DEFAULT_TAIL_SLACK,
                  balance: str = "first-token",
                  rate_window_s: float | None = None,
-                 idle_rehome_s: float | None = DEFAULT_IDLE_REHOME_S) -> PolicyFactory:
+                 idle_rehome_s: float | None = DEFAULT_IDLE_REHOME_S,
+                 replica_hysteresis: float = 0.0) -> PolicyFactory:
     """CacheRoute as `cacheroute gateway` and the planner run it by default: conversations
     kept on their member and with their history, the cold tail consistent-hashed, idle keys
     re-homed (the window learned from `idle_rehome_s`; None = off, the gateway before
@@ -581,7 +588,7 @@ def gateway_like(q_cap: float, warm_slots_per_destination: int, *,
         publish_delay_s=publish_delay_s, hashed_tail=hashed_tail, tail_slack=tail_slack,
         balance=balance, replan="repack" if rate_window_s is None else "repack-window",
         rate_window_s=rate_window_s, plan_at_s=rate_window_s or 0.0,
-        idle_rehome_s=idle_rehome_s,
+        idle_rehome_s=idle_rehome_s, replica_hysteresis=replica_hysteresis,
         learn_idle_rehome=idle_rehome_s is not None))
 
 

@@ -206,3 +206,31 @@ def test_admission_hysteresis_keeps_incumbents_near_the_boundary() -> None:
     check = admit(drifted, sticky, incumbent=np.isin(keys, list(old.table.keys)))
     assert list(held.table.keys) == [keys[i] for i in check.index.tolist()]
     assert int(held.table.replicas().sum()) <= sticky.slots
+
+
+def test_replica_hysteresis_keeps_a_hot_keys_replicas_while_its_rate_hovers() -> None:
+    """A key at about one q_cap: without hysteresis each replan's noise adds or drops its
+    second replica (rewarming it and moving the keys that make room); with h = 0.2 the
+    installed count holds inside [q(k-1)(1-h), qk(1+h)] and changes past it."""
+    plain = PlanningConfig.uniform(4, q_cap=10.0, warm_slots_per_destination=4,
+                                   balance_effort=0)
+    held = PlanningConfig.uniform(4, q_cap=10.0, warm_slots_per_destination=4,
+                                  balance_effort=0, replica_hysteresis=0.2)
+    keys = ["hot", *(f"s{i}" for i in range(6))]
+    one = build_plan(keys, np.array([9.0, *([2.0] * 6)]), plain)
+    two = build_plan(keys, np.array([15.0, *([2.0] * 6)]), plain)
+    assert len(sets_by_id(one)["hot"]) == 1 and len(sets_by_id(two)["hot"]) == 2
+    for rate, config, start, replicas in (
+            (11.5, plain, one, 2), (11.5, held, one, 1),   # just over q: grows only without
+            (12.5, held, one, 2),                          # past q(1 + h): grows
+            (8.5, plain, two, 1), (8.5, held, two, 2),     # just under q: shrinks only without
+            (7.5, held, two, 1)):                          # past q(1 - h): shrinks
+        rates = np.array([rate, *([2.0] * 6)])
+        new = repack(start, keys, rates, config)
+        decode_plan(encode_plan(new))  # sound; a fresh build's k need not match with h > 0
+        assert int(new.table.replicas().sum()) <= config.slots
+        assert sum(new.stats.expected_load_per_s) == pytest.approx(float(rates.sum()))
+        assert len(sets_by_id(new)["hot"]) == replicas, (rate, config.replica_hysteresis)
+    with pytest.raises(Exception, match="replica_hysteresis"):
+        PlanningConfig.uniform(4, q_cap=10.0, warm_slots_per_destination=4,
+                               replica_hysteresis=1.0)
