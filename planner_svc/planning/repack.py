@@ -54,7 +54,9 @@ def repack(
     """
     started = clock() if clock else 0.0
     r = check_rates(len(keys), rates)
-    adm = admit(_held_replicas(previous, keys, r, config), config, prefix_tokens,
+    # previous key -> its position in the installed table (replica hysteresis, kept sets)
+    index = dict(zip(previous.table.keys, range(len(previous.table.keys)), strict=True))
+    adm = admit(_held_replicas(previous, index, keys, r, config), config, prefix_tokens,
                 incumbent=_incumbents(previous, keys, config))
     healthy = np.flatnonzero(config.active)
     weights = config.weights[healthy]
@@ -65,7 +67,7 @@ def repack(
     base = (tail.loads() if tail is not None else
             cold_tail_loads(max(0.0, float(r.sum()) - float(r[adm.index].sum())), weights))
     goal = balance_goal(shares, adm.replicas, base, weights, config)
-    sets = _kept_sets(previous, keys, adm, config)
+    sets = _kept_sets(previous, index, keys, adm, config)
     loads = base + _set_loads(sets, shares, len(healthy))
     _release_extra(sets, adm.replicas, shares, loads, weights)
     owners = ring_owners(keys, adm.index, ring) if ring is not None else None
@@ -84,7 +86,8 @@ def repack(
 
 
 def _held_replicas(
-    previous: RoutingPlan, keys: Sequence[str], rates: np.ndarray, config: PlanningConfig
+    previous: RoutingPlan, index: dict[str, int], keys: Sequence[str], rates: np.ndarray,
+    config: PlanningConfig,
 ) -> np.ndarray:
     """The rates admission counts replicas from (`config.replica_hysteresis` h): an incumbent
     whose ⌈λ/q⌉ differs from its installed k while λ stays within q·k·(1 + h) above or
@@ -94,14 +97,15 @@ def _held_replicas(
     if h <= 0.0:
         return rates
     q = config.reference_capacity
-    table = previous.table
-    sizes = np.diff(table.set_offsets)
-    index = dict(zip(keys, range(len(keys)), strict=True))
+    offsets = previous.table.set_offsets
     held = rates.copy()
-    for key, k in zip(table.keys, sizes.tolist(), strict=True):
-        i = index.get(key)
-        if i is None:
+    # Only a rate over q(1 - h) can be held: growing needs λ > q·k >= q, shrinking
+    # λ >= q(k - 1)(1 - h) >= q(1 - h); so only the hot few are looked at.
+    for i in np.flatnonzero(rates >= q * (1.0 - h)).tolist():
+        j = index.get(keys[i])
+        if j is None:
             continue
+        k = int(offsets[j + 1] - offsets[j])
         lam = float(rates[i])
         if lam > q * k and lam <= q * k * (1.0 + h):
             held[i] = q * k * (1.0 - 1e-9)  # ⌈·/q⌉ = k
@@ -121,7 +125,8 @@ def _incumbents(
 
 
 def _kept_sets(
-    previous: RoutingPlan, keys: Sequence[str], adm: Admission, config: PlanningConfig
+    previous: RoutingPlan, index: dict[str, int], keys: Sequence[str], adm: Admission,
+    config: PlanningConfig,
 ) -> list[list[int]]:
     """Per admitted key, its previous members that are still healthy (healthy positions)."""
     position = {}
@@ -129,7 +134,6 @@ def _kept_sets(
         position[config.destinations[i].id] = h
     remap = [position.get(d.id, -1) for d in previous.destinations]
     table = previous.table
-    index = dict(zip(table.keys, range(len(table.keys)), strict=True))
     offsets = table.set_offsets.tolist()
     members = [remap[m] for m in table.members.tolist()]
     # Per key in Python (a replan's largest cost at ~10 k admitted keys): when every
