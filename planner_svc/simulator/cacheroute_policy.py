@@ -23,7 +23,6 @@ LPT); "full" = `build_plan` (LPT).
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 from dataclasses import dataclass
 
@@ -32,7 +31,6 @@ import numpy as np
 from planner_svc.control.decision import Action
 from planner_svc.control.guard import DEFAULT_AFFINITY_GAIN_MIN, ValidatedRange
 from planner_svc.control.loop import ControlLoop
-from planner_svc.control.q_cap_probe import Probe, ProbeSettings, fleet_score, probe_step, start_probe
 from planner_svc.control.telemetry import Telemetry
 from planner_svc.control.traffic import Traffic
 from planner_svc.planning import PlanningConfig, admit, build_plan, repack
@@ -100,12 +98,6 @@ class CacheRouteSettings:
     # (router_client.eviction_window, the gateway's `--idle-rehome-learn`), starting from
     # `idle_rehome_s`.
     learn_idle_rehome: bool = False
-    # Find q_cap by trying (control.q_cap_probe, the planner's `--probe-q-cap`) against this
-    # TTFT target (seconds): every control step scores the fleet on the TTFT p99 each
-    # destination showed in it, and a trial's plan is installed at once, as the planner
-    # does. Needs the first-token balance (the simulators report first tokens to it).
-    q_cap_probe: ProbeSettings | None = None
-    q_cap_probe_slo_s: float = 0.0
     # The gateway's `--idle-rehome-with-peers`: re-home even beside other routers.
     rehome_with_peers: bool = False
     # With sessions: how far above the mean load a conversation stays with its history
@@ -126,7 +118,6 @@ class CacheRouteSettings:
                 + (" + tail placement" if self.hashed_tail else "")
                 + (f" + replica hysteresis {self.replica_hysteresis:g}"
                    if self.replica_hysteresis else "")
-                + (" + q_cap probe" if self.q_cap_probe is not None else "")
                 + (" (control loop)" if self.control_loop else "")
                 + (" without guard" if self.affinity_gain_min is None else "")
                 + (" + idle re-homing" if self.idle_rehome_s is not None else "")
@@ -254,13 +245,6 @@ class CacheRoutePolicy:
                          else None)
         self._window_end = 0  # where the next control window starts in the columns
         self.gains: list[float] = []  # the predicted affinity gain at each control step
-        # The q_cap probe: each request's send time, until its first token, and the TTFTs
-        # each destination showed in the current control window.
-        self.probe: Probe | None = (start_probe(settings.q_cap, 0.0, settings.q_cap_probe)
-                                    if settings.q_cap_probe is not None else None)
-        self.q_cap_trace = [(0.0, self.config.q_cap)]  # (time, q_cap planned with from then)
-        self._sent_at: dict[int, float] = {}
-        self._win_ttft: list[list[float]] = [[] for _ in range(ctx.n_destinations)]
         if settings.rates == "known" and isinstance(self._known, np.ndarray):
             self._install(0.0, self._known[0])
         elif isinstance(self._warmup, np.ndarray) and isinstance(warmup_s, float) and warmup_s > 0:
@@ -272,7 +256,7 @@ class CacheRoutePolicy:
         # sums taken from the columns) they only route (bench/simulator.py: ~13 % of the
         # instructions of a paper-like replay).
         plain = (self.loop is None and self._sessions is None and self._columns is not None
-                 and self.core.idle_rehome_s is None and self.probe is None)
+                 and self.core.idle_rehome_s is None)
         self.route = self._route_planned if plain else self._route  # type: ignore[method-assign]
         # `served` only for what learns from cached tokens (the simulators skip None).
         self.served = (self._served if self.loop is not None  # type: ignore[method-assign,assignment]
@@ -305,8 +289,6 @@ class CacheRoutePolicy:
                                 str(sessions[i]) if sessions is not None else None,
                                 now if self.settings.idle_rehome_s is not None else None)
         core.started(slot)
-        if self.probe is not None:
-            self._sent_at[i] = now
         if self.loop is not None:
             self._prompt_of[i] = (prompt, key)
             self._win_arrivals[slot] += 1
@@ -350,16 +332,10 @@ class CacheRoutePolicy:
         if key is not None:
             self.core.key_finished(self.keys[key], dest, now)
 
-    def _first_token_seen(self, i: int, dest: int, now: float) -> None:
-        sent = self._sent_at.pop(i, None)
-        if sent is not None:
-            self._win_ttft[dest].append(now - sent)
-
     def control(self, now: float, window_keys: np.ndarray, window_s: float) -> None:
         sums = self._window_sums(window_keys)
         if window_s <= 0:
             return
-        probed = self._probe_step(now)
         counts = np.bincount(window_keys, minlength=len(self.keys)).astype(np.float64)
         tokens, prompts, shared = _per_key_means(counts, *sums)
         prompt_tokens = float(sums[1].sum())
@@ -384,8 +360,6 @@ class CacheRoutePolicy:
         if self.plan is None:  # no warm-up window given: plan once enough has been counted
             if now >= s.plan_at_s:
                 self._install(now, self.counts / self.counted_s)
-        elif probed:  # a trial or a return: its plan installed now, as the planner does
-            self._publish(now, self._plan(self._rates()))
         elif s.replan != "once" and now > self.warmup_s:
             if self.loop is None:
                 self._install(now, self._rates())
@@ -507,32 +481,8 @@ class CacheRoutePolicy:
                                   candidate=candidate, telemetry=telemetry)
         self.decisions[decision.action.value] = self.decisions.get(decision.action.value, 0) + 1
         if decision.action is Action.INSTALL:
-            self._publish(now, candidate)
-
-    def _publish(self, now: float, plan: RoutingPlan) -> None:
-        if self.loop is not None:
             self.loop.record_install(now)
-        self._published = (now + self.settings.publish_delay_s, plan)
-
-    def _probe_step(self, now: float) -> bool:
-        """Score the window's TTFTs for the q_cap probe; True if it moved q_cap (the plan
-        at the new value then installs at once)."""
-        probe, cfg = self.probe, self.settings.q_cap_probe
-        if probe is None or cfg is None:
-            return False
-        p99 = [float(np.percentile(t, 99)) for t in self._win_ttft if t]
-        self._win_ttft = [[] for _ in self._win_ttft]
-        if self.plan is None or now <= self.warmup_s:
-            # Before the first plan the caches are cold: nothing to compare yet.
-            self.probe = start_probe(probe.base, now, cfg)
-            return False
-        score = fleet_score(p99, self.settings.q_cap_probe_slo_s) if p99 else None
-        self.probe = probe_step(probe, now, score, cfg)
-        if self.probe.value == self.config.q_cap:
-            return False
-        self.config = dataclasses.replace(self.config, q_cap=self.probe.value)
-        self.q_cap_trace.append((now, self.probe.value))
-        return True
+            self._published = (now + self.settings.publish_delay_s, candidate)
 
     def _count(self, counts: np.ndarray, window_s: float) -> None:
         a = self.settings.ewma_alpha
@@ -566,7 +516,7 @@ class CacheRoutePolicy:
         return self.counts / max(self.counted_s, 1e-9)
 
     def _install(self, now: float, rates: np.ndarray) -> None:
-        key = (round(now, 6), self.settings, self.config.q_cap)
+        key = (round(now, 6), self.settings)
         plan = self._shared.get(key)
         if plan is None:
             plan = self._plan(rates)
@@ -607,8 +557,6 @@ class _FirstTokenCacheRoutePolicy(CacheRoutePolicy):
 
     def first_token(self, i: int, dest: int, now: float) -> None:
         self.core.first_token(dest)
-        if self.probe is not None:
-            self._first_token_seen(i, dest, now)
 
     def finished(self, i: int, dest: int, now: float) -> None:
         self.core.finished(dest, answered=True)
@@ -622,9 +570,7 @@ def gateway_like(q_cap: float, warm_slots_per_destination: int, *,
                  balance: str = "first-token",
                  rate_window_s: float | None = None,
                  idle_rehome_s: float | None = DEFAULT_IDLE_REHOME_S,
-                 replica_hysteresis: float = 0.0,
-                 q_cap_probe: ProbeSettings | None = None,
-                 q_cap_probe_slo_s: float = 0.0) -> PolicyFactory:
+                 replica_hysteresis: float = 0.0) -> PolicyFactory:
     """CacheRoute as `cacheroute gateway` and the planner run it by default: conversations
     kept on their member and with their history, the cold tail consistent-hashed, idle keys
     re-homed (the window learned from `idle_rehome_s`; None = off, the gateway before
@@ -643,8 +589,7 @@ def gateway_like(q_cap: float, warm_slots_per_destination: int, *,
         balance=balance, replan="repack" if rate_window_s is None else "repack-window",
         rate_window_s=rate_window_s, plan_at_s=rate_window_s or 0.0,
         idle_rehome_s=idle_rehome_s, replica_hysteresis=replica_hysteresis,
-        learn_idle_rehome=idle_rehome_s is not None, q_cap_probe=q_cap_probe,
-        q_cap_probe_slo_s=q_cap_probe_slo_s))
+        learn_idle_rehome=idle_rehome_s is not None))
 
 
 def cacheroute(settings: CacheRouteSettings) -> PolicyFactory:
@@ -655,10 +600,6 @@ def cacheroute(settings: CacheRouteSettings) -> PolicyFactory:
         raise ValueError(f"balance must be one of {BALANCES}")
     if settings.rate_window_s is not None and not settings.rate_window_s > 0:
         raise ValueError("rate_window_s must be > 0 (or None: one control interval)")
-    if settings.q_cap_probe is not None and (settings.balance == "p2c"
-                                             or not settings.q_cap_probe_slo_s > 0):
-        raise ValueError("the q_cap probe needs a TTFT target (q_cap_probe_slo_s > 0) and "
-                         "the first-token balance (it scores the TTFTs it is told)")
     kind = CacheRoutePolicy if settings.balance == "p2c" else _FirstTokenCacheRoutePolicy
 
     def build(ctx: PolicyContext) -> Policy:
