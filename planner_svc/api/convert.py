@@ -152,6 +152,7 @@ def config_pb(t: Tunables, decision: DecisionSettings, destinations: list[Any],
         learn_warm_slots=t.learn_warm_slots,
         learn_q_cap=t.learn_q_cap,
         hashed_tail=t.hashed_tail,
+        replica_hysteresis=t.replica_hysteresis,
         destinations=destinations_to_pb(destinations),
     )
 

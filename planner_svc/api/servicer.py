@@ -384,6 +384,12 @@ def _tunable_changes(request: planner_pb2.UpdateConfigRequest) -> dict[str, Any]
         if not (math.isfinite(request.rate_noise_z) and 0.0 <= request.rate_noise_z <= 10.0):
             raise InvalidRequest(f"rate_noise_z must be in [0, 10], got {request.rate_noise_z}")
         changes["rate_noise_z"] = request.rate_noise_z
+    if request.HasField("replica_hysteresis"):
+        if not (math.isfinite(request.replica_hysteresis)
+                and 0.0 <= request.replica_hysteresis <= 0.99):
+            raise InvalidRequest(f"replica_hysteresis must be in [0, 0.99], got "
+                                 f"{request.replica_hysteresis}")
+        changes["replica_hysteresis"] = request.replica_hysteresis
     if request.HasField("balance_effort"):
         if not 0.0 <= request.balance_effort <= 1.0:
             raise InvalidRequest(f"balance_effort must be in [0, 1], got {request.balance_effort}")

@@ -68,6 +68,7 @@ SETTABLE: dict[str, Callable[[str], Any]] = {  # `config set` keys and how value
     "learn_warm_slots": _boolean,
     "learn_q_cap": _boolean,
     "hashed_tail": _boolean,
+    "replica_hysteresis": float,
     # the fallback guard (0 = unchecked for the range); sent as one GuardConfig
     "guard.active_keys_min": int,
     "guard.active_keys_max": int,
