@@ -41,10 +41,11 @@ TIME_SCALE, WARMUP_S, SLO_S = 4.0, 72.0, 2.0
 def _router(name: str) -> PolicyFactory:
     if name == "sglang-like":
         return policies(TIME_SCALE)["sglang cache_aware"]  # type: ignore[no-any-return]
-    h = float(name.split("=", 1)[1])
+    options = dict(part.split("=", 1) for part in name.split()[1:])
     # the arena's planner at this time scale: q_cap 12/4, W 12, a 24-s rate window
     return gateway_like(12.0 / TIME_SCALE, 12, rate_window_s=6.0 * TIME_SCALE,
-                        replica_hysteresis=h)
+                        replica_hysteresis=float(options["h"]),
+                        warm_placement=options.get("warm", "0") == "1")
 
 
 def _point(task: tuple[str, str, int, float, float]) -> tuple[tuple, float, float]:
@@ -63,12 +64,16 @@ def main() -> int:
     ap.add_argument("--measure-s", type=float, default=120.0)
     ap.add_argument("--replica-hysteresis", default="0",
                     help="CacheRoute runs, one per value (PlanningConfig.replica_hysteresis)")
+    ap.add_argument("--warm-placement", default="0",
+                    help="0, 1 or 0,1: place keys entering the plan where they were last "
+                    "served (repack's warm_at)")
     ap.add_argument("--no-baseline", action="store_true", help="skip the SGLang-like baseline")
     ap.add_argument("--jobs", type=int, default=2)
     args = ap.parse_args()
     t0 = time.monotonic()
     scales = [float(x) for x in args.scales.split(",")]
-    names = [f"cacheroute h={float(h):g}" for h in args.replica_hysteresis.split(",")]
+    names = [f"cacheroute h={float(h):g}" + (" warm=1" if w == "1" else "")
+             for h in args.replica_hysteresis.split(",") for w in args.warm_placement.split(",")]
     if not args.no_baseline:
         names.append("sglang-like")
     tasks = [(n, args.scenario, s, x, args.measure_s)

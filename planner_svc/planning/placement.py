@@ -154,7 +154,7 @@ def affine_place(
     load_l, weight_l = loads.tolist(), weights.tolist()
     for j in range(n):
         o = owner_l[j]
-        if load_l[o] + share_l[j] <= limit * weight_l[o]:
+        if o >= 0 and load_l[o] + share_l[j] <= limit * weight_l[o]:  # (-1: no owner)
             load_l[o] += share_l[j]
             sets[j].append(o)
     loads[:] = load_l

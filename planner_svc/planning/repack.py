@@ -45,8 +45,13 @@ def repack(
     *,
     prefix_tokens: np.ndarray | None = None,
     clock: Callable[[], float] | None = None,
+    warm_at: np.ndarray | None = None,
 ) -> RoutingPlan:
     """A plan for the new rates that moves as little traffic as balance allows (built_by="repack").
+
+    `warm_at` (per key: the index in `config.destinations` that last served it, -1 unknown):
+    a key entering the plan goes there first while balance allows (its cache is warm there),
+    as a hashed tail's keys go to their ring owners.
 
     Admission is the same top-rate rule as `build_plan` (unless `config.admission_hysteresis`
     favours the installed plan's keys); placement is churn-aware. Deterministic; `clock` fills
@@ -54,6 +59,8 @@ def repack(
     """
     started = clock() if clock else 0.0
     r = check_rates(len(keys), rates)
+    if warm_at is not None and len(warm_at) != len(keys):
+        raise ValueError(f"warm_at has {len(warm_at)} entries for {len(keys)} keys")
     # previous key -> its position in the installed table (replica hysteresis, kept sets)
     index = dict(zip(previous.table.keys, range(len(previous.table.keys)), strict=True))
     adm = admit(_held_replicas(previous, index, keys, r, config), config, prefix_tokens,
@@ -71,6 +78,8 @@ def repack(
     loads = base + _set_loads(sets, shares, len(healthy))
     _release_extra(sets, adm.replicas, shares, loads, weights)
     owners = ring_owners(keys, adm.index, ring) if ring is not None else None
+    if warm_at is not None:
+        owners = _warm_owners(warm_at, adm.index, config, owners)
     _fill_short(sets, adm.replicas, shares, loads, weights, owners,
                 goal * float(r.sum()) / float(weights.sum()))
     # Rebalance down to the goal, relaxed by (1 - balance_effort) towards where we are.
@@ -83,6 +92,20 @@ def repack(
         loads = tail.with_planned(loads - base)
     return assemble(keys, r, config, adm, members, loads, "repack",
                     (clock() - started) if clock else 0.0)
+
+
+def _warm_owners(warm_at: np.ndarray, admitted: np.ndarray, config: PlanningConfig,
+                 ring: np.ndarray | None) -> np.ndarray:
+    """Per admitted key, the healthy position that served it last (else its ring owner, or
+    -1: placed by LPT)."""
+    position = np.full(len(config.destinations), -1, np.int64)
+    position[np.flatnonzero(config.active)] = np.arange(int(config.active.sum()))
+    at = np.asarray(warm_at, np.int64)[admitted]
+    known = (at >= 0) & (at < len(position))
+    out = np.where(known, position[np.where(known, at, 0)], -1)
+    if ring is not None:
+        out = np.where(out >= 0, out, ring)
+    return out
 
 
 def _held_replicas(

@@ -89,6 +89,9 @@ class CacheRouteSettings:
     # (PlanningConfig.replica_hysteresis, the planner's CACHEROUTE_REPLICA_HYSTERESIS; 0 by
     # default).
     replica_hysteresis: float = 0.0
+    # Place a key entering the plan on the destination that served it last
+    # (`repack(warm_at=)`), as the stream would report it.
+    warm_placement: bool = False
     # The guard's floor on affinity's predicted gain over Flat-LB (planning.affinity), as the
     # planner runs it by default: below it the routers serve Flat-LB. None = never (the
     # paper's: always plan).
@@ -118,6 +121,7 @@ class CacheRouteSettings:
                 + (" + tail placement" if self.hashed_tail else "")
                 + (f" + replica hysteresis {self.replica_hysteresis:g}"
                    if self.replica_hysteresis else "")
+                + (" + warm placement" if self.warm_placement else "")
                 + (" (control loop)" if self.control_loop else "")
                 + (" without guard" if self.affinity_gain_min is None else "")
                 + (" + idle re-homing" if self.idle_rehome_s is not None else "")
@@ -245,6 +249,8 @@ class CacheRoutePolicy:
                          else None)
         self._window_end = 0  # where the next control window starts in the columns
         self.gains: list[float] = []  # the predicted affinity gain at each control step
+        # Per key: the destination its newest request went to (-1: none yet).
+        self._last_at = np.full(len(self.keys), -1, np.int64) if settings.warm_placement else None
         if settings.rates == "known" and isinstance(self._known, np.ndarray):
             self._install(0.0, self._known[0])
         elif isinstance(self._warmup, np.ndarray) and isinstance(warmup_s, float) and warmup_s > 0:
@@ -256,7 +262,7 @@ class CacheRoutePolicy:
         # sums taken from the columns) they only route (bench/simulator.py: ~13 % of the
         # instructions of a paper-like replay).
         plain = (self.loop is None and self._sessions is None and self._columns is not None
-                 and self.core.idle_rehome_s is None)
+                 and self.core.idle_rehome_s is None and self._last_at is None)
         self.route = self._route_planned if plain else self._route  # type: ignore[method-assign]
         # `served` only for what learns from cached tokens (the simulators skip None).
         self.served = (self._served if self.loop is not None  # type: ignore[method-assign,assignment]
@@ -289,6 +295,8 @@ class CacheRoutePolicy:
                                 str(sessions[i]) if sessions is not None else None,
                                 now if self.settings.idle_rehome_s is not None else None)
         core.started(slot)
+        if self._last_at is not None:
+            self._last_at[key] = slot
         if self.loop is not None:
             self._prompt_of[i] = (prompt, key)
             self._win_arrivals[slot] += 1
@@ -533,7 +541,7 @@ class CacheRoutePolicy:
         s, cfg = self.settings, self.config
         if s.variant == "full":
             if self.plan is not None and s.replan != "once":
-                return repack(self.plan, self.keys, rates, cfg)
+                return repack(self.plan, self.keys, rates, cfg, warm_at=self._last_at)
             return build_plan(self.keys, rates, cfg)
         return hashed_plan(self.keys, rates, cfg)
 
@@ -570,7 +578,8 @@ def gateway_like(q_cap: float, warm_slots_per_destination: int, *,
                  balance: str = "first-token",
                  rate_window_s: float | None = None,
                  idle_rehome_s: float | None = DEFAULT_IDLE_REHOME_S,
-                 replica_hysteresis: float = 0.0) -> PolicyFactory:
+                 replica_hysteresis: float = 0.0,
+                 warm_placement: bool = False) -> PolicyFactory:
     """CacheRoute as `cacheroute gateway` and the planner run it by default: conversations
     kept on their member and with their history, the cold tail consistent-hashed, idle keys
     re-homed (the window learned from `idle_rehome_s`; None = off, the gateway before
@@ -589,7 +598,7 @@ def gateway_like(q_cap: float, warm_slots_per_destination: int, *,
         balance=balance, replan="repack" if rate_window_s is None else "repack-window",
         rate_window_s=rate_window_s, plan_at_s=rate_window_s or 0.0,
         idle_rehome_s=idle_rehome_s, replica_hysteresis=replica_hysteresis,
-        learn_idle_rehome=idle_rehome_s is not None))
+        learn_idle_rehome=idle_rehome_s is not None, warm_placement=warm_placement))
 
 
 def cacheroute(settings: CacheRouteSettings) -> PolicyFactory:

@@ -214,7 +214,11 @@ def eviction_window_s(w: Workload, model: ReplicaModel, warmup_fraction: float,
 
 # The variants that route as `cacheroute gateway` does with the planner's defaults: sessions,
 # the production control loop, the cold tail consistent-hashed (`-rehome` adds re-homing).
-_AS_GATEWAY = ("cacheroute-gateway", "cacheroute-rehome", "cacheroute-rehome-learned")
+_AS_GATEWAY = ("cacheroute-gateway", "cacheroute-rehome", "cacheroute-rehome-learned",
+               "cacheroute-gateway-warm", "cacheroute-rehome-learned-warm")
+# `-warm`: the same, the planner placing keys entering the plan where they were last served
+# (repack's `warm_at`; an exploration: the production stream does not report it yet).
+_WARM = ("cacheroute-gateway-warm", "cacheroute-rehome-learned-warm")
 
 
 def policy_factory(name: str, cfg: ReplayConfig, w: Workload) -> PolicyFactory:
@@ -235,7 +239,8 @@ def policy_factory(name: str, cfg: ReplayConfig, w: Workload) -> PolicyFactory:
                 "cacheroute-sessions": "full", "cacheroute-loop": "full",
                 "cacheroute-tail": "full", "cacheroute-hashed": "full",
                 "cacheroute-gateway": "full", "cacheroute-no-guard": "full",
-                "cacheroute-rehome": "full", "cacheroute-rehome-learned": "full"}
+                "cacheroute-rehome": "full", "cacheroute-rehome-learned": "full",
+                "cacheroute-gateway-warm": "full", "cacheroute-rehome-learned-warm": "full"}
     if name not in variants and name != "cacheroute-known":
         raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICY_NAMES)}")
     q_cap, slots = calibrate(w, cfg.model, cfg.warmup_fraction)
@@ -262,7 +267,9 @@ def policy_factory(name: str, cfg: ReplayConfig, w: Workload) -> PolicyFactory:
         hashed_tail=name == "cacheroute-hashed",  # off in the planner by default
         idle_rehome_s=_idle_rehome_s(name, cfg, w),
         # From there, the window the router measures (`--idle-rehome-learn`, the default).
-        learn_idle_rehome=name in ("cacheroute-gateway", "cacheroute-rehome-learned"),
+        learn_idle_rehome=name.removesuffix("-warm") in ("cacheroute-gateway",
+                                                         "cacheroute-rehome-learned"),
+        warm_placement=name in _WARM,
         rehome_with_peers=cfg.rehome_with_peers,
         # `cacheroute-no-guard`: the paper's CacheRoute, planning whatever affinity can win.
         affinity_gain_min=None if name == "cacheroute-no-guard" else DEFAULT_AFFINITY_GAIN_MIN,
@@ -272,6 +279,7 @@ def policy_factory(name: str, cfg: ReplayConfig, w: Workload) -> PolicyFactory:
 
 def _idle_rehome_s(name: str, cfg: ReplayConfig, w: Workload) -> float | None:
     """The idle re-homing window policy `name` starts from (None: off)."""
+    name = name.removesuffix("-warm")
     if name == "cacheroute-gateway":  # as shipped: the gateway's default
         window = DEFAULT_IDLE_REHOME_S if cfg.idle_rehome_s is None else cfg.idle_rehome_s
     elif name.startswith("cacheroute-rehome"):
@@ -301,6 +309,8 @@ POLICY_NAMES = (
     "cacheroute-no-guard",
     "cacheroute-rehome",
     "cacheroute-rehome-learned",
+    "cacheroute-gateway-warm",
+    "cacheroute-rehome-learned-warm",
     "affinity",
     "replication",
 )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -234,3 +236,44 @@ def test_replica_hysteresis_keeps_a_hot_keys_replicas_while_its_rate_hovers() ->
     with pytest.raises(Exception, match="replica_hysteresis"):
         PlanningConfig.uniform(4, q_cap=10.0, warm_slots_per_destination=4,
                                replica_hysteresis=1.0)
+
+
+def test_a_key_entering_the_plan_goes_where_it_was_last_served_while_balance_allows() -> None:
+    """`warm_at`: a new key's cache is warm where its requests went (the cold tail, or its
+    conversations' history); LPT would put it on the least-loaded destination instead."""
+    config = PlanningConfig.uniform(4, q_cap=10.0, warm_slots_per_destination=8)
+    keys = [*(f"s{i}" for i in range(12)), "new"]
+    before = np.array([3.0, 3.0, 2.0, 2.0, 2.0, 2.0, 1.0, 1.0, 1.0, 1.0, 0.5, 0.5, 0.0])
+    old = build_plan(keys, before, config)
+    after = before.copy()
+    after[-1] = 0.2
+    lpt = sets_by_id(repack(old, keys, after, config))["new"]
+    assert lpt == {"d002"}  # the least-loaded (4.5, first of two)
+
+    def placed(warm: int, rate: float = 0.2) -> frozenset[str]:
+        rates = before.copy()
+        rates[-1] = rate
+        warm_at = np.full(len(keys), -1)
+        warm_at[-1] = warm
+        plan = repack(old, keys, rates, config, warm_at=warm_at)
+        check_sound(plan, keys, rates, config)
+        return sets_by_id(plan)["new"]
+
+    assert placed(3) == {"d003"}  # warm there, and within the balance limit: it stays warm
+    assert placed(0) == lpt  # d000 carries 5.0 already: over the limit, placed by LPT
+    assert placed(3, rate=0.8) == lpt  # too heavy for d003 (5.3 against a mean of 4.95)
+    for unknown in (-1, 4, 99):  # never served, or an index the fleet does not have
+        assert placed(unknown) == lpt
+    with pytest.raises(ValueError, match="warm_at"):
+        repack(old, keys, after, config, warm_at=np.zeros(3, np.int64))
+
+
+def test_warm_placement_skips_a_draining_destination() -> None:
+    config = PlanningConfig.uniform(4, q_cap=10.0, warm_slots_per_destination=8)
+    keys = ["a", "b", "c", "new"]
+    old = build_plan(keys, np.array([2.0, 2.0, 2.0, 0.0]), config)
+    dests = tuple(dataclasses.replace(d, draining=d.id == "d003") for d in config.destinations)
+    drained = dataclasses.replace(config, destinations=dests)
+    plan = repack(old, keys, np.array([2.0, 2.0, 2.0, 0.5]), drained,
+                  warm_at=np.array([-1, -1, -1, 3]))
+    assert "d003" not in sets_by_id(plan)["new"]
