@@ -100,6 +100,7 @@ def tunables_from(settings: PlannerSettings) -> Tunables:
         learn_q_cap=settings.learn_q_cap,
         q_cap_ttft_slo_s=settings.q_cap_ttft_slo_s,
         hashed_tail=settings.hashed_tail,
+        warm_placement=settings.warm_placement,
     )
 
 

@@ -66,6 +66,7 @@ POOL_SETTINGS: dict[str, tuple[type, float, float]] = {
     "learn_warm_slots": (bool, 0, 1),
     "learn_q_cap": (bool, 0, 1),
     "hashed_tail": (bool, 0, 1),
+    "warm_placement": (bool, 0, 1),
 }
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -108,6 +109,10 @@ class CompleteWindow(KeyWindow):
     duplicates_dropped: int
     partition_count: int
     published_at_ms: int
+    # Per key: where its newest request went, an index into `last_destination_names`
+    # (-1: unknown; every key unknown when no worker reported it).
+    last_destination: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
+    last_destination_names: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -214,11 +219,28 @@ class WindowAssembler:
             self.dropped_windows += 1
 
 
+# A part's last-destination names: at most this many, each at most this long (a stream
+# worker tracks at most `StreamConfig.max_destinations` destinations).
+MAX_LAST_DESTINATION_NAMES = 65_536
+MAX_DESTINATION_NAME_BYTES = 1024
+
+
 def _check_part(s: snapshot_pb2.RateSnapshot) -> None:
     if s.partition_count <= 0 or not 0 <= s.source_partition < s.partition_count:
         raise SnapshotError(f"bad partition {s.source_partition}/{s.partition_count}")
     if s.part_count <= 0 or not 0 <= s.part_index < s.part_count:
         raise SnapshotError(f"bad part {s.part_index}/{s.part_count}")
+    last, names = s.keys.last_destination, s.keys.last_destination_names
+    if not last:
+        return
+    if len(last) != len(s.keys.rate_per_s):
+        raise SnapshotError(f"{len(last)} last destinations for {len(s.keys.rate_per_s)} keys")
+    if len(names) > MAX_LAST_DESTINATION_NAMES or any(
+            not n or len(n) > MAX_DESTINATION_NAME_BYTES for n in names):
+        raise SnapshotError("last-destination names: too many, empty or too long")
+    index = np.asarray(last, np.int64)
+    if index.min() < -1 or index.max() >= len(names):
+        raise SnapshotError(f"last destinations outside [-1, {len(names)})")
 
 
 def merge_parts(parts: list[snapshot_pb2.RateSnapshot]) -> CompleteWindow:
@@ -233,7 +255,8 @@ def merge_parts(parts: list[snapshot_pb2.RateSnapshot]) -> CompleteWindow:
         window_start_ms=first.window_start_ms,
         window_end_ms=first.window_end_ms,
         keys=keys,
-        **{name: _concat(parts, name, dtype) for name, dtype in KEY_COLUMNS},
+        **{name: _concat(parts, name, dtype)  # type: ignore[arg-type]
+           for name, dtype in KEY_COLUMNS},
         destinations=merge_destinations(firsts),
         recovering=any(p.recovering for p in parts),
         overflow_keys=sum(p.overflow_keys for p in firsts),
@@ -243,7 +266,27 @@ def merge_parts(parts: list[snapshot_pb2.RateSnapshot]) -> CompleteWindow:
         duplicates_dropped=sum(p.duplicates_dropped for p in firsts),
         partition_count=first.partition_count,
         published_at_ms=max(p.published_at_ms for p in parts),
+        **_merge_last_destinations(parts),
     )
+
+
+def _merge_last_destinations(parts: list[snapshot_pb2.RateSnapshot]) -> dict[str, Any]:
+    """Every part's last destinations re-indexed into one list of names (a part that did
+    not report them: -1 for its keys). Nothing reported anywhere: empty."""
+    if not any(p.keys.last_destination for p in parts):
+        return {}
+    names: dict[str, int] = {}
+    columns = []
+    for p in parts:
+        last = np.asarray(p.keys.last_destination, np.int64)
+        if not len(last):
+            columns.append(np.full(len(p.keys.rate_per_s), -1, np.int32))
+            continue
+        table = np.array([names.setdefault(n, len(names)) for n in p.keys.last_destination_names]
+                         + [-1], np.int32)  # (index -1 reads the trailing -1)
+        columns.append(table[last])
+    return {"last_destination": np.concatenate(columns),
+            "last_destination_names": list(names)}
 
 
 def _concat(parts: list[snapshot_pb2.RateSnapshot], name: str, dtype: type) -> np.ndarray:

@@ -57,6 +57,9 @@ class KeyRing:
         self.ewma = np.full(capacity, math.nan)
         self.last_arrival = np.zeros(capacity, dtype=np.int64)
         self.last_active = np.full(capacity, NO_TIME, dtype=np.int64)
+        # The destination slot of each key's newest request (-1: none yet), and its time.
+        self.last_destination = np.full(capacity, -1, dtype=np.int64)
+        self.last_destination_at = np.full(capacity, NO_TIME, dtype=np.int64)
 
     def ensure(self, n: int) -> None:
         """Make room for key slots 0..n-1."""
@@ -67,6 +70,8 @@ class KeyRing:
         self.ewma = _grown(self.ewma, cap, math.nan)
         self.last_arrival = _grown(self.last_arrival, cap)
         self.last_active = _grown(self.last_active, cap, NO_TIME)
+        self.last_destination = _grown(self.last_destination, cap, -1)
+        self.last_destination_at = _grown(self.last_destination_at, cap, NO_TIME)
         self.capacity = cap
 
     def _add(self, name: str, slot: np.ndarray, key: np.ndarray, values: np.ndarray | int) -> None:
@@ -91,6 +96,19 @@ class KeyRing:
         """Add served prompt and cached tokens of cache-hit events."""
         self._add("prompt", slot, key, prompt)
         self._add("cached", slot, key, cached)
+
+    def note_destinations(self, key: np.ndarray, dslot: np.ndarray, ts: np.ndarray) -> None:
+        """Remember where each key's newest request went (events may arrive out of order:
+        an older one never overwrites a newer one)."""
+        if not key.size:
+            return
+        order = np.lexsort((ts, key))  # by key, then time
+        k, d, t = key[order], dslot[order], ts[order]
+        newest = np.append(k[1:] != k[:-1], True)  # each key's last entry
+        k, d, t = k[newest], d[newest], t[newest]
+        newer = t >= self.last_destination_at[k]
+        self.last_destination[k[newer]] = d[newer]
+        self.last_destination_at[k[newer]] = t[newer]
 
     def touch(self, key: np.ndarray, ts: np.ndarray) -> None:
         if key.size:
@@ -117,6 +135,8 @@ class KeyRing:
         self.ewma[keys] = math.nan
         self.last_arrival[keys] = 0
         self.last_active[keys] = NO_TIME
+        self.last_destination[keys] = -1
+        self.last_destination_at[keys] = NO_TIME
 
     def clear(self, slot: int) -> None:
         for a in self.fields.values():

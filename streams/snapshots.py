@@ -17,8 +17,8 @@ from streams.columns import encode_keys
 from streams.windows import WindowResult
 
 # Upper bound of the encoded size of one key row besides the key itself:
-# 7 doubles + 1 varint + packed-field overhead, generously rounded.
-_ROW_BYTES = 8 * 7 + 10 + 8
+# 7 doubles + 2 varints + packed-field overhead, generously rounded.
+_ROW_BYTES = 8 * 7 + 10 + 5 + 8
 _HEADER_BYTES = 512
 
 
@@ -60,7 +60,9 @@ def build_snapshots(window: WindowResult, ctx: SnapshotContext,
 
 
 def _destination_bytes(window: WindowResult) -> int:
-    return sum(len(d.destination.encode()) + 64 for d in window.destinations)
+    # (every part carries the names its keys' last destinations index)
+    return (sum(len(d.destination.encode()) + 64 for d in window.destinations)
+            + sum(len(n.encode()) + 4 for n in window.last_destination_names))
 
 
 def _split(keys: list[str], budget: int) -> list[tuple[int, int]]:
@@ -85,6 +87,9 @@ def _fill_keys(cols: snapshot_pb2.KeyColumns, w: WindowResult, lo: int, hi: int)
     cols.keys = encode_keys(w.keys[lo:hi])
     for name, _ in KEY_COLUMNS:
         getattr(cols, name).extend(getattr(w, name)[lo:hi].tolist())
+    if len(w.last_destination) == len(w.keys):
+        cols.last_destination.extend(w.last_destination[lo:hi].tolist())
+        cols.last_destination_names.extend(w.last_destination_names)
 
 
 def _fill_partition_totals(snap: snapshot_pb2.RateSnapshot, w: WindowResult,

@@ -42,6 +42,10 @@ class WindowResult(KeyWindow):
     overflow_keys: int = 0
     overflow_rate_per_s: float = 0.0
     active_keys: int = 0
+    # Per key: where its newest request went, an index into `last_destination_names`
+    # (-1: none seen since its slot was assigned). Empty: not reported.
+    last_destination: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
+    last_destination_names: list[str] = field(default_factory=list)
 
 
 class PartitionWindows:
@@ -157,6 +161,7 @@ class PartitionWindows:
                                        self.config.eviction_ms)
         self.key_ring.add_requests(r_slot, r_key, cols.prefix_tokens[idx][req], gaps, gap_ok,
                                    reused)
+        self.key_ring.note_destinations(r_key[pairable], dslot[req][pairable], r_ts[pairable])
         self.key_ring.add_hits(slot[hit], kslot[hit], cols.prompt_tokens[idx][hit],
                                cols.cached_tokens[idx][hit])
         self.key_ring.touch(kslot[tracked], ts[tracked])
@@ -229,6 +234,7 @@ class PartitionWindows:
                         | (ewma >= cfg.min_published_rate_per_s))
         idx = np.flatnonzero(shown)
         overflow_keys = self.overflow.distinct(slots)
+        last, last_names = self._last_destinations(idx)
         return WindowResult(
             window_start_ms=end - cfg.window_ms,
             window_end_ms=end,
@@ -245,7 +251,17 @@ class PartitionWindows:
             overflow_keys=overflow_keys,
             overflow_rate_per_s=self.overflow.requests(slots) / span_s,
             active_keys=int(np.count_nonzero(requests[live] > 0)) + overflow_keys,
+            last_destination=last,
+            last_destination_names=last_names,
         )
+
+    def _last_destinations(self, idx: np.ndarray) -> tuple[np.ndarray, list[str]]:
+        """Key slots `idx`'s newest destinations as indices into the names they use."""
+        dslots = self.key_ring.last_destination[idx]
+        used, inverse = np.unique(dslots, return_inverse=True)
+        names = self.destinations.names(used[used >= 0])
+        index = np.arange(len(used), dtype=np.int32) - int(np.count_nonzero(used < 0))
+        return index[inverse].astype(np.int32), names
 
     def _forget_quiet_keys(self) -> None:
         """Prune reuse pairs older than the eviction window, then release key slots

@@ -26,6 +26,7 @@ Pure: numpy and `router_client.plan` only.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -49,7 +50,9 @@ class Traffic:
 
     `rates[i]` is key `keys[i]`'s request rate in requests/s; `prefix_tokens[i]`
     its mean reusable prompt tokens (0 or absent = unknown, replaced by
-    `default_prefix_tokens`); `window_end_s` is when the window closed (freshness).
+    `default_prefix_tokens`); `window_end_s` is when the window closed (freshness);
+    `last_destination[i]` where its newest request went, an index into
+    `last_destination_names` (-1 or absent: unknown).
     """
 
     keys: Sequence[str]
@@ -57,6 +60,18 @@ class Traffic:
     prefix_tokens: np.ndarray | None = None
     window_end_s: float = 0.0
     default_prefix_tokens: float = DEFAULT_PREFIX_TOKENS
+    last_destination: np.ndarray | None = None
+    last_destination_names: tuple[str, ...] = ()
+
+    def warm_at(self, destinations: Sequence[str]) -> np.ndarray | None:
+        """Per key, the index in `destinations` its newest request went to (-1: unknown or
+        not one of them); None when nothing was reported."""
+        if self.last_destination is None or len(self.last_destination) != len(self.keys):
+            return None
+        position = {d: i for i, d in enumerate(destinations)}
+        table = np.array([position.get(n, -1) for n in self.last_destination_names] + [-1],
+                         np.int64)  # (index -1 reads the trailing -1)
+        return table[np.asarray(self.last_destination, np.int64)]
 
     @cached_property
     def index(self) -> dict[str, int]:
@@ -297,10 +312,11 @@ def hold_noise(now: Traffic, reference: Traffic | None, window_s: float, z: floa
     quiet = [i for i, k in enumerate(reference.keys)
              if k not in seen and float(reference.rates[i]) * window_s <= z * z]
     if not quiet:
-        return Traffic(now.keys, rates, now.prefix_tokens, now.window_end_s,
-                       now.default_prefix_tokens)
+        return dataclasses.replace(now, rates=rates)
     tokens = now.tokens
+    last = (None if now.last_destination is None else
+            np.concatenate([now.last_destination, np.full(len(quiet), -1, np.int32)]))
     return Traffic([*now.keys, *(reference.keys[i] for i in quiet)],
                    np.concatenate([rates, reference.rates[quiet].astype(np.float64)]),
                    np.concatenate([tokens, ref_tokens[quiet]]), now.window_end_s,
-                   now.default_prefix_tokens)
+                   now.default_prefix_tokens, last, now.last_destination_names)

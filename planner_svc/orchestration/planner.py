@@ -219,6 +219,9 @@ class Tunables:
     q_cap_ttft_slo_s: float = 0.0
     # Plan for a consistent-hashed cold tail (planning.placement); False = the paper's.
     hashed_tail: bool = False
+    # Place keys entering the plan where their newest request went (the stream's
+    # last-destination column; repack's `warm_at`; off by default).
+    warm_placement: bool = False
 
 
 class Planner:
@@ -747,6 +750,8 @@ class Planner:
             config,
             prefix_tokens=t.prefix_tokens,
             clock=_timer,
+            warm_at=(t.warm_at([d.id for d in config.destinations])
+                     if self.tunables.warm_placement else None),
         )
 
     # --- installs -------------------------------------------------------------------

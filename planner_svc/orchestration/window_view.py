@@ -24,6 +24,9 @@ def traffic_from_window(window: Any, rate_column: str = "rate") -> Traffic:
         rates=np.asarray(rates, np.float64),
         prefix_tokens=np.asarray(window.reusable_prefix_tokens, np.float64),
         window_end_s=window.window_end_ms / 1000.0,
+        last_destination=(np.asarray(window.last_destination, np.int32)
+                          if len(getattr(window, "last_destination", ())) else None),
+        last_destination_names=tuple(getattr(window, "last_destination_names", ())),
     )
 
 

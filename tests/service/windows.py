@@ -20,8 +20,13 @@ def make_window(
     recovering: bool = False,
     p99_ms: Mapping[str, float] | None = None,
     prefix_tokens: float = 800.0,
+    last_destinations: Mapping[str, str] | None = None,  # key -> where its newest went
 ) -> CompleteWindow:
     rates = np.asarray(rates, np.float64)
+    names = sorted(set((last_destinations or {}).values()))
+    last = (np.array([names.index(last_destinations[k]) if k in last_destinations else -1
+                      for k in keys], np.int32)
+            if last_destinations is not None else np.zeros(0, np.int32))
     requests = np.maximum(0, np.round(rates * window_s)).astype(np.int64)
     prompt = requests * 1000.0
     per_dest = float(rates.sum()) / max(1, len(destinations))
@@ -50,4 +55,6 @@ def make_window(
         duplicates_dropped=0,
         partition_count=1,
         published_at_ms=window_end_ms,
+        last_destination=last,
+        last_destination_names=names,
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -139,3 +140,43 @@ def test_forged_or_implausible_snapshots_are_refused():
         asm.add(hot, now)
     assert asm.add(part(now, 0, 2), now) is None
     assert asm.add(part(now, 1, 2), now) is not None  # the real window still completes
+
+
+def test_last_destinations_survive_the_split_and_merge_across_partitions():
+    keys = [f"key-{i:05d}" for i in range(3000)]
+    w0 = window(keys[:2000])
+    w0 = dataclasses.replace(w0, last_destination=np.array([i % 3 - 1 for i in range(2000)],
+                                                           np.int32),
+                             last_destination_names=["d-a", "d-b"])
+    w1 = dataclasses.replace(window(keys[2000:]), last_destination=np.full(1000, 0, np.int32),
+                             last_destination_names=["d-b"])
+    parts = roundtrip(build_snapshots(w0, ctx(0, 2), part_bytes=20_000)
+                      + build_snapshots(w1, ctx(1, 2)))
+    assert len(parts) > 3
+    asm = WindowAssembler()
+    merged = [asm.add(p) for p in parts][-1]
+    assert merged is not None
+    got = [merged.last_destination_names[i] if i >= 0 else None
+           for i in merged.last_destination.tolist()]
+    assert got == [[None, "d-a", "d-b"][i % 3] for i in range(2000)] + ["d-b"] * 1000
+    # A worker that does not report them: its keys unknown, the others' kept.
+    old = roundtrip(build_snapshots(window(keys[2000:]), ctx(1, 2)))
+    merged = merge_parts(roundtrip(build_snapshots(w0, ctx(0, 2))) + old)
+    assert (merged.last_destination[2000:] == -1).all()
+    assert len(merge_parts(roundtrip(build_snapshots(window(keys), ctx(0, 1)))
+                           ).last_destination) == 0  # nobody reported: empty
+
+
+@pytest.mark.parametrize("last, names, words", [
+    ([0, 0], ["d"], "last destinations for"),        # fewer entries than keys
+    ([0, 0, 1], ["d"], "outside"),                   # an index past the names
+    ([0, -2, 0], ["d"], "outside"),
+    ([0, 0, 0], [""], "names"),
+    ([0, 0, 0], ["x" * 2000], "names"),
+])
+def test_bad_last_destination_columns_are_refused(last, names, words):
+    snap = build_snapshots(window(["a", "b", "c"]), ctx(0, 1))[0]
+    snap.keys.last_destination.extend(last)
+    snap.keys.last_destination_names.extend(names)
+    with pytest.raises(SnapshotError, match=words):
+        WindowAssembler().add(snap)

@@ -240,3 +240,34 @@ def test_overflow_distinct_count_is_exact_when_few_and_close_when_many():
     assert abs(ring.distinct([0, 1, 2]) - 20_050) < 0.03 * 20_050
     ring.clear(2)
     assert ring.distinct([0, 1, 2]) == 50
+
+
+def last_destinations(w: WindowResult) -> dict[str, str | None]:
+    names = w.last_destination_names
+    return {k: (names[i] if i >= 0 else None)
+            for k, i in zip(w.keys, w.last_destination.tolist(), strict=True)}
+
+
+def test_each_key_reports_where_its_newest_request_went_even_out_of_order() -> None:
+    pw = PartitionWindows(CFG)
+    # b's events arrive out of order: its newest (1900 ms, d2) comes first in the batch;
+    # c only has a cache-hit report (no request): no destination known.
+    pw.ingest(cols([req(100, "a", "d1"), req(1900, "b", "d2"), req(500, "b", "d1"),
+                    req(1200, "a", "d3"), hit(1300, "c", 10, 5, "d1")]))
+    _, closed = pw.ingest(cols([req(1000, "b", "d3")]))  # older than b's newest: ignored
+    _, closed = pw.ingest(cols([req(4100, "z", "d1")]))
+    w = closed[-1]
+    assert last_destinations(w) == {"a": "d3", "b": "d2", "c": None}
+    assert sorted(w.last_destination_names) == ["d2", "d3"]  # only the names used
+
+
+def test_a_quiet_key_forgets_its_last_destination_with_its_slot() -> None:
+    pw = PartitionWindows(CFG)
+    pw.ingest(cols([req(100, "a", "d1")]))
+    for t in range(2000, 20_000, 1000):  # a goes quiet; its slot is released and reused
+        pw.ingest(cols([req(t, f"k{t}", "d2")]))
+    # a comes back with a cache-hit report only: nothing says where it went this time
+    _, closed = pw.ingest(cols([hit(20_100, "a", 10, 5, "d9"), req(20_200, "b", "d2")]))
+    _, closed = pw.ingest(cols([req(24_000, "z", "d2")]))
+    assert pw.released_keys > 0
+    assert last_destinations(closed[-1])["a"] is None  # not d1, from before it went quiet

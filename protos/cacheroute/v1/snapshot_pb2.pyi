@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class KeyColumns(_message.Message):
-    __slots__ = ("keys", "rate_per_s", "ewma_rate_per_s", "prompt_tokens", "cached_tokens", "interarrival_cv", "reuse_fraction", "reusable_prefix_tokens", "requests")
+    __slots__ = ("keys", "rate_per_s", "ewma_rate_per_s", "prompt_tokens", "cached_tokens", "interarrival_cv", "reuse_fraction", "reusable_prefix_tokens", "requests", "last_destination", "last_destination_names")
     KEYS_FIELD_NUMBER: _ClassVar[int]
     RATE_PER_S_FIELD_NUMBER: _ClassVar[int]
     EWMA_RATE_PER_S_FIELD_NUMBER: _ClassVar[int]
@@ -17,6 +17,8 @@ class KeyColumns(_message.Message):
     REUSE_FRACTION_FIELD_NUMBER: _ClassVar[int]
     REUSABLE_PREFIX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    LAST_DESTINATION_FIELD_NUMBER: _ClassVar[int]
+    LAST_DESTINATION_NAMES_FIELD_NUMBER: _ClassVar[int]
     keys: bytes
     rate_per_s: _containers.RepeatedScalarFieldContainer[float]
     ewma_rate_per_s: _containers.RepeatedScalarFieldContainer[float]
@@ -26,7 +28,9 @@ class KeyColumns(_message.Message):
     reuse_fraction: _containers.RepeatedScalarFieldContainer[float]
     reusable_prefix_tokens: _containers.RepeatedScalarFieldContainer[float]
     requests: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, keys: _Optional[bytes] = ..., rate_per_s: _Optional[_Iterable[float]] = ..., ewma_rate_per_s: _Optional[_Iterable[float]] = ..., prompt_tokens: _Optional[_Iterable[float]] = ..., cached_tokens: _Optional[_Iterable[float]] = ..., interarrival_cv: _Optional[_Iterable[float]] = ..., reuse_fraction: _Optional[_Iterable[float]] = ..., reusable_prefix_tokens: _Optional[_Iterable[float]] = ..., requests: _Optional[_Iterable[int]] = ...) -> None: ...
+    last_destination: _containers.RepeatedScalarFieldContainer[int]
+    last_destination_names: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, keys: _Optional[bytes] = ..., rate_per_s: _Optional[_Iterable[float]] = ..., ewma_rate_per_s: _Optional[_Iterable[float]] = ..., prompt_tokens: _Optional[_Iterable[float]] = ..., cached_tokens: _Optional[_Iterable[float]] = ..., interarrival_cv: _Optional[_Iterable[float]] = ..., reuse_fraction: _Optional[_Iterable[float]] = ..., reusable_prefix_tokens: _Optional[_Iterable[float]] = ..., requests: _Optional[_Iterable[int]] = ..., last_destination: _Optional[_Iterable[int]] = ..., last_destination_names: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class DestinationStats(_message.Message):
     __slots__ = ("destination", "arrival_rate_per_s", "prompt_tokens", "cached_tokens", "mean_queue_depth", "p99_e2e_ms")
