@@ -25,8 +25,8 @@ def traffic_from_window(window: Any, rate_column: str = "rate") -> Traffic:
         prefix_tokens=np.asarray(window.reusable_prefix_tokens, np.float64),
         window_end_s=window.window_end_ms / 1000.0,
         last_destination=(np.asarray(window.last_destination, np.int32)
-                          if len(getattr(window, "last_destination", ())) else None),
-        last_destination_names=tuple(getattr(window, "last_destination_names", ())),
+                          if len(window.last_destination) else None),
+        last_destination_names=tuple(window.last_destination_names),
     )
 
 
@@ -119,6 +119,8 @@ def split_by_pool(window: Any, pools: Sequence[str], pool_of_scope: Callable[[st
             1.0 / len(pools))
         overflow_keys = round(window.overflow_keys * share)
         columns = {name: np.asarray(getattr(window, name))[rows] for name, _ in KEY_COLUMNS}
+        if len(window.last_destination):  # (a per-key column too; the names stay whole)
+            columns["last_destination"] = np.asarray(window.last_destination)[rows]
         parts[pool] = dataclasses.replace(
             window, keys=[keys[j] for j in rows], **columns,
             destinations={d: s for d, s in window.destinations.items()

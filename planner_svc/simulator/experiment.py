@@ -217,7 +217,7 @@ def eviction_window_s(w: Workload, model: ReplicaModel, warmup_fraction: float,
 _AS_GATEWAY = ("cacheroute-gateway", "cacheroute-rehome", "cacheroute-rehome-learned",
                "cacheroute-gateway-warm", "cacheroute-rehome-learned-warm")
 # `-warm`: the same, the planner placing keys entering the plan where they were last served
-# (repack's `warm_at`; an exploration: the production stream does not report it yet).
+# (repack's `warm_at`: the planner's opt-in `--warm-placement`).
 _WARM = ("cacheroute-gateway-warm", "cacheroute-rehome-learned-warm")
 
 

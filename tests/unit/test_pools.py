@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner_svc.orchestration.window_view import split_by_pool
+from planner_svc.orchestration.window_view import split_by_pool, traffic_from_window
 from router_client.keys import derive_key
 from router_client.pools import (
     DEFAULT_POOL,
@@ -170,3 +170,21 @@ def test_a_single_pool_claims_every_model():
     routes = PoolRoutes.single()
     assert routes.pool_of_key("anything@l#s/p:x") == DEFAULT_POOL
     assert routes.pool_of_key("no-slash-key") == DEFAULT_POOL
+
+
+def test_a_pools_window_keeps_each_keys_last_destination() -> None:
+    """The stream's last-destination column is cut with the rows (warm placement per pool)."""
+    routes = PoolRoutes([PoolSpec("chat", ("llama",), ("c0",)),
+                         PoolSpec("code", ("qwen",), ("q0", "q1"))])
+    keys = ["llama/h:a", "qwen/h:b", "llama/h:d", "qwen/h:e"]
+    window = make_window(keys, np.ones(4), window_end_ms=100_000,
+                         destinations=["c0", "q0", "q1"],
+                         last_destinations={"llama/h:a": "c0", "qwen/h:b": "q1",
+                                            "qwen/h:e": "q0"})
+    parts, _ = split_by_pool(window, ["chat", "code"], routes.pool_of_scope,
+                             {"c0": "chat", "q0": "code", "q1": "code"})
+    for pool, ids, expected in (("chat", ["c0"], ["c0", None]),
+                                ("code", ["q0", "q1"], ["q1", "q0"])):
+        warm = traffic_from_window(parts[pool]).warm_at(ids)
+        assert warm is not None
+        assert [ids[i] if i >= 0 else None for i in warm.tolist()] == expected
