@@ -398,6 +398,9 @@ class RouterCore:
         self.rehomed = 0
         self.rehome_kept = 0  # returns within the window to where re-homing sent the key
         self.spilled = 0  # a planned key's requests sent off its overloaded slot, home kept
+        # Off: a planned key over its bound re-homes like any other (the rule before the
+        # spill), kept as a switch to compare the two live (`--spill-planned`).
+        self.spill_planned = True
         # Set by the shell while other routers share this plan's traffic (their idle
         # clocks are their own): the plan, history and tail decide meanwhile.
         self.rehome_paused = False
@@ -729,7 +732,8 @@ class RouterCore:
                     else self._fewest_awaiting(a))
             if slot < 0:
                 return -1, -1, -1
-            if now - seen[0] <= window and plan >= 0 and seen[1] == plan:
+            if (self.spill_planned and now - seen[0] <= window and plan >= 0
+                    and seen[1] == plan):
                 # Warm at the plan's slot, which is over its bound: a burst (often the
                 # key's own). This request goes elsewhere; the key stays where the plan and
                 # its cache are. Moving it would carry the burst to a cold destination, a

@@ -76,6 +76,10 @@ ROUTING_FLAGS: Flags = {
                           "its prefix cached there or not (the response's cached tokens), "
                           "and the window moves to the gap that separates the two; "
                           "--idle-rehome-s is where it starts ('off': keep it as given)"),
+    "spill-planned": (boolean, True,
+                      "with --idle-rehome-s: a planned key back within the window to its "
+                      "plan's destination, now over its bound, sends this request elsewhere "
+                      "and keeps its home there ('off': it re-homes where the request went)"),
     "tail-slack": (float, DEFAULT_TAIL_SLACK, "a cold-tail key stays on its hash owner (where "
                    "its prefix is cached) until that owner's load is more than (1 + this) x "
                    "the mean"),
@@ -181,6 +185,7 @@ def build_client(args: argparse.Namespace, rid: str, command: str) -> Any:
     client.core.idle_rehome_s = args.idle_rehome_s or None
     if args.idle_rehome_s and args.idle_rehome_learn:
         client.core.learn_idle_rehome(EvictionWindow(args.idle_rehome_s))
+    client.core.spill_planned = args.spill_planned
     client.rehome_with_peers = args.idle_rehome_with_peers
     # With a plan in Redis other routers may share it: paused until the first status
     # report says how many (`_note_peers`, within a second).

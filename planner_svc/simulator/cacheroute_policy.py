@@ -103,6 +103,8 @@ class CacheRouteSettings:
     learn_idle_rehome: bool = False
     # The gateway's `--idle-rehome-with-peers`: re-home even beside other routers.
     rehome_with_peers: bool = False
+    # The gateway's `--spill-planned`: a planned key over its bound keeps its home.
+    spill_planned: bool = True
     # With sessions: how far above the mean load a conversation stays with its history
     # (the gateway's `--history-slack`).
     history_slack: float = DEFAULT_HISTORY_SLACK
@@ -187,6 +189,7 @@ class CacheRoutePolicy:
         # The gateway pauses re-homing while other routers report on its plan (the status
         # registry): with several routers here, they do.
         self.core.rehome_paused = ctx.n_routers > 1 and not settings.rehome_with_peers
+        self.core.spill_planned = settings.spill_planned
         # Requests sent home after an idle gap: their return and reusable prefix, until the
         # engine says what it served from cache (`served`).
         self._returns: dict[int, tuple[tuple[float, float, int], int]] = {}

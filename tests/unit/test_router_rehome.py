@@ -231,3 +231,17 @@ def test_a_planned_key_spills_a_burst_and_stays_where_the_plan_put_it():
         core.finished(2)
     assert core.route_index("app", now=6.0) == 2  # the burst is over: home, warm, planned
     assert core.route_index(tail, now=6.0) == moved  # its new home
+
+
+def test_with_spilling_off_a_planned_key_over_its_bound_re_homes():
+    """`--spill-planned off` restores the rule before the spill: the key moves with the
+    request and stays at its new home once the burst is over."""
+    core = _core()
+    core.spill_planned = False
+    assert core.route_index("app", now=0.0) == 2
+    _load(core, [0, 0, 13, 0])
+    moved = core.route_index("app", now=5.0)
+    assert moved != 2 and core.counters()["spilled"] == 0 and core.counters()["rehomed"] == 1
+    for _ in range(13):
+        core.finished(2)
+    assert core.route_index("app", now=6.0) == moved
