@@ -241,6 +241,24 @@ def summarise(records: list[Record], warmup_s: float, loads: list[float]) -> dic
     }
 
 
+def engine_side(timings: list[dict[str, Any]], since: float) -> dict[str, float]:
+    """The emulated engines' side of the measured requests (those that arrived at `since`,
+    time.monotonic, or later): the TTFT p50/p99 the engine model gave them, which depends on
+    where the router sent them and nothing else, and the p99 of how late their first token
+    went out (the engines' event loop behind its deadlines: CPU taken by whatever else runs
+    on these cores). A client's TTFT above the engine's is the router, the network and
+    that lateness."""
+    ttft = np.array([t for e in timings for a, t in zip(e["arrived_s"], e["ttft_s"], strict=True)
+                     if a >= since])
+    late = np.array([x for e in timings for a, x in zip(e["arrived_s"], e["late_s"], strict=True)
+                     if a >= since])
+    if not ttft.size:
+        return {}
+    return {"engine_ttft_p50_s": float(np.percentile(ttft, 50)),
+            "engine_ttft_p99_s": float(np.percentile(ttft, 99)),
+            "engine_late_p99_s": float(np.percentile(late, 99))}
+
+
 def run_one(spec: RouterSpec, replicas: int, scenario: Scenario, seed: int, setup: Setup,
             fleet: Fleet, stacks: CacheRouteStack, work: Path, rate_scale: float,
             label: str, fail_at_s: float | None = None) -> dict[str, Any]:
@@ -289,6 +307,9 @@ def run_one(spec: RouterSpec, replicas: int, scenario: Scenario, seed: int, setu
         print(file=sys.stderr)
         loads = [a - b for a, b in zip(after, warm["loads"], strict=True)]
         row = summarise(records, setup.warmup_s, loads)
+        if isinstance(fleet, EngineFleet):
+            row.update(engine_side([fleet.timings(e) for e in fleet.urls],
+                                   driver.started_at + setup.warmup_s))
         if fail_at_s is not None:  # what the clients saw once the engine was gone: every
             # request that ended after it (those in flight on the victim included)
             ended_after = [r for r in records if r.sent_s + r.e2e_s >= fail_at_s]
@@ -724,6 +745,8 @@ def report(rows: list[dict], cap: dict[str, float], setup: Setup, out: Path,
     keys = ["scenario", "seed", "router", "replicas", "rate_scale", "requests", "errors", "hit",
             "ttft_p50_s", "ttft_p99_s", "ttft_p99_lo_s", "ttft_p99_hi_s", "e2e_p99_s",
             "imbalance", "cpu_s", "control_cpu_s", "router_rss_mb",
+            # the emulated engines' side: their model's TTFT, and how late they wrote it
+            "engine_ttft_p50_s", "engine_ttft_p99_s", "engine_late_p99_s",
             "first_turn_hit", "later_turn_hit", "later_turn_token_share",
             # the setup, so bench/sim_vs_arena.py can replay each row as it ran
             "time_scale", "warmup_s", "measure_s", "kv_tokens", "engine_kind"]
@@ -810,6 +833,9 @@ def report(rows: list[dict], cap: dict[str, float], setup: Setup, out: Path,
                          f"{r['requests']} requests measured, TTFT p99 {r['ttft_p99_s']:.3f} s "
                          f"(90 % interval {r['ttft_p99_lo_s']:.2f}-{r['ttft_p99_hi_s']:.2f}), "
                          f"hit {r['hit']:.1%}"
+                         + (f"; engine TTFT p99 {r['engine_ttft_p99_s']:.3f} s, first tokens "
+                            f"late by up to {r['engine_late_p99_s'] * 1000:.0f} ms (p99)"
+                            if "engine_ttft_p99_s" in r else "")
                          + (f"; its logs kept in {r['logs']}" if r.get("logs") else ""))
     (out / f"arena{suffix}.md").write_text("\n".join(lines) + "\n")
     _plot(rows, out, suffix)

@@ -153,6 +153,7 @@ def config_pb(t: Tunables, decision: DecisionSettings, destinations: list[Any],
         learn_q_cap=t.learn_q_cap,
         hashed_tail=t.hashed_tail,
         replica_hysteresis=t.replica_hysteresis,
+        warm_placement=t.warm_placement,
         destinations=destinations_to_pb(destinations),
     )
 

@@ -380,6 +380,8 @@ def _tunable_changes(request: planner_pb2.UpdateConfigRequest) -> dict[str, Any]
         changes["learn_q_cap"] = request.learn_q_cap
     if request.HasField("hashed_tail"):
         changes["hashed_tail"] = request.hashed_tail
+    if request.HasField("warm_placement"):
+        changes["warm_placement"] = request.warm_placement
     if request.HasField("rate_noise_z"):
         if not (math.isfinite(request.rate_noise_z) and 0.0 <= request.rate_noise_z <= 10.0):
             raise InvalidRequest(f"rate_noise_z must be in [0, 10], got {request.rate_noise_z}")

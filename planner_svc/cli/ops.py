@@ -69,6 +69,7 @@ SETTABLE: dict[str, Callable[[str], Any]] = {  # `config set` keys and how value
     "learn_q_cap": _boolean,
     "hashed_tail": _boolean,
     "replica_hysteresis": float,
+    "warm_placement": _boolean,
     # the fallback guard (0 = unchecked for the range); sent as one GuardConfig
     "guard.active_keys_min": int,
     "guard.active_keys_max": int,

@@ -137,6 +137,7 @@ def config_dict(pb: Any) -> dict[str, Any]:
         "learn_q_cap": pb.learn_q_cap,
         "hashed_tail": pb.hashed_tail,
         "replica_hysteresis": pb.replica_hysteresis,
+        "warm_placement": pb.warm_placement,
         "guard": {name: getattr(pb.guard, name) for name in (
             "active_keys_min", "active_keys_max", "p99_ms_max", "hit_rate_min",
             "hit_gap_max", "affinity_gain_min", "enter_after_s", "resume_dwell_s", "min_fallback_s",

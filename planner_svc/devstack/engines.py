@@ -16,7 +16,9 @@ Endpoints (what CacheRoute's gateway and the peer routers call):
     POST /tokenize                                 {"tokens": [...], "count": n}
 With `--faults`, a control server (its URL printed as `{"control": url}`) lets tests
 change how one engine behaves, `POST /engines/<id>/fault {"mode": ...}`, and see what it
-last received, `GET /engines/<id>/last_request`. Fault modes:
+last received, `GET /engines/<id>/last_request`, and when each request since the last reset
+arrived, the TTFT the model gave it and how late its first token went out,
+`GET /engines/<id>/timings`. Fault modes:
     ok | status (answer `status`, e.g. 500 or 503) | hang (never answer completions) |
     die_mid_stream (cut the connection after `after_chunks` events) | slow (`delay_s`
     before answering) | linger (keep a stream open `delay_s` after its [DONE]) |
@@ -47,6 +49,7 @@ from router_client.gateway.http11 import HttpServer, Request, Responder, ServerL
 MAX_OUTPUT_TOKENS = 4096
 DEFAULT_OUTPUT_TOKENS = 16
 TOKENS_PER_EVENT = 4  # streamed answers: one SSE event per this many tokens
+MAX_TIMINGS = 200_000  # per engine between resets (`EngineCounters.timings`), ~10 MB
 
 
 @dataclass
@@ -74,10 +77,26 @@ class EngineCounters:
     # came within it, not cumulative; the sum in seconds.
     ttft_counts: list[int] = field(default_factory=lambda: [0] * (len(TTFT_BUCKETS_S) + 1))
     ttft_sum_s: float = 0.0
+    # Per request, for splitting a client's TTFT into the engine's and everything around it
+    # (`timings`): when it arrived (time.monotonic, the same clock in every process here),
+    # the TTFT the engine model decided, and how late the first token was written (this
+    # process's event loop behind its deadline: CPU contention). Bounded; `timings_dropped`
+    # counts what did not fit.
+    timings: list[tuple[float, float, float]] = field(default_factory=list)
+    timings_dropped: int = 0
 
     def first_token(self, ttft_s: float) -> None:
         self.ttft_counts[bisect.bisect_left(TTFT_BUCKETS_S, ttft_s)] += 1
         self.ttft_sum_s += ttft_s
+
+    def timed(self, arrived: float, first_token_at: float) -> None:
+        """Note a request's first token, written now, that the model put at
+        `first_token_at`."""
+        if len(self.timings) < MAX_TIMINGS:
+            late = max(0.0, time.monotonic() - first_token_at)
+            self.timings.append((arrived, first_token_at - arrived, late))
+        else:
+            self.timings_dropped += 1
 
 
 class EmulatedEngine:
@@ -208,6 +227,7 @@ class EmulatedEngine:
                 return
             await _sleep_until(served.first_token_time)
             c.first_token(served.first_token_time - arrived)
+            c.timed(arrived, served.first_token_time)
             await _sleep_until(served.finish_time)
             _send(out, 200, meta.full(answer, usage), self._headers())
         finally:
@@ -230,6 +250,7 @@ class EmulatedEngine:
                   for i in range(0, len(words), TOKENS_PER_EVENT)]
         await _sleep_until(served.first_token_time)
         self.counters.first_token(served.first_token_time - arrived)
+        self.counters.timed(arrived, served.first_token_time)
         out.start(200, [("Content-Type", "text/event-stream"), ("Cache-Control", "no-cache"),
                         *self._headers()])
         start, span = served.first_token_time, served.finish_time - served.first_token_time
@@ -402,6 +423,14 @@ class EmulatedEngine:
                 "kv_cached_blocks": self.replica.cache.cached_blocks,
                 "kv_evicted_blocks": self.replica.cache.evicted_blocks}
 
+    def timings_view(self) -> dict[str, Any]:
+        """`EngineCounters.timings` as columns: arrived_s (time.monotonic), ttft_s (the
+        engine model's), late_s (first token written behind its time)."""
+        c = self.counters
+        columns = list(zip(*c.timings, strict=True)) or [(), (), ()]
+        return {"arrived_s": list(columns[0]), "ttft_s": list(columns[1]),
+                "late_s": list(columns[2]), "dropped": c.timings_dropped}
+
     def last_request_view(self) -> dict[str, Any]:
         return {**self.last_request, "requests": self.counters.requests,
                 "received": self.counters.received,
@@ -525,6 +554,11 @@ class EngineFleet:
         """Requests served so far."""
         return float(self.control(engine, "stats")["requests"])
 
+    def timings(self, engine: str) -> dict[str, Any]:
+        """Per request since the last reset: arrival (time.monotonic), the engine model's
+        TTFT, and how late its first token was written (`EmulatedEngine.timings_view`)."""
+        return dict(self.control(engine, "timings"))
+
     def stop(self) -> None:
         self.process.stop()
 
@@ -633,7 +667,7 @@ async def _publish_kv_events(engines: list[EmulatedEngine]) -> None:
 async def _control_server(engines: list[EmulatedEngine], host: str) -> HttpServer:
     """Test-only control endpoints, on their own port so an engine that is `down` can be
     brought back up: POST /engines/<id>/fault, GET /engines/<id>/last_request, POST
-    /engines/<id>/reset, GET /engines/<id>/stats."""
+    /engines/<id>/reset, GET /engines/<id>/stats, GET /engines/<id>/timings."""
     by_id = {e.id: e for e in engines}
 
     async def handle(request: Request, out: Responder) -> None:
@@ -651,6 +685,8 @@ async def _control_server(engines: list[EmulatedEngine], host: str) -> HttpServe
             _send(out, 200, engine.reset())
         elif parts[2] == "stats":
             _send(out, 200, engine.stats())
+        elif parts[2] == "timings":
+            _send(out, 200, engine.timings_view())
         else:
             _send(out, 404, _error_body(404, f"no such engine path {request.path}"))
 

@@ -61,6 +61,11 @@ class Driver:
         self.records: list[Record] = []
         self._t0 = 0.0
 
+    @property
+    def started_at(self) -> float:
+        """When the last `run` began, on time.monotonic (`Record.sent_s` counts from it)."""
+        return self._t0
+
     async def run(self, sessions: Sequence[Session], until_s: float,
                   progress: Callable[[float], None] | None = None) -> list[Record]:
         """Play `sessions`; stop everything at `until_s` (in-flight requests are cancelled

@@ -358,12 +358,15 @@ def test_destination_weights_change_at_run_time(service):
 
 def test_planning_options_change_at_run_time_and_reach_the_next_plan(service):
     data = cli_json(service, "config", "set", "byte_aware=true", "admission_hysteresis=0.2",
-                    "balance_effort=0.5", "rate_noise_z=2", "replica_hysteresis=0.2")
+                    "balance_effort=0.5", "rate_noise_z=2", "replica_hysteresis=0.2",
+                    "warm_placement=true")
     assert (data["byte_aware"], data["admission_hysteresis"], data["balance_effort"],
-            data["rate_noise_z"], data["replica_hysteresis"]) == (True, 0.2, 0.5, 2.0, 0.2)
+            data["rate_noise_z"], data["replica_hysteresis"],
+            data["warm_placement"]) == (True, 0.2, 0.5, 2.0, 0.2, True)
     config = service.planner.planning_config()
     assert config.byte_aware and config.admission_hysteresis == 0.2
     assert config.balance_effort == 0.5 and config.replica_hysteresis == 0.2
+    assert service.planner.tunables.warm_placement
     service.planner.replan(fresh=False, force=True, dry_run=False)
     assert service.planner.installed.plan.config.byte_aware  # the plan says how it was built
     rc, out, _ = cli(service, "config", "get", token=READER)
@@ -372,7 +375,8 @@ def test_planning_options_change_at_run_time_and_reach_the_next_plan(service):
                        ("byte_aware=maybe", "must be true or false"),
                        ("admission_hysteresis=-1", "admission_hysteresis must be >= 0"),
                        ("rate_noise_z=11", "rate_noise_z must be in [0, 10]"),
-                       ("replica_hysteresis=1", "replica_hysteresis must be in [0, 0.99]")):
+                       ("replica_hysteresis=1", "replica_hysteresis must be in [0, 0.99]"),
+                       ("warm_placement=2", "must be true or false")):
         rc, _, err = cli(service, "config", "set", bad)
         assert rc == 2 and words in err, err
 

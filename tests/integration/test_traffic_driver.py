@@ -47,3 +47,24 @@ def test_a_session_affine_client_keeps_each_conversation_on_one_replica(
     # answer and finds only the history up to the turn before (85 %).
     assert _later_turns_hit(affine) > 0.9
     assert _later_turns_hit(in_turn) < _later_turns_hit(affine) - 0.05
+
+
+def test_the_engines_report_each_requests_model_ttft_beside_what_the_client_saw(
+        tmp_path: Path) -> None:
+    """The split the arena reports (`engine_ttft_p99_s`): the engine model's TTFT of every
+    request since the reset, on the clock the driver uses, never above the client's."""
+    fleet = start_engines(tmp_path, 1, extra=["--time-scale", "1", "--model", "arena-model",
+                                              "--faults"])
+    try:
+        pop = population(SCENARIOS["paper-like"].scaled(sessions_per_s=4.0), 2)
+        driver = Driver(list(fleet.urls.values()), pop)
+        records = asyncio.run(driver.run(sessions(pop, 2.0), until_s=4.0))
+        ok = [r for r in records if r.ok]
+        timings = fleet.timings(next(iter(fleet.urls)))
+    finally:
+        fleet.process.stop()
+    # (a request cut off at `until_s` may have had its first token at the engine)
+    assert ok and len(timings["ttft_s"]) >= len(ok) and timings["dropped"] == 0
+    assert all(driver.started_at <= a <= driver.started_at + 4.0 for a in timings["arrived_s"])
+    assert all(t > 0 for t in timings["ttft_s"]) and all(x >= 0 for x in timings["late_s"])
+    assert sorted(timings["ttft_s"])[len(ok) // 2] <= sorted(r.ttft_s for r in ok)[len(ok) // 2]

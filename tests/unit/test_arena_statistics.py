@@ -166,3 +166,14 @@ def test_the_arena_names_the_routers_its_capacity_sweep_leaves_out() -> None:
     assert arena.unswept(names, ["cacheroute no-rehome"]) == [
         "sglang cache_aware", "vllm cache_aware"]
     assert arena.unswept(["cacheroute", "sglang cache_aware"], []) == []
+
+
+def test_the_engine_side_counts_only_requests_that_arrived_in_the_measured_part() -> None:
+    engines = [{"arrived_s": [1.0, 10.0, 11.0], "ttft_s": [9.0, 0.2, 0.4],
+                "late_s": [5.0, 0.001, 0.003], "dropped": 0},
+               {"arrived_s": [12.0], "ttft_s": [0.6], "late_s": [0.002], "dropped": 0}]
+    side = arena.engine_side(engines, since=5.0)
+    assert side["engine_ttft_p50_s"] == pytest.approx(0.4)  # the warm-up's 9 s left out
+    assert 0.58 < side["engine_ttft_p99_s"] <= 0.6
+    assert side["engine_late_p99_s"] < 0.0031
+    assert arena.engine_side(engines, since=100.0) == {}

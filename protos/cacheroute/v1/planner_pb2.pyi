@@ -341,7 +341,7 @@ class GuardConfig(_message.Message):
     def __init__(self, active_keys_min: _Optional[int] = ..., active_keys_max: _Optional[int] = ..., p99_ms_max: _Optional[float] = ..., hit_rate_min: _Optional[float] = ..., enter_after_s: _Optional[float] = ..., resume_dwell_s: _Optional[float] = ..., min_fallback_s: _Optional[float] = ..., p99_resume_margin: _Optional[float] = ..., hit_gap_max: _Optional[float] = ..., affinity_gain_min: _Optional[float] = ..., gain_low_windows: _Optional[int] = ...) -> None: ...
 
 class PlannerConfig(_message.Message):
-    __slots__ = ("q_cap", "warm_slots_per_destination", "interval_s", "hysteresis", "min_dwell_s", "imbalance_tolerance", "max_plan_age_s", "destinations", "guard", "byte_aware", "admission_hysteresis", "balance_effort", "rate_noise_z", "learn_warm_slots", "learn_q_cap", "hashed_tail", "replica_hysteresis")
+    __slots__ = ("q_cap", "warm_slots_per_destination", "interval_s", "hysteresis", "min_dwell_s", "imbalance_tolerance", "max_plan_age_s", "destinations", "guard", "byte_aware", "admission_hysteresis", "balance_effort", "rate_noise_z", "learn_warm_slots", "learn_q_cap", "hashed_tail", "replica_hysteresis", "warm_placement")
     Q_CAP_FIELD_NUMBER: _ClassVar[int]
     WARM_SLOTS_PER_DESTINATION_FIELD_NUMBER: _ClassVar[int]
     INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
@@ -359,6 +359,7 @@ class PlannerConfig(_message.Message):
     LEARN_Q_CAP_FIELD_NUMBER: _ClassVar[int]
     HASHED_TAIL_FIELD_NUMBER: _ClassVar[int]
     REPLICA_HYSTERESIS_FIELD_NUMBER: _ClassVar[int]
+    WARM_PLACEMENT_FIELD_NUMBER: _ClassVar[int]
     q_cap: float
     warm_slots_per_destination: int
     interval_s: float
@@ -376,10 +377,11 @@ class PlannerConfig(_message.Message):
     learn_q_cap: bool
     hashed_tail: bool
     replica_hysteresis: float
-    def __init__(self, q_cap: _Optional[float] = ..., warm_slots_per_destination: _Optional[int] = ..., interval_s: _Optional[float] = ..., hysteresis: _Optional[float] = ..., min_dwell_s: _Optional[float] = ..., imbalance_tolerance: _Optional[float] = ..., max_plan_age_s: _Optional[float] = ..., destinations: _Optional[_Iterable[_Union[_plan_pb2.Destination, _Mapping]]] = ..., guard: _Optional[_Union[GuardConfig, _Mapping]] = ..., byte_aware: _Optional[bool] = ..., admission_hysteresis: _Optional[float] = ..., balance_effort: _Optional[float] = ..., rate_noise_z: _Optional[float] = ..., learn_warm_slots: _Optional[bool] = ..., learn_q_cap: _Optional[bool] = ..., hashed_tail: _Optional[bool] = ..., replica_hysteresis: _Optional[float] = ...) -> None: ...
+    warm_placement: bool
+    def __init__(self, q_cap: _Optional[float] = ..., warm_slots_per_destination: _Optional[int] = ..., interval_s: _Optional[float] = ..., hysteresis: _Optional[float] = ..., min_dwell_s: _Optional[float] = ..., imbalance_tolerance: _Optional[float] = ..., max_plan_age_s: _Optional[float] = ..., destinations: _Optional[_Iterable[_Union[_plan_pb2.Destination, _Mapping]]] = ..., guard: _Optional[_Union[GuardConfig, _Mapping]] = ..., byte_aware: _Optional[bool] = ..., admission_hysteresis: _Optional[float] = ..., balance_effort: _Optional[float] = ..., rate_noise_z: _Optional[float] = ..., learn_warm_slots: _Optional[bool] = ..., learn_q_cap: _Optional[bool] = ..., hashed_tail: _Optional[bool] = ..., replica_hysteresis: _Optional[float] = ..., warm_placement: _Optional[bool] = ...) -> None: ...
 
 class UpdateConfigRequest(_message.Message):
-    __slots__ = ("q_cap", "warm_slots_per_destination", "interval_s", "hysteresis", "min_dwell_s", "imbalance_tolerance", "add_destinations", "drain_destinations", "remove_destinations", "request_id", "guard", "set_weights", "byte_aware", "admission_hysteresis", "balance_effort", "rate_noise_z", "learn_warm_slots", "learn_q_cap", "hashed_tail", "replica_hysteresis", "pool")
+    __slots__ = ("q_cap", "warm_slots_per_destination", "interval_s", "hysteresis", "min_dwell_s", "imbalance_tolerance", "add_destinations", "drain_destinations", "remove_destinations", "request_id", "guard", "set_weights", "byte_aware", "admission_hysteresis", "balance_effort", "rate_noise_z", "learn_warm_slots", "learn_q_cap", "hashed_tail", "replica_hysteresis", "warm_placement", "pool")
     class SetWeightsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -407,6 +409,7 @@ class UpdateConfigRequest(_message.Message):
     LEARN_Q_CAP_FIELD_NUMBER: _ClassVar[int]
     HASHED_TAIL_FIELD_NUMBER: _ClassVar[int]
     REPLICA_HYSTERESIS_FIELD_NUMBER: _ClassVar[int]
+    WARM_PLACEMENT_FIELD_NUMBER: _ClassVar[int]
     POOL_FIELD_NUMBER: _ClassVar[int]
     q_cap: float
     warm_slots_per_destination: int
@@ -428,8 +431,9 @@ class UpdateConfigRequest(_message.Message):
     learn_q_cap: bool
     hashed_tail: bool
     replica_hysteresis: float
+    warm_placement: bool
     pool: str
-    def __init__(self, q_cap: _Optional[float] = ..., warm_slots_per_destination: _Optional[int] = ..., interval_s: _Optional[float] = ..., hysteresis: _Optional[float] = ..., min_dwell_s: _Optional[float] = ..., imbalance_tolerance: _Optional[float] = ..., add_destinations: _Optional[_Iterable[_Union[_plan_pb2.Destination, _Mapping]]] = ..., drain_destinations: _Optional[_Iterable[str]] = ..., remove_destinations: _Optional[_Iterable[str]] = ..., request_id: _Optional[str] = ..., guard: _Optional[_Union[GuardConfig, _Mapping]] = ..., set_weights: _Optional[_Mapping[str, float]] = ..., byte_aware: _Optional[bool] = ..., admission_hysteresis: _Optional[float] = ..., balance_effort: _Optional[float] = ..., rate_noise_z: _Optional[float] = ..., learn_warm_slots: _Optional[bool] = ..., learn_q_cap: _Optional[bool] = ..., hashed_tail: _Optional[bool] = ..., replica_hysteresis: _Optional[float] = ..., pool: _Optional[str] = ...) -> None: ...
+    def __init__(self, q_cap: _Optional[float] = ..., warm_slots_per_destination: _Optional[int] = ..., interval_s: _Optional[float] = ..., hysteresis: _Optional[float] = ..., min_dwell_s: _Optional[float] = ..., imbalance_tolerance: _Optional[float] = ..., add_destinations: _Optional[_Iterable[_Union[_plan_pb2.Destination, _Mapping]]] = ..., drain_destinations: _Optional[_Iterable[str]] = ..., remove_destinations: _Optional[_Iterable[str]] = ..., request_id: _Optional[str] = ..., guard: _Optional[_Union[GuardConfig, _Mapping]] = ..., set_weights: _Optional[_Mapping[str, float]] = ..., byte_aware: _Optional[bool] = ..., admission_hysteresis: _Optional[float] = ..., balance_effort: _Optional[float] = ..., rate_noise_z: _Optional[float] = ..., learn_warm_slots: _Optional[bool] = ..., learn_q_cap: _Optional[bool] = ..., hashed_tail: _Optional[bool] = ..., replica_hysteresis: _Optional[float] = ..., warm_placement: _Optional[bool] = ..., pool: _Optional[str] = ...) -> None: ...
 
 class UpdateConfigResponse(_message.Message):
     __slots__ = ("config",)
