@@ -305,6 +305,9 @@ def run_one(spec: RouterSpec, replicas: int, scenario: Scenario, seed: int, setu
                 fleet.control(victim, "fault", {"mode": "up"})  # type: ignore[union-attr]
         after = [fleet.load(e) for e in fleet.urls]
         print(file=sys.stderr)
+        if "CACHEROUTE_ARENA_RECORDS" in os.environ:  # a diagnostic: every request, as a CSV
+            keep_records(records, Path(os.environ["CACHEROUTE_ARENA_RECORDS"])
+                         / f"{_slug(f'{scenario.name} s{seed} {label}')}.csv")
         loads = [a - b for a, b in zip(after, warm["loads"], strict=True)]
         row = summarise(records, setup.warmup_s, loads)
         if isinstance(fleet, EngineFleet):
@@ -355,6 +358,16 @@ def keep_logs(stack: LocalStack, work: Path, dest: Path) -> str:
         shutil.copy2(log_file, dest / log_file.name)
     print(f"  kept the run's logs in {dest}", file=sys.stderr)
     return str(dest)
+
+
+def keep_records(records: list[Record], path: Path) -> None:
+    """Every request of a run (`Record`'s fields, one row each), for looking into a point."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fields = [f.name for f in dataclasses.fields(Record)]
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(fields)
+        w.writerows([getattr(r, k) for k in fields] for r in records)
 
 
 def decisions_since(stack: LocalStack, since_ms: int) -> dict[str, Any]:

@@ -36,6 +36,9 @@ class Record:
     output_tokens: int
     ok: bool
     error: str = ""
+    # The engine that answered, where the answer says (the emulator's `x-emulated-engine`,
+    # if the router passes it on)
+    engine: str = ""
 
 
 HeaderFn = Callable[[Session], dict[str, str]]
@@ -120,6 +123,7 @@ class Driver:
             stream = await client.chat.completions.create(  # type: ignore[call-overload]
                 model=self.model, messages=messages, max_tokens=output, stream=True,
                 stream_options={"include_usage": True}, extra_headers=headers or None)
+            engine = stream.response.headers.get("x-emulated-engine", "")
             async for chunk in stream:
                 if first is None:
                     first = self._now()
@@ -137,5 +141,6 @@ class Driver:
         cached = (details.cached_tokens or 0) if details is not None else 0
         self.records.append(Record(s.sid, j, s.tenant, sent, (first or done) - sent,
                                    done - sent, prompt, cached,
-                                   usage.completion_tokens if usage else 0, usage is not None))
+                                   usage.completion_tokens if usage else 0, usage is not None,
+                                   engine=engine))
         return "".join(parts)

@@ -741,18 +741,13 @@ class Planner:
         assert self.traffic is not None
         config = self.planning_config()
         t = self.traffic
+        warm_at = (t.warm_at([d.id for d in config.destinations])
+                   if self.tunables.warm_placement else None)
         if fresh or self.installed is None or self._serving_plan().config.is_fallback:
-            return build_plan(t.keys, t.rates, config, prefix_tokens=t.prefix_tokens, clock=_timer)
-        return repack(
-            self._serving_plan(),
-            t.keys,
-            t.rates,
-            config,
-            prefix_tokens=t.prefix_tokens,
-            clock=_timer,
-            warm_at=(t.warm_at([d.id for d in config.destinations])
-                     if self.tunables.warm_placement else None),
-        )
+            return build_plan(t.keys, t.rates, config, prefix_tokens=t.prefix_tokens,
+                              clock=_timer, warm_at=warm_at)
+        return repack(self._serving_plan(), t.keys, t.rates, config,
+                      prefix_tokens=t.prefix_tokens, clock=_timer, warm_at=warm_at)
 
     # --- installs -------------------------------------------------------------------
 

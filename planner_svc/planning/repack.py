@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from planner_svc.planning.admission import Admission, admit, check_rates
-from planner_svc.planning.build import assemble, balance_goal
+from planner_svc.planning.build import assemble, balance_goal, warm_owners
 from planner_svc.planning.config import PlanningConfig
 from planner_svc.planning.placement import (
     TailModel,
@@ -79,7 +79,7 @@ def repack(
     _release_extra(sets, adm.replicas, shares, loads, weights)
     owners = ring_owners(keys, adm.index, ring) if ring is not None else None
     if warm_at is not None:
-        owners = _warm_owners(warm_at, adm.index, config, owners)
+        owners = warm_owners(warm_at, adm.index, config, owners)
     _fill_short(sets, adm.replicas, shares, loads, weights, owners,
                 goal * float(r.sum()) / float(weights.sum()))
     # Rebalance down to the goal, relaxed by (1 - balance_effort) towards where we are.
@@ -92,20 +92,6 @@ def repack(
         loads = tail.with_planned(loads - base)
     return assemble(keys, r, config, adm, members, loads, "repack",
                     (clock() - started) if clock else 0.0)
-
-
-def _warm_owners(warm_at: np.ndarray, admitted: np.ndarray, config: PlanningConfig,
-                 ring: np.ndarray | None) -> np.ndarray:
-    """Per admitted key, the healthy position that served it last (else its ring owner, or
-    -1: placed by LPT)."""
-    position = np.full(len(config.destinations), -1, np.int64)
-    position[np.flatnonzero(config.active)] = np.arange(int(config.active.sum()))
-    at = np.asarray(warm_at, np.int64)[admitted]
-    known = (at >= 0) & (at < len(position))
-    out = np.where(known, position[np.where(known, at, 0)], -1)
-    if ring is not None:
-        out = np.where(out >= 0, out, ring)
-    return out
 
 
 def _held_replicas(

@@ -545,7 +545,7 @@ class CacheRoutePolicy:
         if s.variant == "full":
             if self.plan is not None and s.replan != "once":
                 return repack(self.plan, self.keys, rates, cfg, warm_at=self._last_at)
-            return build_plan(self.keys, rates, cfg)
+            return build_plan(self.keys, rates, cfg, warm_at=self._last_at)
         return hashed_plan(self.keys, rates, cfg)
 
 

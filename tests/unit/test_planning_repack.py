@@ -277,3 +277,37 @@ def test_warm_placement_skips_a_draining_destination() -> None:
     plan = repack(old, keys, np.array([2.0, 2.0, 2.0, 0.5]), drained,
                   warm_at=np.array([-1, -1, -1, 3]))
     assert "d003" not in sets_by_id(plan)["new"]
+
+
+def test_a_first_plan_keeps_keys_where_the_cold_tail_warmed_them_while_balance_allows() -> None:
+    """Before the first plan every key went where the cold tail sent it; `build_plan(warm_at=)`
+    keeps each there (its cache is warm) while balance allows, where plain LPT moves most."""
+    config = PlanningConfig.uniform(4, q_cap=10.0, warm_slots_per_destination=8)
+    keys = [f"k{i}" for i in range(12)]
+    rates = np.array([3.0, 3.0, 2.0, 2.0, 2.0, 2.0, 1.0, 1.0, 1.0, 1.0, 0.5, 0.5])
+    warm_at = np.array([0, 1, 2, 2, 3, 3, 0, 1, 2, 3, 0, 1])  # as balanced as LPT: all fit
+    lpt = build_plan(keys, rates, config)
+    warm = build_plan(keys, rates, config, warm_at=warm_at)
+    _check_first(warm, lpt, keys, rates)
+    ids = [d.id for d in config.destinations]
+    kept = sum(sets_by_id(warm)[k] == {ids[w]} for k, w in zip(keys, warm_at, strict=True))
+    moved_by_lpt = sum(sets_by_id(lpt)[k] != {ids[w]} for k, w in zip(keys, warm_at, strict=True))
+    assert kept == len(keys) and moved_by_lpt >= 6
+    limit = lpt.stats.imbalance_max_over_mean + config.imbalance_tolerance + 1e-9
+    assert warm.stats.imbalance_max_over_mean <= limit
+    # everything warm on one destination: only what balance allows stays there
+    crowded = build_plan(keys, rates, config, warm_at=np.zeros(len(keys), np.int64))
+    _check_first(crowded, lpt, keys, rates)
+    on_first = sum(ids[0] in s for s in sets_by_id(crowded).values())
+    assert 1 <= on_first < len(keys)
+    assert crowded.stats.imbalance_max_over_mean <= limit
+    with pytest.raises(ValueError, match="warm_at"):
+        build_plan(keys, rates, config, warm_at=np.zeros(3, np.int64))
+
+
+def _check_first(plan, lpt, keys, rates) -> None:  # type: ignore[no-untyped-def]
+    """A fresh plan like LPT's but for where its keys sit: same admission, every load."""
+    assert plan.config.built_by == "build"
+    assert list(plan.table.keys) == list(lpt.table.keys)
+    assert np.array_equal(plan.table.replicas(), lpt.table.replicas())
+    assert sum(plan.stats.expected_load_per_s) == pytest.approx(float(rates.sum()))
