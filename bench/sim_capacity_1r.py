@@ -45,7 +45,8 @@ def _router(name: str) -> PolicyFactory:
     # the arena's planner at this time scale: q_cap 12/4, W 12, a 24-s rate window
     return gateway_like(12.0 / TIME_SCALE, 12, rate_window_s=6.0 * TIME_SCALE,
                         replica_hysteresis=float(options["h"]),
-                        warm_placement=options.get("warm", "0") == "1")
+                        warm_placement=options.get("warm", "0") == "1",
+                        imbalance_tolerance=float(options.get("tol", "0.03")))
 
 
 def _point(task: tuple[str, str, int, float, float]) -> tuple[tuple, float, float]:
@@ -67,13 +68,17 @@ def main() -> int:
     ap.add_argument("--warm-placement", default="0",
                     help="0, 1 or 0,1: place keys entering the plan where they were last "
                     "served (repack's warm_at)")
+    ap.add_argument("--imbalance-tolerance", default="0.03",
+                    help="CacheRoute runs, one per value (PlanningConfig.imbalance_tolerance)")
     ap.add_argument("--no-baseline", action="store_true", help="skip the SGLang-like baseline")
     ap.add_argument("--jobs", type=int, default=2)
     args = ap.parse_args()
     t0 = time.monotonic()
     scales = [float(x) for x in args.scales.split(",")]
     names = [f"cacheroute h={float(h):g}" + (" warm=1" if w == "1" else "")
-             for h in args.replica_hysteresis.split(",") for w in args.warm_placement.split(",")]
+             + (f" tol={float(t):g}" if float(t) != 0.03 else "")
+             for h in args.replica_hysteresis.split(",") for w in args.warm_placement.split(",")
+             for t in args.imbalance_tolerance.split(",")]
     if not args.no_baseline:
         names.append("sglang-like")
     tasks = [(n, args.scenario, s, x, args.measure_s)

@@ -85,6 +85,9 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:  # type: ignor
     rp.add_argument("--tail-slack", type=float, default=DEFAULT_TAIL_SLACK,
                     help="policies with the hashed cold tail (cacheroute-gateway, -rehome, "
                          "-tail, -hashed): the gateway's --tail-slack")
+    rp.add_argument("--imbalance-tolerance", type=float, default=0.03,
+                    help="CacheRoute's planner: how far above a fresh LPT's imbalance a plan "
+                         "may stay (the planner's --imbalance-tolerance)")
     rp.add_argument("--balance", choices=BALANCES, default="first-token",
                     help="policies run as the gateway (cacheroute-gateway, -rehome): the "
                          "gateway's --balance where no plan decides")
@@ -258,6 +261,7 @@ def config_from_args(args: argparse.Namespace) -> ReplayConfig:
             publish_delay_s=args.publish_delay_s,
             history_slack=args.history_slack,
             tail_slack=args.tail_slack,
+            imbalance_tolerance=args.imbalance_tolerance,
             idle_rehome_s=args.idle_rehome_s,
             rehome_with_peers=args.idle_rehome_with_peers,
             balance=args.balance,

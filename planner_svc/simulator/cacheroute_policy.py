@@ -92,6 +92,9 @@ class CacheRouteSettings:
     # Place a key entering the plan on the destination that served it last
     # (`repack(warm_at=)`), as the stream would report it.
     warm_placement: bool = False
+    # The planner's `imbalance_tolerance` (PlanningConfig; how far above a fresh LPT's
+    # imbalance a plan may stay, which bounds how many keys stay where they are warm).
+    imbalance_tolerance: float = 0.03
     # The guard's floor on affinity's predicted gain over Flat-LB (planning.affinity), as the
     # planner runs it by default: below it the routers serve Flat-LB. None = never (the
     # paper's: always plan).
@@ -140,6 +143,7 @@ def planning_config(n_destinations: int, s: CacheRouteSettings) -> PlanningConfi
     return PlanningConfig.uniform(
         n_destinations, q_cap, s.warm_slots_per_destination, balance_effort=s.balance_effort,
         hashed_tail=s.hashed_tail, replica_hysteresis=s.replica_hysteresis,
+        imbalance_tolerance=s.imbalance_tolerance,
     )
 
 
@@ -582,7 +586,8 @@ def gateway_like(q_cap: float, warm_slots_per_destination: int, *,
                  rate_window_s: float | None = None,
                  idle_rehome_s: float | None = DEFAULT_IDLE_REHOME_S,
                  replica_hysteresis: float = 0.0,
-                 warm_placement: bool = False) -> PolicyFactory:
+                 warm_placement: bool = False,
+                 imbalance_tolerance: float = 0.03) -> PolicyFactory:
     """CacheRoute as `cacheroute gateway` and the planner run it by default: conversations
     kept on their member and with their history, the cold tail consistent-hashed, idle keys
     re-homed (the window learned from `idle_rehome_s`; None = off, the gateway before
@@ -601,7 +606,8 @@ def gateway_like(q_cap: float, warm_slots_per_destination: int, *,
         balance=balance, replan="repack" if rate_window_s is None else "repack-window",
         rate_window_s=rate_window_s, plan_at_s=rate_window_s or 0.0,
         idle_rehome_s=idle_rehome_s, replica_hysteresis=replica_hysteresis,
-        learn_idle_rehome=idle_rehome_s is not None, warm_placement=warm_placement))
+        learn_idle_rehome=idle_rehome_s is not None, warm_placement=warm_placement,
+        imbalance_tolerance=imbalance_tolerance))
 
 
 def cacheroute(settings: CacheRouteSettings) -> PolicyFactory:

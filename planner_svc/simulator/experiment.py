@@ -110,6 +110,8 @@ class ReplayConfig:
     history_slack: float = DEFAULT_HISTORY_SLACK
     # Policies with the hashed cold tail: the gateway's `--tail-slack`.
     tail_slack: float = DEFAULT_TAIL_SLACK
+    # CacheRoute's planner: PlanningConfig.imbalance_tolerance.
+    imbalance_tolerance: float = 0.03
     # Policies run as the gateway (cacheroute-gateway, -rehome): the gateway's `--balance`
     # (the others keep the paper's P2C).
     balance: str = "first-token"
@@ -270,6 +272,7 @@ def policy_factory(name: str, cfg: ReplayConfig, w: Workload) -> PolicyFactory:
         learn_idle_rehome=name.removesuffix("-warm") in ("cacheroute-gateway",
                                                          "cacheroute-rehome-learned"),
         warm_placement=name in _WARM,
+        imbalance_tolerance=cfg.imbalance_tolerance,
         rehome_with_peers=cfg.rehome_with_peers,
         # `cacheroute-no-guard`: the paper's CacheRoute, planning whatever affinity can win.
         affinity_gain_min=None if name == "cacheroute-no-guard" else DEFAULT_AFFINITY_GAIN_MIN,

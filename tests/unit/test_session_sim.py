@@ -231,3 +231,14 @@ def test_the_simulated_planner_plans_first_after_a_whole_window_of_traffic() -> 
     arena_run("paper-like", 1, factory, rate_scale=5.0, time_scale=4.0, warmup_s=40.0,
               measure_s=10.0)
     assert seen[:3] == [(16.0, False), (32.0, True), (48.0, True)]
+
+
+def test_the_simulated_planner_plans_with_the_settings_imbalance_tolerance() -> None:
+    """`imbalance_tolerance` (replay's --imbalance-tolerance, sim_capacity_1r's) reaches the
+    planning config the simulated planner builds and repacks with."""
+    from planner_svc.simulator.cacheroute_policy import CacheRouteSettings, planning_config
+
+    loose = CacheRouteSettings(q_cap=3.0, warm_slots_per_destination=12, imbalance_tolerance=0.3)
+    assert planning_config(4, loose).imbalance_tolerance == 0.3
+    default = CacheRouteSettings(q_cap=3.0, warm_slots_per_destination=12)
+    assert planning_config(4, default).imbalance_tolerance == 0.03
