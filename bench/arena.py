@@ -248,10 +248,11 @@ def engine_side(timings: list[dict[str, Any]], since: float) -> dict[str, float]
     went out (the engines' event loop behind its deadlines: CPU taken by whatever else runs
     on these cores). A client's TTFT above the engine's is the router, the network and
     that lateness."""
-    ttft = np.array([t for e in timings for a, t in zip(e["arrived_s"], e["ttft_s"], strict=True)
-                     if a >= since])
-    late = np.array([x for e in timings for a, x in zip(e["arrived_s"], e["late_s"], strict=True)
-                     if a >= since])
+    rows = np.array([row for e in timings
+                     for row in zip(e["arrived_s"], e["ttft_s"], e["late_s"], strict=True)],
+                    dtype=float).reshape(-1, 3)
+    measured = rows[rows[:, 0] >= since]
+    ttft, late = measured[:, 1], measured[:, 2]
     if not ttft.size:
         return {}
     return {"engine_ttft_p50_s": float(np.percentile(ttft, 50)),

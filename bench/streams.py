@@ -37,6 +37,9 @@ import tempfile
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import numpy as np
 from confluent_kafka import Consumer, Producer, TopicPartition
@@ -48,6 +51,7 @@ from planner_svc.devstack.stack import stream_metrics as metrics
 from streams.config import StreamConfig
 from streams.partitioning import partition_for_key
 from streams.processor import PartitionProcessor
+from streams.windows import PartitionWindows
 
 PARTITIONS = 4
 KEYS = 128_000
@@ -105,20 +109,51 @@ def bare_decode_count(values: list[bytes]) -> float:
     return n / (time.perf_counter() - t)
 
 
-def pipeline_in_process(batches: list[tuple[int, bytes]], now_ms: int) -> float:
+@contextmanager
+def time_spent_in(cls: type, names: tuple[str, ...]) -> Iterator[dict[str, float]]:
+    """Seconds spent in each of `cls`'s methods `names` while the block runs (the
+    methods are wrapped on the class and restored after): the share of the pipeline
+    that closing windows, and naming each key's last destination in them, cost."""
+    spent = dict.fromkeys(names, 0.0)
+    originals = {name: getattr(cls, name) for name in names}
+
+    def wrapped(name: str, method: Callable[..., Any]) -> Callable[..., Any]:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                spent[name] += time.perf_counter() - t
+        return timed
+
+    for name, method in originals.items():
+        setattr(cls, name, wrapped(name, method))
+    try:
+        yield spent
+    finally:
+        for name, method in originals.items():
+            setattr(cls, name, method)
+
+
+def pipeline_in_process(batches: list[tuple[int, bytes]],
+                        now_ms: int) -> tuple[float, float, dict[str, float]]:
+    """Events/s through the pure pipeline, its seconds, and the seconds of them spent
+    closing windows (`_close_one`) and naming last destinations (`_last_destinations`)."""
     cfg = StreamConfig(window_ms=WINDOW_S * 1000, hop_ms=HOP_S * 1000)
     procs = {p: PartitionProcessor(p, cfg) for p in range(PARTITIONS)}
     n = 0
-    t = time.perf_counter()
-    for start in range(0, len(batches), 32):
-        by_p: dict[int, list[tuple[int, bytes]]] = {}
-        for off, (p, v) in enumerate(batches[start : start + 32], start):
-            by_p.setdefault(p, []).append((off, v))
-        for p, msgs in by_p.items():
-            procs[p].process(msgs, now_ms)
+    with time_spent_in(PartitionWindows, ("_close_one", "_last_destinations")) as spent:
+        t = time.perf_counter()
+        for start in range(0, len(batches), 32):
+            by_p: dict[int, list[tuple[int, bytes]]] = {}
+            for off, (p, v) in enumerate(batches[start : start + 32], start):
+                by_p.setdefault(p, []).append((off, v))
+            for p, msgs in by_p.items():
+                procs[p].process(msgs, now_ms)
+        elapsed = time.perf_counter() - t
     for proc in procs.values():
         n += sum(proc.counters.events_by_type.values())
-    return n / (time.perf_counter() - t)
+    return n / elapsed, elapsed, spent
 
 
 def create_topics(bootstrap: str, tag: str) -> tuple[str, str]:
@@ -314,10 +349,12 @@ def main() -> int:
     gc.collect()
     gc.freeze()
     bare = bare_decode_count([v for _, v in values])
-    inproc = pipeline_in_process(values, int(time.time() * 1000))
+    inproc, inproc_s, spent = pipeline_in_process(values, int(time.time() * 1000))
     print(
         f"bare decode+count: {bare:,.0f} ev/s   pipeline in-process: {inproc:,.0f} ev/s", flush=True
     )
+    print(f"  of its {inproc_s:.2f} s: closing windows {spent['_close_one']:.3f} s, of which "
+          f"naming last destinations {spent['_last_destinations']:.3f} s", flush=True)
 
     work = Path(tempfile.mkdtemp(prefix="bench-streams-"))
     broker = start_broker(work)
@@ -423,6 +460,9 @@ def main() -> int:
         "events_per_s": round(drain_rate),
         "bare_decode_count_events_per_s": round(bare),
         "pipeline_in_process_events_per_s": round(inproc),
+        "pipeline_window_close_s": round(spent["_close_one"], 3),
+        "pipeline_last_destinations_s": round(spent["_last_destinations"], 3),
+        "pipeline_in_process_s": round(inproc_s, 2),
         "drain_over_bare": round(drain_rate / bare, 3),
         "broker_read_events_per_s": round(read_rate),
         "backlog_events": backlog,

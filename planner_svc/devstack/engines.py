@@ -85,16 +85,15 @@ class EngineCounters:
     timings: list[tuple[float, float, float]] = field(default_factory=list)
     timings_dropped: int = 0
 
-    def first_token(self, ttft_s: float) -> None:
+    def first_token(self, arrived: float, first_token_at: float) -> None:
+        """Note a request's first token, written now, that the model put at
+        `first_token_at`: into the TTFT histogram and, while there is room, `timings`."""
+        ttft_s = first_token_at - arrived
         self.ttft_counts[bisect.bisect_left(TTFT_BUCKETS_S, ttft_s)] += 1
         self.ttft_sum_s += ttft_s
-
-    def timed(self, arrived: float, first_token_at: float) -> None:
-        """Note a request's first token, written now, that the model put at
-        `first_token_at`."""
         if len(self.timings) < MAX_TIMINGS:
             late = max(0.0, time.monotonic() - first_token_at)
-            self.timings.append((arrived, first_token_at - arrived, late))
+            self.timings.append((arrived, ttft_s, late))
         else:
             self.timings_dropped += 1
 
@@ -226,8 +225,7 @@ class EmulatedEngine:
                 await self._stream(out, body, answer, usage, served, meta, arrived)
                 return
             await _sleep_until(served.first_token_time)
-            c.first_token(served.first_token_time - arrived)
-            c.timed(arrived, served.first_token_time)
+            c.first_token(arrived, served.first_token_time)
             await _sleep_until(served.finish_time)
             _send(out, 200, meta.full(answer, usage), self._headers())
         finally:
@@ -249,8 +247,7 @@ class EmulatedEngine:
         pieces = ["".join(words[i:i + TOKENS_PER_EVENT])
                   for i in range(0, len(words), TOKENS_PER_EVENT)]
         await _sleep_until(served.first_token_time)
-        self.counters.first_token(served.first_token_time - arrived)
-        self.counters.timed(arrived, served.first_token_time)
+        self.counters.first_token(arrived, served.first_token_time)
         out.start(200, [("Content-Type", "text/event-stream"), ("Cache-Control", "no-cache"),
                         *self._headers()])
         start, span = served.first_token_time, served.finish_time - served.first_token_time
