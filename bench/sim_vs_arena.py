@@ -46,6 +46,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from planner_svc.settings import PlannerSettings  # noqa: E402
 from planner_svc.simulator.cacheroute_policy import gateway_like  # noqa: E402
 from planner_svc.simulator.policies import (  # noqa: E402
     PolicyFactory,
@@ -66,15 +67,20 @@ P99_TOLERANCE = 0.20
 def policies(time_scale: float, *, tail_slack: float = DEFAULT_TAIL_SLACK,
              balance: str = "first-token", rate_window: bool = True,
              power_of_two: str = "random",
-             idle_rehome_s: float | None = DEFAULT_IDLE_REHOME_S) -> dict[str, PolicyFactory]:
+             idle_rehome_s: float | None = DEFAULT_IDLE_REHOME_S,
+             warm_placement: bool = PlannerSettings.warm_placement,
+             imbalance_tolerance: float = PlannerSettings.imbalance_tolerance
+             ) -> dict[str, PolicyFactory]:
     """Arena router name -> its simulated counterpart (q_cap and W as the arena sets them;
-    the gateway's cold-tail bound, balance and idle re-homing as the arena rows ran with
-    them)."""
+    the gateway's cold-tail bound, balance and idle re-homing, and the planner's warm
+    placement and imbalance tolerance, as the arena rows ran with them)."""
     return {
         # the arena's planner: rates of a 6-s stream window (longer on slowed engines, as
         # bench/arena.py sets it), replanned every 4 s (session_sim.arena_run)
         "cacheroute": gateway_like(12.0 / time_scale, 12, tail_slack=tail_slack,
                                    balance=balance, idle_rehome_s=idle_rehome_s,
+                                   warm_placement=warm_placement,
+                                   imbalance_tolerance=imbalance_tolerance,
                                    rate_window_s=(6.0 * max(1.0, time_scale)
                                                   if rate_window else None)),
         "sglang cache_aware": sglang_cache_aware(),
@@ -131,7 +137,9 @@ def simulate(row: dict[str, str], args: argparse.Namespace
     factory = policies(ts, tail_slack=args.tail_slack, balance=args.balance,
                        rate_window=not args.cumulative_rates,
                        power_of_two=args.power_of_two,
-                       idle_rehome_s=args.idle_rehome_s or None)[row["router"]]
+                       idle_rehome_s=args.idle_rehome_s or None,
+                       warm_placement=args.warm_placement == "on",
+                       imbalance_tolerance=args.imbalance_tolerance)[row["router"]]
     hits, p99s = [], []
     for draw in range(1, args.policy_seeds + 1):
         r = arena_run(row["scenario"], int(row.get("seed") or 1), factory,
@@ -166,6 +174,14 @@ def main() -> int:
     ap.add_argument("--idle-rehome-s", type=float, default=DEFAULT_IDLE_REHOME_S,
                     help="the gateways' --idle-rehome-s when the rows ran (the learned "
                          "window's start; 0: off, as before 2026-12-05)")
+    ap.add_argument("--warm-placement", choices=("on", "off"),
+                    default="on" if PlannerSettings.warm_placement else "off",
+                    help="the planner's warm placement as the rows ran with it (off for rows "
+                    "from before 2026-12-06, when it became the default)")
+    ap.add_argument("--imbalance-tolerance", type=float,
+                    default=PlannerSettings.imbalance_tolerance,
+                    help="the planner's imbalance tolerance as the rows ran with it (0.03 for "
+                    "rows from before 2026-12-06)")
     ap.add_argument("--cumulative-rates", action="store_true",
                     help="the simulated planner plans on cumulative mean rates (before "
                          "2026-12-05) instead of the stream window's, as the planner does")

@@ -42,7 +42,13 @@ class PlannerSettings:
     pools_file: str = ""
     q_cap: float = 50.0
     warm_slots_per_destination: int = 128
-    imbalance_tolerance: float = 0.03
+    # How far above a fresh LPT's max/mean load a plan may stay so that keys keep the
+    # destinations where they are warm. 0.3, not the paper's 0.03: with one gateway in front
+    # of four engines 0.03 pushed exactly the rare, warm tenants off busy engines (a cold
+    # first turn each); with warm placement, 0.3 took the simulated one-replica capacity
+    # from 6.50x to 7.08x and live put one replica level with the SGLang gateway up to x8
+    # (docs/arena.md, "Where the one-replica gap is"); the replay at R = 30 is unchanged.
+    imbalance_tolerance: float = 0.3
     rate_column: str = "rate"  # "rate" (hopping window) or "ewma"
     # Control loop.
     interval_s: float = 10.0
@@ -76,12 +82,15 @@ class PlannerSettings:
     # default: in the paper-like replay at the knee it cost capacity (150 against 210 QPS at
     # 3.5 s; docs/replay.md, the hashed-tail ablation); plain LPT balances tighter.
     hashed_tail: bool = False
-    # Place a key entering the plan on the destination its newest request went to (the
-    # stream reports it), while balance allows: its cache is warm there. In the replay at
-    # R = 30 this took the wide active set from 88 to 100 QPS at 3.5 s and changed no other
-    # scenario's capacity (docs/replay.md, "Entering keys placed where they are warm").
-    # Off by default until measured live against the peers.
-    warm_placement: bool = False
+    # Place a key entering the plan (the first plan's too) on the destination its newest
+    # request went to (the stream reports it), while balance allows: its cache is warm
+    # there, where a fresh LPT moved each entering key to a cold engine. On by default since
+    # 2026-12-06, with imbalance_tolerance 0.3: live, four gateways, three seeds, CacheRoute
+    # then met every point to x7 on whale and on two paper-like seeds (>= 1.97x the SGLang
+    # gateway's capacity; docs/arena.md); in the replay at R = 30 it took the wide
+    # active set from 88 to 100 QPS at 3.5 s and changed no other scenario's capacity
+    # (docs/arena.md, docs/replay.md "Entering keys placed where they are warm").
+    warm_placement: bool = True
     # The range the plan was validated for (shadow replay / canary, checklist step 5):
     # outside it the guard falls back to Flat-LB, and resumes when telemetry returns.
     # 0 = unchecked.

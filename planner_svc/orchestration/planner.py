@@ -220,7 +220,8 @@ class Tunables:
     # Plan for a consistent-hashed cold tail (planning.placement); False = the paper's.
     hashed_tail: bool = False
     # Place keys entering the plan where their newest request went (the stream's
-    # last-destination column; repack's `warm_at`; off by default).
+    # last-destination column; build_plan's and repack's `warm_at`). False here, as the
+    # paper plans; the planner service's default is PlannerSettings.warm_placement (on).
     warm_placement: bool = False
 
 

@@ -37,6 +37,7 @@ from planner_svc.planning import PlanningConfig, admit, build_plan, repack
 from planner_svc.planning.affinity import fleet_gain, reusable_prefix
 from planner_svc.planning.build import assemble
 from planner_svc.planning.placement import cold_tail_loads
+from planner_svc.settings import PlannerSettings
 from planner_svc.simulator.hashring import HashRing
 from planner_svc.simulator.policies import Policy, PolicyContext, PolicyFactory
 from router_client.eviction_window import EvictionWindow, prefix_hit
@@ -586,8 +587,9 @@ def gateway_like(q_cap: float, warm_slots_per_destination: int, *,
                  rate_window_s: float | None = None,
                  idle_rehome_s: float | None = DEFAULT_IDLE_REHOME_S,
                  replica_hysteresis: float = 0.0,
-                 warm_placement: bool = False,
-                 imbalance_tolerance: float = 0.03) -> PolicyFactory:
+                 warm_placement: bool = PlannerSettings.warm_placement,
+                 imbalance_tolerance: float = PlannerSettings.imbalance_tolerance
+                 ) -> PolicyFactory:
     """CacheRoute as `cacheroute gateway` and the planner run it by default: conversations
     kept on their member and with their history, the cold tail consistent-hashed, idle keys
     re-homed (the window learned from `idle_rehome_s`; None = off, the gateway before
@@ -598,7 +600,9 @@ def gateway_like(q_cap: float, warm_slots_per_destination: int, *,
     traffic: planned from the first control interval's few sessions, the simulated first
     plan left most tenants out, and the replan that admitted them moved each one off the
     ring owner that had warmed it, a cold first turn apiece the live gateway never paid);
-    None: on the cumulative mean rates, planned at the first control step."""
+    None: on the cumulative mean rates, planned at the first control step. Warm placement
+    and the imbalance tolerance default to the planner's (PlannerSettings): before
+    2026-12-06, off and 0.03, which is what arena rows from before then ran with."""
     return cacheroute(CacheRouteSettings(
         q_cap=q_cap, warm_slots_per_destination=warm_slots_per_destination,
         session_affinity=True, cold_tail="hash", control_loop=True,

@@ -209,6 +209,24 @@ def test_the_simulated_gateway_routes_with_the_gateways_defaults() -> None:
     assert (core.rehome_window is not None) == default["idle-rehome-learn"]
 
 
+
+def test_the_simulated_gateway_plans_with_the_planners_defaults() -> None:
+    """The planner's warm placement and imbalance tolerance reach the simulated gateway from
+    the planner's own defaults (on and 0.3 since 2026-12-06), so the simulator checked
+    against the arena plans as the arena's planner does; an older row replays with the old
+    values given explicitly (bench/sim_vs_arena.py --warm-placement off)."""
+    from planner_svc.settings import PlannerSettings
+
+    pop = population(SCENARIOS["paper-like"], 1)
+    keys = [pop.tenant_key(t) for t in range(pop.scenario.tenants)]
+    ctx = PolicyContext(4, keys, MODEL, seed=1)
+    shipped = gateway_like(3.0, 12)(ctx)
+    assert shipped.settings.warm_placement is PlannerSettings().warm_placement is True
+    assert (shipped.config.imbalance_tolerance == shipped.settings.imbalance_tolerance
+            == PlannerSettings().imbalance_tolerance == 0.3)
+    old = gateway_like(3.0, 12, warm_placement=False, imbalance_tolerance=0.03)(ctx)
+    assert not old.settings.warm_placement and old.config.imbalance_tolerance == 0.03
+
 def test_the_simulated_planner_plans_first_after_a_whole_window_of_traffic() -> None:
     """The planner's first plan waits for a full stream window of traffic after the first
     window that had any (`orchestration.planner`). Planned at the first control step instead
