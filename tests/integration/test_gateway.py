@@ -420,7 +420,10 @@ def test_capacity_weights_4_to_1_split_the_load_4_to_1(tmp_path: Path) -> None:
             async with httpx.AsyncClient(base_url=g.url, timeout=30) as h:
                 async def worker(w: int) -> None:
                     rng = random.Random(w)
-                    for i in range(8):
+                    # 16 rounds: the ramp-up and the tail (fewer than 50 in flight) are the
+                    # same few requests whatever the length, so 8 rounds let them move the
+                    # ratio by ~10 % under a loaded CI machine (4.41 once)
+                    for i in range(16):
                         # a think time, so the 50 clients do not move in lockstep
                         await asyncio.sleep(rng.random() * 0.02)
                         r = await h.post("/v1/completions", json={
@@ -430,7 +433,7 @@ def test_capacity_weights_4_to_1_split_the_load_4_to_1(tmp_path: Path) -> None:
                 await asyncio.gather(*(worker(w) for w in range(50)))
             return seen
         seen = asyncio.run(main())
-        assert sum(seen.values()) == 400
+        assert sum(seen.values()) == 800
         # Every request waits the same 200 ms at either engine, so the served split is the
         # load split (Little's law): within 10 % of 4:1.
         assert seen[big] / seen[small] == pytest.approx(4.0, rel=0.1)
