@@ -32,6 +32,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from sim_vs_arena import policies  # type: ignore[import-not-found]  # noqa: E402
 
+from planner_svc.planning.config import PAPER_IMBALANCE_TOLERANCE  # noqa: E402
 from planner_svc.simulator.cacheroute_policy import PolicyFactory, gateway_like  # noqa: E402
 from planner_svc.simulator.session_sim import arena_run  # noqa: E402
 
@@ -46,7 +47,7 @@ def _router(name: str) -> PolicyFactory:
     return gateway_like(12.0 / TIME_SCALE, 12, rate_window_s=6.0 * TIME_SCALE,
                         replica_hysteresis=float(options["h"]),
                         warm_placement=options.get("warm", "0") == "1",
-                        imbalance_tolerance=float(options.get("tol", "0.03")))
+                        imbalance_tolerance=float(options.get("tol", PAPER_IMBALANCE_TOLERANCE)))
 
 
 def _point(task: tuple[str, str, int, float, float]) -> tuple[tuple, float, float]:
@@ -68,7 +69,7 @@ def main() -> int:
     ap.add_argument("--warm-placement", default="0",
                     help="0, 1 or 0,1: place keys entering the plan where they were last "
                     "served (repack's warm_at)")
-    ap.add_argument("--imbalance-tolerance", default="0.03",
+    ap.add_argument("--imbalance-tolerance", default=str(PAPER_IMBALANCE_TOLERANCE),
                     help="CacheRoute runs, one per value (PlanningConfig.imbalance_tolerance)")
     ap.add_argument("--no-baseline", action="store_true", help="skip the SGLang-like baseline")
     ap.add_argument("--jobs", type=int, default=2)
@@ -76,7 +77,7 @@ def main() -> int:
     t0 = time.monotonic()
     scales = [float(x) for x in args.scales.split(",")]
     names = [f"cacheroute h={float(h):g}" + (" warm=1" if w == "1" else "")
-             + (f" tol={float(t):g}" if float(t) != 0.03 else "")
+             + (f" tol={float(t):g}" if float(t) != PAPER_IMBALANCE_TOLERANCE else "")
              for h in args.replica_hysteresis.split(",") for w in args.warm_placement.split(",")
              for t in args.imbalance_tolerance.split(",")]
     if not args.no_baseline:

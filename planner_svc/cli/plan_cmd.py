@@ -25,6 +25,7 @@ import numpy as np
 
 from planner_svc.cli.console import command
 from planner_svc.planning import PlanDiff, PlanningConfig, PlanningError, build_plan, diff, repack
+from planner_svc.planning.config import PAPER_IMBALANCE_TOLERANCE
 from router_client.errors import PlanRejected
 from router_client.plan import DestinationSpec, RoutingPlan, decode_plan, encode_plan
 
@@ -53,7 +54,8 @@ def add_offline_commands(plan_subparsers: Any, connection: argparse.ArgumentPars
     build.add_argument("--warm-slots", type=int, metavar="C", help="override C = R·W")
     build.add_argument("--byte-aware", action="store_true", help="token budget, value density")
     build.add_argument("--token-budget", type=float, help="warm budget in tokens (byte-aware)")
-    build.add_argument("--imbalance-tolerance", type=float, default=0.03,
+    build.add_argument("--imbalance-tolerance", type=float,
+                       default=PAPER_IMBALANCE_TOLERANCE,
                        help="max/mean load above 1 that repacking accepts")
     build.add_argument("--balance-effort", type=float, default=1.0,
                        help="repack: 0 = least churn .. 1 = best balance")

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from planner_svc.cli.console import command
+from planner_svc.planning.config import PAPER_IMBALANCE_TOLERANCE
 from planner_svc.simulator.arrivals import ArrivalSpec
 from planner_svc.simulator.diagnose import diagnose
 from planner_svc.simulator.experiment import (
@@ -85,7 +86,7 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:  # type: ignor
     rp.add_argument("--tail-slack", type=float, default=DEFAULT_TAIL_SLACK,
                     help="policies with the hashed cold tail (cacheroute-gateway, -rehome, "
                          "-tail, -hashed): the gateway's --tail-slack")
-    rp.add_argument("--imbalance-tolerance", type=float, default=0.03,
+    rp.add_argument("--imbalance-tolerance", type=float, default=PAPER_IMBALANCE_TOLERANCE,
                     help="CacheRoute's planner: how far above a fresh LPT's imbalance a plan "
                          "may stay (the planner's --imbalance-tolerance)")
     rp.add_argument("--balance", choices=BALANCES, default="first-token",

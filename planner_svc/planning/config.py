@@ -15,6 +15,11 @@ import numpy as np
 from planner_svc.planning.errors import PlanningError
 from router_client.plan import DestinationSpec, PlanConfig
 
+# The paper's bound on how far above a fresh LPT's max/mean load a plan may stay: the
+# planning library's default, and the replay's and offline tools'. The planner service ships
+# 0.3 (PlannerSettings.imbalance_tolerance: why there).
+PAPER_IMBALANCE_TOLERANCE = 0.03
+
 
 @dataclass(frozen=True)
 class PlanningConfig:
@@ -46,7 +51,7 @@ class PlanningConfig:
     q_cap: float
     warm_slots_per_destination: int
     warm_slots: int | None = None
-    imbalance_tolerance: float = 0.03
+    imbalance_tolerance: float = PAPER_IMBALANCE_TOLERANCE
     balance_effort: float = 1.0
     byte_aware: bool = False
     token_budget: float | None = None

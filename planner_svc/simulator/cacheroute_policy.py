@@ -36,6 +36,7 @@ from planner_svc.control.traffic import Traffic
 from planner_svc.planning import PlanningConfig, admit, build_plan, repack
 from planner_svc.planning.affinity import fleet_gain, reusable_prefix
 from planner_svc.planning.build import assemble
+from planner_svc.planning.config import PAPER_IMBALANCE_TOLERANCE
 from planner_svc.planning.placement import cold_tail_loads
 from planner_svc.settings import PlannerSettings
 from planner_svc.simulator.hashring import HashRing
@@ -95,7 +96,7 @@ class CacheRouteSettings:
     warm_placement: bool = False
     # The planner's `imbalance_tolerance` (PlanningConfig; how far above a fresh LPT's
     # imbalance a plan may stay, which bounds how many keys stay where they are warm).
-    imbalance_tolerance: float = 0.03
+    imbalance_tolerance: float = PAPER_IMBALANCE_TOLERANCE
     # The guard's floor on affinity's predicted gain over Flat-LB (planning.affinity), as the
     # planner runs it by default: below it the routers serve Flat-LB. None = never (the
     # paper's: always plan).

@@ -24,6 +24,7 @@ import numpy as np
 
 from planner_svc.control.guard import DEFAULT_AFFINITY_GAIN_MIN
 from planner_svc.planning.affinity import characteristic_time
+from planner_svc.planning.config import PAPER_IMBALANCE_TOLERANCE
 from planner_svc.settings import PlannerSettings
 from planner_svc.simulator.arrivals import ArrivalSpec
 from planner_svc.simulator.cacheroute_policy import CacheRouteSettings, cacheroute
@@ -111,7 +112,7 @@ class ReplayConfig:
     # Policies with the hashed cold tail: the gateway's `--tail-slack`.
     tail_slack: float = DEFAULT_TAIL_SLACK
     # CacheRoute's planner: PlanningConfig.imbalance_tolerance.
-    imbalance_tolerance: float = 0.03
+    imbalance_tolerance: float = PAPER_IMBALANCE_TOLERANCE
     # Policies run as the gateway (cacheroute-gateway, -rehome): the gateway's `--balance`
     # (the others keep the paper's P2C).
     balance: str = "first-token"
