@@ -11,6 +11,8 @@ walking up from the lowest and stopping at the first miss, as the arena's sweep 
 
     .venv/bin/python bench/sim_capacity_1r.py                                # ~10 min
     .venv/bin/python bench/sim_capacity_1r.py --replica-hysteresis 0,0.2 --no-baseline
+    .venv/bin/python bench/sim_capacity_1r.py --warm-placement 1 --imbalance-tolerance 0.3 \
+        --clairvoyant --scales 5,6,7,8,9,10,11,12,13,14      # against the ceiling
 
 Last line: one JSON object.
 """
@@ -34,6 +36,7 @@ from sim_vs_arena import policies  # type: ignore[import-not-found]  # noqa: E40
 
 from planner_svc.planning.config import PAPER_IMBALANCE_TOLERANCE  # noqa: E402
 from planner_svc.simulator.cacheroute_policy import PolicyFactory, gateway_like  # noqa: E402
+from planner_svc.simulator.clairvoyant import clairvoyant  # noqa: E402
 from planner_svc.simulator.session_sim import arena_run  # noqa: E402
 
 TIME_SCALE, WARMUP_S, SLO_S = 4.0, 72.0, 2.0
@@ -42,6 +45,8 @@ TIME_SCALE, WARMUP_S, SLO_S = 4.0, 72.0, 2.0
 def _router(name: str) -> PolicyFactory:
     if name == "sglang-like":
         return policies(TIME_SCALE)["sglang cache_aware"]  # type: ignore[no-any-return]
+    if name == "clairvoyant":
+        return clairvoyant
     options = dict(part.split("=", 1) for part in name.split()[1:])
     # the arena's planner at this time scale: q_cap 12/4, W 12, a 24-s rate window
     return gateway_like(12.0 / TIME_SCALE, 12, rate_window_s=6.0 * TIME_SCALE,
@@ -72,6 +77,9 @@ def main() -> int:
     ap.add_argument("--imbalance-tolerance", default=str(PAPER_IMBALANCE_TOLERANCE),
                     help="CacheRoute runs, one per value (PlanningConfig.imbalance_tolerance)")
     ap.add_argument("--no-baseline", action="store_true", help="skip the SGLang-like baseline")
+    ap.add_argument("--clairvoyant", action="store_true",
+                    help="also the ceiling: a greedy router that reads every engine's cache and "
+                    "queue (planner_svc.simulator.clairvoyant)")
     ap.add_argument("--jobs", type=int, default=2)
     args = ap.parse_args()
     t0 = time.monotonic()
@@ -82,6 +90,8 @@ def main() -> int:
              for t in args.imbalance_tolerance.split(",")]
     if not args.no_baseline:
         names.append("sglang-like")
+    if args.clairvoyant:
+        names.append("clairvoyant")
     tasks = [(n, args.scenario, s, x, args.measure_s)
              for n in names for s in range(1, args.seeds + 1) for x in scales]
     results: dict[tuple, tuple[float, float]] = {}

@@ -82,6 +82,9 @@ def simulate_sessions(pop: Population, plan: Sequence[Session], factory: PolicyF
                                                       pop.system_tokens, np.float64)}))
     on_content = getattr(policy, "route_chain", None)  # policies.ContentPolicy
     engines = [Replica(model) for _ in range(n_destinations)]
+    watch = getattr(policy, "watch_engines", None)  # a reference that reads the engines
+    if watch is not None:
+        watch(engines)
     transcripts = [Transcript(pop, s) for s in sessions]
     arrivals = [(s.start_s, k, 0) for k, s in enumerate(sessions)]
     heapq.heapify(arrivals)
