@@ -52,7 +52,8 @@ def _router(name: str) -> PolicyFactory:
     return gateway_like(12.0 / TIME_SCALE, 12, rate_window_s=6.0 * TIME_SCALE,
                         replica_hysteresis=float(options["h"]),
                         warm_placement=options.get("warm", "0") == "1",
-                        imbalance_tolerance=float(options.get("tol", PAPER_IMBALANCE_TOLERANCE)))
+                        imbalance_tolerance=float(options.get("tol", PAPER_IMBALANCE_TOLERANCE)),
+                        queue_aware=options.get("queue", "0") == "1")
 
 
 def _point(task: tuple[str, str, int, float, float]) -> tuple[tuple, float, float]:
@@ -76,6 +77,8 @@ def main() -> int:
                     "served (repack's warm_at)")
     ap.add_argument("--imbalance-tolerance", default=str(PAPER_IMBALANCE_TOLERANCE),
                     help="CacheRoute runs, one per value (PlanningConfig.imbalance_tolerance)")
+    ap.add_argument("--queue-aware", default="0",
+                    help="0, 1 or 0,1: the gateway's --queue-aware (RouterCore.queue_aware)")
     ap.add_argument("--no-baseline", action="store_true", help="skip the SGLang-like baseline")
     ap.add_argument("--clairvoyant", action="store_true",
                     help="also the ceiling: a greedy router that reads every engine's cache and "
@@ -86,8 +89,9 @@ def main() -> int:
     scales = [float(x) for x in args.scales.split(",")]
     names = [f"cacheroute h={float(h):g}" + (" warm=1" if w == "1" else "")
              + (f" tol={float(t):g}" if float(t) != PAPER_IMBALANCE_TOLERANCE else "")
+             + (" queue=1" if q == "1" else "")
              for h in args.replica_hysteresis.split(",") for w in args.warm_placement.split(",")
-             for t in args.imbalance_tolerance.split(",")]
+             for t in args.imbalance_tolerance.split(",") for q in args.queue_aware.split(",")]
     if not args.no_baseline:
         names.append("sglang-like")
     if args.clairvoyant:

@@ -201,3 +201,35 @@ def _content_text(content: Any, limit: int) -> str:
         if size >= limit:
             break
     return "\x1d".join(out)
+
+
+def prompt_chars(body: Mapping[str, Any]) -> tuple[int, int]:
+    """(characters of a request's prompt content, characters of it before its last
+    message): the prompt's size and the part a destination that served the conversation's
+    previous turn holds cached (its history; for a first turn, the system prompt and
+    documents ahead of the question). A completions prompt is all one message: its size,
+    and 0. Counts lengths only, copies no text; /4 is the gateway's tokens estimate."""
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        total = last = 0
+        for message in messages:
+            last = _content_chars(message.get("content")) if isinstance(message, Mapping) else 0
+            total += last
+        return total, total - last
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        return len(prompt), 0
+    if isinstance(prompt, list):
+        if prompt and isinstance(prompt[0], str):  # a batch: its first prompt
+            return len(prompt[0]), 0
+        return 4 * len(prompt), 0  # token ids (4 characters each, as keys count them)
+    return 0, 0
+
+
+def _content_chars(content: Any) -> int:
+    if isinstance(content, str):
+        return len(content)
+    if isinstance(content, list):
+        return sum(len(part["text"]) for part in content
+                   if isinstance(part, Mapping) and isinstance(part.get("text"), str))
+    return 0

@@ -357,6 +357,20 @@ HISTORY_OUTBOX_CAPACITY = 20_000
 # The gateway's default: a turn leaves its history only for a destination at over twice
 # the mean load (a turn's history is most of its prompt; a queue costs less than that).
 DEFAULT_HISTORY_SLACK = 1.0
+# What one request's prefill costs an engine beyond its tokens (a scheduler step, the
+# sampler, the first token's decode), in tokens of prefill: 20 ms at ~10k tokens/s on the
+# engine model's reference replica (planner_svc.simulator.replica). `queue_aware` counts it
+# per request awaiting a first token, so ten short requests queue like ten, not like one.
+PREFILL_STEP_TOKENS = 200
+# How much sooner a recompute elsewhere must finish prefilling before `queue_aware` leaves
+# the warm slot: the router's owed work is an estimate (its own requests only, the cached
+# share guessed from the body; 1.4x the engine model's true backlog at the median, busy),
+# and a move on noise costs a cold prefill and the conversation's next turns. Simulated
+# one-replica capacity on the arena's fleet (six seeds, bench/sim_capacity_1r.py
+# --queue-aware): margin 1.0 6.67x the base rate, 1.1 7.25, 1.25 and 1.35 7.75, 1.5 7.42,
+# 2.0 7.33; off 7.17.
+QUEUE_SPILL_MARGIN = 1.3
+
 # The gateway's idle re-homing window, where the learned one starts: a guess at how long an
 # idle prefix survives in a busy engine's cache, corrected from the cache outcomes of the
 # keys the router sends home (`learn_idle_rehome`). From 300 s the wide-active-set replay
@@ -401,6 +415,14 @@ class RouterCore:
         # Off: a planned key over its bound re-homes like any other (the rule before the
         # spill), kept as a switch to compare the two live (`--spill-planned`).
         self.spill_planned = True
+        # `queue_aware` (off by default): the prefill work owed per slot by this router's
+        # requests awaiting a first token, in tokens (`started(slot, owed)`), and a request
+        # moved off the slot its affinity chose when waiting there would cost more than
+        # recomputing its prompt on the least-owed slot (`_worth_the_queue`).
+        self.queue_aware = False
+        self.owed: list[float] = []
+        self.last_owed = 0.0  # what the last decision's request owes where it went
+        self.queue_spilled = 0
         # Set by the shell while other routers share this plan's traffic (their idle
         # clocks are their own): the plan, history and tail decide meanwhile.
         self.rehome_paused = False
@@ -484,23 +506,36 @@ class RouterCore:
         self._forced_fallback = on
         self._refresh()
 
-    def started(self, slot: int) -> None:
+    def started(self, slot: int, owed: float = 0.0) -> None:
+        """A request goes to `slot`; `owed`: the prefill work it brings there (`last_owed`
+        right after `route_index`, with `queue_aware`), given back at its first token."""
         self.inflight[slot] += 1
         self.load[slot] += 1
         self.awaiting[slot] += 1
+        if owed:
+            self.owed[slot] += owed
 
-    def first_token(self, slot: int) -> None:
+    def first_token(self, slot: int, owed: float = 0.0) -> None:
         """A request sent to `slot` got its first token (once per request, at most)."""
         if self.awaiting[slot] > 0:
             self.awaiting[slot] -= 1
+        if owed:
+            self._repaid(slot, owed)
 
-    def finished(self, slot: int, *, answered: bool = False) -> None:
+    def finished(self, slot: int, *, answered: bool = False, owed: float = 0.0) -> None:
         """A request sent to `slot` ended; `answered`: `first_token` was called for it."""
         if self.inflight[slot] > 0:
             self.inflight[slot] -= 1
             self.load[slot] -= 1
-        if not answered and self.awaiting[slot] > 0:
-            self.awaiting[slot] -= 1
+        if not answered:
+            if self.awaiting[slot] > 0:
+                self.awaiting[slot] -= 1
+            if owed:
+                self._repaid(slot, owed)
+
+    def _repaid(self, slot: int, owed: float) -> None:
+        left = self.owed[slot] - owed
+        self.owed[slot] = left if left > 1e-6 else 0.0  # no float dust below zero
 
     def report_engine_load(self, reported: Mapping[str, float]) -> None:
         """Fuse what the engines say they hold (running + waiting, all routers' requests
@@ -570,6 +605,7 @@ class RouterCore:
             "rehomed": self.rehomed,
             "rehome_kept": self.rehome_kept,
             "spilled": self.spilled,
+            "queue_spilled": self.queue_spilled,
         }
 
     # --- shared conversation memory (the shell carries it between routers) -------
@@ -621,8 +657,12 @@ class RouterCore:
     # --- the decision (hot) -------------------------------------------------------
 
     def route_index(self, key: str, affinity: str | None = None,
-                    now: float | None = None) -> int:
-        """The slot to send `key` to. Does not count it in flight: call `started`."""
+                    now: float | None = None, prompt_tokens: int = 0,
+                    cacheable_tokens: int = 0) -> int:
+        """The slot to send `key` to. Does not count it in flight: call `started`.
+        With `queue_aware`: `prompt_tokens`, and how many of them the slot its affinity
+        picks holds cached (its conversation's history, else its key's prefix), weigh that
+        slot's queue against a recompute elsewhere (`_worth_the_queue`)."""
         pick, home, plan = -1, -1, -1
         if self.idle_rehome_s is not None and now is not None:
             if self.rehome_paused:
@@ -630,6 +670,8 @@ class RouterCore:
             else:
                 pick, home, plan = self._idle(key, now)
         slot = self._with_history(key, affinity, pick, now)
+        if self.queue_aware:
+            slot = self._worth_the_queue(slot, affinity, prompt_tokens, cacheable_tokens)
         if home >= 0:
             # The key's home is where `_idle` put it even when the turn goes with its
             # conversation's history elsewhere: a conversation begun before the plan moved
@@ -660,6 +702,44 @@ class RouterCore:
             self._placed(affinity, slot)
         _lru_put(history, affinity, slot, self._history_capacity)
         return slot
+
+    def _worth_the_queue(self, slot: int, affinity: str | None, prompt_tokens: int,
+                         cacheable_tokens: int) -> int:
+        """`queue_aware`: `slot` (where the plan, the key's home or the conversation's
+        history sends the request, warm for `cacheable_tokens`) unless the least-owed
+        usable slot would finish prefilling the whole prompt clearly sooner (by
+        `QUEUE_SPILL_MARGIN`): owed work there plus the prompt against owed work here plus
+        what is not cached here, per unit of capacity. This is the rule of the simulator's
+        clairvoyant reference (planner_svc.simulator.clairvoyant: the engines' true caches
+        and queues), with
+        what one router knows: its own requests awaiting a first token, and the prompt's
+        cached share taken where its affinity points. A request moved off keeps its key's
+        home (a burst passes; the plan's slot keeps the prefix); its conversation follows
+        it (the newest history is cached there)."""
+        a = self._active
+        step = PREFILL_STEP_TOKENS
+        prompt = max(0, prompt_tokens)
+        cold = prompt + step
+        if a.fallback or prompt == 0 or slot >= len(a.usable) or not a.usable[slot]:
+            self.last_owed = cold
+            return slot
+        warm = prompt - min(max(0, cacheable_tokens), prompt) + step
+        owed, inv = self.owed, a.inv_weight
+        best, best_cost = slot, (owed[slot] + warm) * inv[slot]
+        usable = a.usable
+        for s in a.pool:
+            if s != slot and usable[s]:
+                cost = (owed[s] + cold) * inv[s] * QUEUE_SPILL_MARGIN
+                if cost < best_cost:
+                    best, best_cost = s, cost
+        if best == slot:
+            self.last_owed = warm
+            return slot
+        self.queue_spilled += 1
+        self.last_owed = cold
+        if affinity is not None and self.history_slack is not None:
+            self.remember(affinity, best)
+        return best
 
     def _history_gone(self, affinity: str, now: float) -> bool:
         """With idle re-homing: whether the conversation's last turn came longer ago than
@@ -1013,6 +1093,7 @@ class RouterCore:
             self.inflight.append(0)
             self.load.append(0)
             self.awaiting.append(0)
+            self.owed.append(0.0)
             self._external.append(0)
             self._healthy.append(True)
             self.destination_ids.append(destination_id)

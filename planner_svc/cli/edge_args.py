@@ -80,6 +80,14 @@ ROUTING_FLAGS: Flags = {
                       "with --idle-rehome-s: a planned key back within the window to its "
                       "plan's destination, now over its bound, sends this request elsewhere "
                       "and keeps its home there ('off': it re-homes where the request went)"),
+    "queue-aware": (boolean, False,
+                    "weigh each request's queue at the destination its plan, home or "
+                    "conversation picks against a recompute elsewhere: the prefill work this "
+                    "router's requests awaiting a first token owe each destination (prompt "
+                    "sizes from the bodies, the history's share taken as cached where the "
+                    "conversation went), and the request goes to the least-owed one when "
+                    "that would finish prefilling it clearly sooner (its conversation follows, "
+                    "its key keeps its home)"),
     "tail-slack": (float, DEFAULT_TAIL_SLACK, "a cold-tail key stays on its hash owner (where "
                    "its prefix is cached) until that owner's load is more than (1 + this) x "
                    "the mean"),
@@ -186,6 +194,7 @@ def build_client(args: argparse.Namespace, rid: str, command: str) -> Any:
     if args.idle_rehome_s and args.idle_rehome_learn:
         client.core.learn_idle_rehome(EvictionWindow(args.idle_rehome_s))
     client.core.spill_planned = args.spill_planned
+    client.core.queue_aware = args.queue_aware
     client.rehome_with_peers = args.idle_rehome_with_peers
     # With a plan in Redis other routers may share it: paused until the first status
     # report says how many (`_note_peers`, within a second).

@@ -110,6 +110,9 @@ class CacheRouteSettings:
     rehome_with_peers: bool = False
     # The gateway's `--spill-planned`: a planned key over its bound keeps its home.
     spill_planned: bool = True
+    # The gateway's --queue-aware (RouterCore.queue_aware): a request leaves the slot its
+    # affinity picks when a recompute on the least-owed slot would prefill it sooner.
+    queue_aware: bool = False
     # With sessions: how far above the mean load a conversation stays with its history
     # (the gateway's `--history-slack`).
     history_slack: float = DEFAULT_HISTORY_SLACK
@@ -129,6 +132,7 @@ class CacheRouteSettings:
                 + (f" + replica hysteresis {self.replica_hysteresis:g}"
                    if self.replica_hysteresis else "")
                 + (" + warm placement" if self.warm_placement else "")
+                + (" + queue-aware" if self.queue_aware else "")
                 + (" (control loop)" if self.control_loop else "")
                 + (" without guard" if self.affinity_gain_min is None else "")
                 + (" + idle re-homing" if self.idle_rehome_s is not None else "")
@@ -196,6 +200,13 @@ class CacheRoutePolicy:
         # registry): with several routers here, they do.
         self.core.rehome_paused = ctx.n_routers > 1 and not settings.rehome_with_peers
         self.core.spill_planned = settings.spill_planned
+        self.core.queue_aware = settings.queue_aware
+        # With queue_aware: each request's (prompt, cacheable) tokens, from `prompt_shape`
+        # until routed, then the prefill work it owes where it went, until its first token.
+        self._shape: dict[int, tuple[int, int]] = {}
+        self._owed: dict[int, float] = {}
+        if settings.queue_aware:
+            self.prompt_shape = self._prompt_shape
         # Requests sent home after an idle gap: their return and reusable prefix, until the
         # engine says what it served from cache (`served`).
         self._returns: dict[int, tuple[tuple[float, float, int], int]] = {}
@@ -300,10 +311,19 @@ class CacheRoutePolicy:
             self._add_tokens(key, prompt, prefix)
         core = self.core
         sessions = self._sessions
-        slot = core.route_index(self.keys[key],
-                                str(sessions[i]) if sessions is not None else None,
-                                now if self.settings.idle_rehome_s is not None else None)
-        core.started(slot)
+        if core.queue_aware:
+            size, cacheable = self._shape.pop(i, (prompt, prefix))
+            slot = core.route_index(self.keys[key],
+                                    str(sessions[i]) if sessions is not None else None,
+                                    now if self.settings.idle_rehome_s is not None else None,
+                                    size, cacheable)
+            self._owed[i] = core.last_owed
+            core.started(slot, core.last_owed)
+        else:
+            slot = core.route_index(self.keys[key],
+                                    str(sessions[i]) if sessions is not None else None,
+                                    now if self.settings.idle_rehome_s is not None else None)
+            core.started(slot)
         if self._last_at is not None:
             self._last_at[key] = slot
         if self.loop is not None:
@@ -314,6 +334,12 @@ class CacheRoutePolicy:
             if core.last_return is not None:
                 self._returns[i] = (core.last_return, prefix)
         return slot
+
+    def _prompt_shape(self, i: int, prompt_tokens: int, cacheable_tokens: int) -> None:
+        """Request `i`'s size and what of it its conversation's slot holds (the gateway
+        reads both from the body: router_client.keys.prompt_chars); bound as
+        `prompt_shape` with queue_aware only."""
+        self._shape[i] = (prompt_tokens, cacheable_tokens)
 
     def _add_tokens(self, key: int, prompt: int, prefix: int) -> None:
         self._prefix_sum[key] += prefix
@@ -340,7 +366,7 @@ class CacheRoutePolicy:
                                      prefix_hit(cached_tokens, returned[1]))
 
     def finished(self, i: int, dest: int, now: float) -> None:
-        self.core.finished(dest)
+        self.core.finished(dest, owed=self._owed.pop(i, 0.0))
         if self._open:  # only re-homing tracks open requests
             self._key_finished(i, dest, now)
 
@@ -573,7 +599,7 @@ class _FirstTokenCacheRoutePolicy(CacheRoutePolicy):
     (before its finish), as the gateway's stream relay tells its core."""
 
     def first_token(self, i: int, dest: int, now: float) -> None:
-        self.core.first_token(dest)
+        self.core.first_token(dest, self._owed.pop(i, 0.0))
 
     def finished(self, i: int, dest: int, now: float) -> None:
         self.core.finished(dest, answered=True)
@@ -589,8 +615,8 @@ def gateway_like(q_cap: float, warm_slots_per_destination: int, *,
                  idle_rehome_s: float | None = DEFAULT_IDLE_REHOME_S,
                  replica_hysteresis: float = 0.0,
                  warm_placement: bool = PlannerSettings.warm_placement,
-                 imbalance_tolerance: float = PlannerSettings.imbalance_tolerance
-                 ) -> PolicyFactory:
+                 imbalance_tolerance: float = PlannerSettings.imbalance_tolerance,
+                 queue_aware: bool = False) -> PolicyFactory:
     """CacheRoute as `cacheroute gateway` and the planner run it by default: conversations
     kept on their member and with their history, the cold tail consistent-hashed, idle keys
     re-homed (the window learned from `idle_rehome_s`; None = off, the gateway before
@@ -612,7 +638,7 @@ def gateway_like(q_cap: float, warm_slots_per_destination: int, *,
         rate_window_s=rate_window_s, plan_at_s=rate_window_s or 0.0,
         idle_rehome_s=idle_rehome_s, replica_hysteresis=replica_hysteresis,
         learn_idle_rehome=idle_rehome_s is not None, warm_placement=warm_placement,
-        imbalance_tolerance=imbalance_tolerance))
+        imbalance_tolerance=imbalance_tolerance, queue_aware=queue_aware))
 
 
 def cacheroute(settings: CacheRouteSettings) -> PolicyFactory:

@@ -33,7 +33,7 @@ from planner_svc.simulator.sessions import (
     population,
     sessions,
 )
-from router_client.keys import KeyRule, derive_key
+from router_client.keys import KeyRule, derive_key, prompt_chars
 
 
 @dataclass(frozen=True)
@@ -97,6 +97,9 @@ def simulate_sessions(pop: Population, plan: Sequence[Session], factory: PolicyF
     firsts: list[tuple[float, int, int]] = []
     # A router that polls the engines' load (the SGLang gateway's power_of_two reads
     # `/get_load` every few seconds): what each engine reports at each poll.
+    # A router that weighs queues against recomputes (the gateway's --queue-aware) reads
+    # each request's size and its history's from the body, as the gateway does.
+    on_shape = getattr(policy, "prompt_shape", None)
     on_poll = getattr(policy, "poll_loads", None)
     poll_every = float(getattr(policy, "poll_interval_s", 0.0)) if on_poll else 0.0
     next_poll = 0.0 if poll_every > 0 else float("inf")
@@ -134,6 +137,9 @@ def simulate_sessions(pop: Population, plan: Sequence[Session], factory: PolicyF
         prompt_tokens = txt.token_count(prompt)
         i = first[k] + j
         chain = txt.as_chain(ids)
+        if on_shape is not None:
+            total, before_last = prompt_chars({"messages": messages})
+            on_shape(i, total // 4, before_last // 4)
         d = (on_content(i, s.tenant, chain, prompt_tokens, turn.output_tokens, now)
              if on_content else policy.route(i, s.tenant, prompt_tokens,
                                              _reported_prefix(messages), turn.output_tokens,

@@ -36,9 +36,9 @@ from router_client.gateway.settings import GatewaySettings
 from router_client.gateway.telemetry import EventSink
 from router_client.gateway.upstream import Passthrough, UpstreamFailure, Upstreams
 from router_client.health import Outcome
-from router_client.keys import derive_key
+from router_client.keys import derive_key, prompt_chars
 from router_client.pools import PoolRoutes
-from router_client.routing import RouterCore
+from router_client.routing import PREFILL_STEP_TOKENS, RouterCore
 from router_client.usage import from_openai_usage
 
 log = logging.getLogger("cacheroute.gateway")
@@ -62,6 +62,10 @@ class _Call:
     key: str
     affinity: str | None
     prefix_chars: int
+    # The prompt's size and the part of it before the last message, in the gateway's
+    # tokens (characters / 4): what `--queue-aware` weighs (keys.prompt_chars).
+    prompt_tokens: int
+    cacheable_tokens: int
     body: bytes
     stream: bool
     injected_usage: bool  # the gateway asked for stream usage, the client did not
@@ -72,15 +76,18 @@ class _Call:
     # event came (the core then no longer counts it as awaiting a prefill).
     slot: int = -1
     answered: bool = False
+    # The prefill work the core counts this attempt as owing its slot (`--queue-aware`),
+    # given back at the first token or the end.
+    owed: float = 0.0
     # The first pick was the key's home after an idle gap (RouterCore.last_return): the
     # response's cache outcome teaches the re-homing window.
     returned: tuple[float, float, int] | None = None
 
 
-def _ended(core: RouterCore, key: str, slot: int, *, answered: bool) -> None:
+def _ended(core: RouterCore, key: str, slot: int, *, answered: bool, owed: float) -> None:
     """An attempt at `slot` is over: out of flight, and (with idle re-homing) the key's
     prefix last touched there now."""
-    core.finished(slot, answered=answered)
+    core.finished(slot, answered=answered, owed=owed)
     if core.idle_rehome_s is not None:
         core.key_finished(key, slot, time.monotonic())
 
@@ -154,8 +161,10 @@ class Proxy:
         out_headers.append((hdr.TRACEPARENT, hdr.child_traceparent(index.get(hdr.TRACEPARENT))))
         if body:
             out_headers.append(JSON)
-        return _Call(route, client, derived.key, derived.affinity, derived.prefix_chars, body,
-                     stream, injected, rid, out_headers, started)
+        size, before_last = prompt_chars(payload) if client.core.queue_aware else (0, 0)
+        return _Call(route, client, derived.key, derived.affinity, derived.prefix_chars,
+                     size // 4, before_last // 4, body, stream, injected, rid, out_headers,
+                     started)
 
     async def _dispatch(self, request: Request, call: _Call, out: Responder) -> None:
         tried: list[int] = []
@@ -172,7 +181,7 @@ class Proxy:
                 break
             dest = core.destination_ids[slot]
             address = call.client.address_of(dest)
-            core.started(slot)
+            core.started(slot, call.owed)
             self.sink.emit_request(
                 call.key, dest, prompt_tokens=0, reusable_prefix_tokens=call.prefix_chars // 4,
                 inflight=core.inflight[slot], router_id=self.settings.router_id)
@@ -183,7 +192,7 @@ class Proxy:
                 upstream = await self.upstreams.send(request.method, address, request.target,
                                                      call.headers, call.body)
             except UpstreamFailure as failure:
-                _ended(core, call.key, slot, answered=False)
+                _ended(core, call.key, slot, answered=False, owed=call.owed)
                 tried.append(slot)
                 self._failed(call, dest, failure)
                 if failure.retryable and attempt < self.settings.max_retries:
@@ -192,13 +201,13 @@ class Proxy:
                 self._give_up(out, call, failure)
                 return
             except BaseException:
-                _ended(core, call.key, slot, answered=False)
+                _ended(core, call.key, slot, answered=False, owed=call.owed)
                 raise
             call.slot = slot
             try:
                 await self._relay(call, dest, upstream, out)
             finally:
-                _ended(core, call.key, slot, answered=call.answered)
+                _ended(core, call.key, slot, answered=call.answered, owed=call.owed)
             return
         send_error(out, 502, "no destination could take the request", "upstream_error",
                    extra=[(hdr.REQUEST_ID, call.request_id)])
@@ -209,9 +218,11 @@ class Proxy:
         if not tried:
             # Idle re-homing needs a clock; the core has none of its own.
             now = time.monotonic() if core.idle_rehome_s is not None else None
-            slot = core.route_index(key, affinity, now)
+            slot = core.route_index(key, affinity, now, call.prompt_tokens,
+                                    call.cacheable_tokens)
             if core.inflight[slot] < cap:
                 call.returned = core.last_return if now is not None else None
+                call.owed = core.last_owed if core.queue_aware else 0.0
                 return slot
             if now is not None:  # not sent there after all: not open there
                 core.key_finished(key, slot, now)
@@ -219,6 +230,8 @@ class Proxy:
         moved = core.route_avoiding(key, full.union(tried))
         if moved is not None and affinity is not None:
             core.remember(affinity, moved)  # its history will be there
+        # A retry or an overflow lands where its prompt is not known to be cached.
+        call.owed = (call.prompt_tokens + PREFILL_STEP_TOKENS) if core.queue_aware else 0.0
         return moved
 
     # --- outcomes -------------------------------------------------------------------------
@@ -334,7 +347,7 @@ class Proxy:
                 if first is None:
                     first = time.perf_counter() - call.started
                     self.metrics.ttft.observe(first)
-                    call.client.core.first_token(call.slot)
+                    call.client.core.first_token(call.slot, call.owed)
                     call.answered = True
                 kept = []
                 for event in events:
