@@ -174,9 +174,11 @@ class PlanFollower:
             reported_at_ms=now_ms,
             decisions_planned=counters.get("planned", 0),
             # a turn kept with its conversation's history, or a key back at where idle
-            # re-homing sent it, was placed by an earlier decision
+            # re-homing sent it, was placed by an earlier decision; a queue-aware move is
+            # counted on top of the decision it overrode
             decisions_fallback=sum(v for k, v in counters.items()
-                                   if k not in ("planned", "history_kept", "rehome_kept")),
+                                   if k not in ("planned", "history_kept", "rehome_kept",
+                                                "queue_spilled")),
             mode=mode,
             unhealthy_destinations=list(unhealthy),
         )

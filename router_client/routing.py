@@ -422,7 +422,7 @@ class RouterCore:
         self.queue_aware = False
         self.owed: list[float] = []
         self.last_owed = 0.0  # what the last decision's request owes where it went
-        self.queue_spilled = 0
+        self.queue_spilled = 0  # on top of the decision each overrode (counted there too)
         # Set by the shell while other routers share this plan's traffic (their idle
         # clocks are their own): the plan, history and tail decide meanwhile.
         self.rehome_paused = False

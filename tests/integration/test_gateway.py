@@ -286,6 +286,49 @@ def test_a_streamed_request_stops_awaiting_at_its_first_event_and_ends_at_its_cl
     assert eventually(lambda: sum(core.inflight) == 0 and sum(core.awaiting) == 0, 2.0)
 
 
+@pytest.mark.parametrize("queue_aware", [False, True])
+def test_queue_aware_sends_a_burst_past_the_queued_warm_engine_and_settles_its_books(
+        fleet: EngineFleet, queue_aware: bool) -> None:
+    """A burst of one tenant's new conversations, its key planned on one engine that is
+    slow to answer: with --queue-aware, once waiting there costs more than recomputing the
+    prompt elsewhere, requests go elsewhere (the rest stay); without it, all wait there.
+    Either way the prefill work the core counted as owed is repaid to the last token."""
+    g = GatewayThread(specs(fleet), settings=GatewaySettings(
+        port=0, router_id="gw-queue", first_byte_timeout_s=10, idle_timeout_s=10)).start()
+    try:
+        assert g.client is not None
+        core = g.client.core
+        core.queue_aware = queue_aware
+        pin(g, fleet, "burst", (0,))
+        warm = next(iter(fleet.urls))
+        fault(fleet, warm, "slow", delay_s=1.0)
+
+        async def one(client: httpx.AsyncClient, n: int) -> str:
+            body = {"model": "m", "stream": True, "max_tokens": 4,
+                    "messages": [SYSTEM, {"role": "user", "content": f"question {n}"}]}
+            async with client.stream("POST", g.url + "/v1/chat/completions", json=body) as r:
+                assert r.status_code == 200
+                [line async for line in r.aiter_lines()]
+                return str(r.headers["x-cacheroute-destination"])
+
+        async def burst() -> list[str]:
+            async with httpx.AsyncClient(timeout=20) as client:
+                return list(await asyncio.gather(*(one(client, n) for n in range(12))))
+
+        served = Counter(asyncio.run(burst()))
+        if queue_aware:
+            assert 1 <= served[warm] < 12, served
+            assert core.counters()["queue_spilled"] == 12 - served[warm]
+        else:
+            assert served == {warm: 12}
+            assert core.counters()["queue_spilled"] == 0
+        assert eventually(lambda: sum(core.inflight) == 0, 5.0)
+        assert core.owed == [0.0] * len(core.owed) and sum(core.awaiting) == 0
+    finally:
+        fault(fleet, next(iter(fleet.urls)), "up")
+        g.stop()
+
+
 def test_a_slow_backend_is_not_sent_the_request_twice(gw: GatewayThread,
                                                      fleet: EngineFleet) -> None:
     before = {i: last_request(fleet, i).get("received", 0) for i in fleet.urls}
