@@ -311,19 +311,16 @@ class CacheRoutePolicy:
             self._add_tokens(key, prompt, prefix)
         core = self.core
         sessions = self._sessions
-        if core.queue_aware:
-            size, cacheable = self._shape.pop(i, (prompt, prefix))
-            slot = core.route_index(self.keys[key],
-                                    str(sessions[i]) if sessions is not None else None,
-                                    now if self.settings.idle_rehome_s is not None else None,
-                                    size, cacheable)
-            self._owed[i] = core.last_owed
-            core.started(slot, core.last_owed)
-        else:
-            slot = core.route_index(self.keys[key],
-                                    str(sessions[i]) if sessions is not None else None,
-                                    now if self.settings.idle_rehome_s is not None else None)
-            core.started(slot)
+        queue_aware = core.queue_aware
+        size, cacheable = self._shape.pop(i, (prompt, prefix)) if queue_aware else (0, 0)
+        slot = core.route_index(self.keys[key],
+                                str(sessions[i]) if sessions is not None else None,
+                                now if self.settings.idle_rehome_s is not None else None,
+                                size, cacheable)
+        owed = core.last_owed if queue_aware else 0.0
+        if owed:
+            self._owed[i] = owed
+        core.started(slot, owed)
         if self._last_at is not None:
             self._last_at[key] = slot
         if self.loop is not None:
