@@ -371,6 +371,12 @@ PREFILL_STEP_TOKENS = 200
 # 2.0 7.33; off 7.17.
 QUEUE_SPILL_MARGIN = 1.3
 
+
+def cold_owed(uncached_tokens: int) -> float:
+    """The prefill work a request owes where `uncached_tokens` of its prompt are not cached:
+    those tokens and one step (`queue_aware`'s books)."""
+    return float(max(0, uncached_tokens) + PREFILL_STEP_TOKENS)
+
 # The gateway's idle re-homing window, where the learned one starts: a guess at how long an
 # idle prefix survives in a busy engine's cache, corrected from the cache outcomes of the
 # keys the router sends home (`learn_idle_rehome`). From 300 s the wide-active-set replay
@@ -711,19 +717,17 @@ class RouterCore:
         `QUEUE_SPILL_MARGIN`): owed work there plus the prompt against owed work here plus
         what is not cached here, per unit of capacity. This is the rule of the simulator's
         clairvoyant reference (planner_svc.simulator.clairvoyant: the engines' true caches
-        and queues), with
-        what one router knows: its own requests awaiting a first token, and the prompt's
-        cached share taken where its affinity points. A request moved off keeps its key's
-        home (a burst passes; the plan's slot keeps the prefix); its conversation follows
-        it (the newest history is cached there)."""
+        and queues), with what one router knows: its own requests awaiting a first token,
+        and the prompt's cached share taken where its affinity points. A request moved off
+        keeps its key's home (a burst passes; the plan's slot keeps the prefix); its
+        conversation follows it (the newest history is cached there)."""
         a = self._active
-        step = PREFILL_STEP_TOKENS
         prompt = max(0, prompt_tokens)
-        cold = prompt + step
+        cold = cold_owed(prompt)
         if a.fallback or prompt == 0 or slot >= len(a.usable) or not a.usable[slot]:
             self.last_owed = cold
             return slot
-        warm = prompt - min(max(0, cacheable_tokens), prompt) + step
+        warm = cold_owed(prompt - min(max(0, cacheable_tokens), prompt))
         owed, inv = self.owed, a.inv_weight
         best, best_cost = slot, (owed[slot] + warm) * inv[slot]
         usable = a.usable

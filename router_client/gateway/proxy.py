@@ -38,7 +38,7 @@ from router_client.gateway.upstream import Passthrough, UpstreamFailure, Upstrea
 from router_client.health import Outcome
 from router_client.keys import derive_key, prompt_chars
 from router_client.pools import PoolRoutes
-from router_client.routing import PREFILL_STEP_TOKENS, RouterCore
+from router_client.routing import RouterCore, cold_owed
 from router_client.usage import from_openai_usage
 
 log = logging.getLogger("cacheroute.gateway")
@@ -231,7 +231,7 @@ class Proxy:
         if moved is not None and affinity is not None:
             core.remember(affinity, moved)  # its history will be there
         # A retry or an overflow lands where its prompt is not known to be cached.
-        call.owed = (call.prompt_tokens + PREFILL_STEP_TOKENS) if core.queue_aware else 0.0
+        call.owed = cold_owed(call.prompt_tokens) if core.queue_aware else 0.0
         return moved
 
     # --- outcomes -------------------------------------------------------------------------
