@@ -70,15 +70,18 @@ ROUTERS = [
     # Only when named: the gateway without the planned-key spill (its rule before
     # 2026-12-05: a planned key over its bound re-homes), for an A/B of the spill.
     RouterSpec("cacheroute no-spill", "cacheroute", extra=("--spill-planned", "off")),
-    # Only when named: the gateway weighing queues against recomputes (--queue-aware).
+    # Only when named: the gateway weighing queues against recomputes (--queue-aware), its
+    # default since 2026-12-06 (so the same as "cacheroute" now; kept for the commands that
+    # measured it opt-in), and the gateway without it, for an A/B of that default.
     RouterSpec("cacheroute queue-aware", "cacheroute", extra=("--queue-aware", "on")),
+    RouterSpec("cacheroute no-queue-aware", "cacheroute", extra=("--queue-aware", "off")),
     # Only when named: the SGLang gateway's power of two choices, the real router the
     # simulator's Flat-LB is checked against (bench/sim_vs_arena.py); no user picks it over
     # cache_aware for LLM traffic, so the comparison does not rank it.
     RouterSpec("sglang power_of_two", "sglang", "power_of_two"),
 ]
 OPT_IN = ("cacheroute no-rehome", "cacheroute no-spill", "cacheroute queue-aware",
-          "sglang power_of_two")
+          "cacheroute no-queue-aware", "sglang power_of_two")
 # The cache_aware policies' tuning flags (the same names in both peers; their defaults:
 # cache threshold 0.3, balance when max load - min load > 64 and max > 1.5 x min). With four
 # engines and tens of requests in flight, 64 never triggers: the grid lowers it, as a user

@@ -80,14 +80,15 @@ ROUTING_FLAGS: Flags = {
                       "with --idle-rehome-s: a planned key back within the window to its "
                       "plan's destination, now over its bound, sends this request elsewhere "
                       "and keeps its home there ('off': it re-homes where the request went)"),
-    "queue-aware": (boolean, False,
+    "queue-aware": (boolean, True,
                     "weigh each request's queue at the destination its plan, home or "
                     "conversation picks against a recompute elsewhere: the prefill work this "
                     "router's requests awaiting a first token owe each destination (prompt "
                     "sizes from the bodies, the history's share taken as cached where the "
                     "conversation went), and the request goes to the least-owed one when "
                     "that would finish prefilling it clearly sooner (its conversation follows, "
-                    "its key keeps its home)"),
+                    "its key keeps its home; 'off': the plan, home and conversation alone "
+                    "decide, the rule before 2026-12-06)"),
     "tail-slack": (float, DEFAULT_TAIL_SLACK, "a cold-tail key stays on its hash owner (where "
                    "its prefix is cached) until that owner's load is more than (1 + this) x "
                    "the mean"),

@@ -613,7 +613,7 @@ def gateway_like(q_cap: float, warm_slots_per_destination: int, *,
                  replica_hysteresis: float = 0.0,
                  warm_placement: bool = PlannerSettings.warm_placement,
                  imbalance_tolerance: float = PlannerSettings.imbalance_tolerance,
-                 queue_aware: bool = False) -> PolicyFactory:
+                 queue_aware: bool = True) -> PolicyFactory:
     """CacheRoute as `cacheroute gateway` and the planner run it by default: conversations
     kept on their member and with their history, the cold tail consistent-hashed, idle keys
     re-homed (the window learned from `idle_rehome_s`; None = off, the gateway before
@@ -626,7 +626,8 @@ def gateway_like(q_cap: float, warm_slots_per_destination: int, *,
     ring owner that had warmed it, a cold first turn apiece the live gateway never paid);
     None: on the cumulative mean rates, planned at the first control step. Warm placement
     and the imbalance tolerance default to the planner's (PlannerSettings): before
-    2026-12-06, off and 0.03, which is what arena rows from before then ran with."""
+    2026-12-06, off and 0.03, which is what arena rows from before then ran with; so does
+    `queue_aware` to the gateway's (--queue-aware, off before 2026-12-06 midday)."""
     return cacheroute(CacheRouteSettings(
         q_cap=q_cap, warm_slots_per_destination=warm_slots_per_destination,
         session_affinity=True, cold_tail="hash", control_loop=True,

@@ -129,6 +129,9 @@ def test_the_gateway_flag_reaches_the_core_and_refuses_a_negative_window():
     # On by default, learned from DEFAULT_IDLE_REHOME_S; without Redis no other router can
     # share the plan, so it runs from the start.
     assert default.core.idle_rehome_s == DEFAULT_IDLE_REHOME_S
+    # queue-aware routing too (since 2026-12-06); 'off' restores the rule before it
+    assert default.core.queue_aware and not build_client(parser.parse_args(
+        ["--destinations", "a,b", "--queue-aware", "off"]), "r", "gateway").core.queue_aware
     assert default.core.rehome_window is not None and not default.core.rehome_paused
     # Other routers on the plan pause it, unless a front keeps each key on one router.
     default._note_peers(2)

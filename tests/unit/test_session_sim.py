@@ -202,11 +202,12 @@ def test_the_simulated_gateway_routes_with_the_gateways_defaults() -> None:
     core = gateway_like(3.0, 12)(PolicyContext(4, keys, MODEL, seed=1)).core
     default = {flag: ROUTING_FLAGS[flag][1] for flag in
                ("cold-tail", "tail-slack", "history-slack", "balance", "idle-rehome-s",
-                "idle-rehome-learn")}
+                "idle-rehome-learn", "queue-aware")}
     assert (core.cold_tail, core.tail_slack, core.history_slack, core.balance) == (
         default["cold-tail"], default["tail-slack"], default["history-slack"], default["balance"])
     assert core.idle_rehome_s == default["idle-rehome-s"] > 0
     assert (core.rehome_window is not None) == default["idle-rehome-learn"]
+    assert core.queue_aware is default["queue-aware"] is True  # on since 2026-12-06
 
 
 
