@@ -69,11 +69,11 @@ def policies(time_scale: float, *, tail_slack: float = DEFAULT_TAIL_SLACK,
              power_of_two: str = "random",
              idle_rehome_s: float | None = DEFAULT_IDLE_REHOME_S,
              warm_placement: bool = PlannerSettings.warm_placement,
-             imbalance_tolerance: float = PlannerSettings.imbalance_tolerance
-             ) -> dict[str, PolicyFactory]:
+             imbalance_tolerance: float = PlannerSettings.imbalance_tolerance,
+             queue_aware: bool = True) -> dict[str, PolicyFactory]:
     """Arena router name -> its simulated counterpart (q_cap and W as the arena sets them;
-    the gateway's cold-tail bound, balance and idle re-homing, and the planner's warm
-    placement and imbalance tolerance, as the arena rows ran with them)."""
+    the gateway's cold-tail bound, balance, idle re-homing and queue-aware routing, and the
+    planner's warm placement and imbalance tolerance, as the arena rows ran with them)."""
     return {
         # the arena's planner: rates of a 6-s stream window (longer on slowed engines, as
         # bench/arena.py sets it), replanned every 4 s (session_sim.arena_run)
@@ -81,6 +81,7 @@ def policies(time_scale: float, *, tail_slack: float = DEFAULT_TAIL_SLACK,
                                    balance=balance, idle_rehome_s=idle_rehome_s,
                                    warm_placement=warm_placement,
                                    imbalance_tolerance=imbalance_tolerance,
+                                   queue_aware=queue_aware,
                                    rate_window_s=(6.0 * max(1.0, time_scale)
                                                   if rate_window else None)),
         "sglang cache_aware": sglang_cache_aware(),
@@ -139,7 +140,8 @@ def simulate(row: dict[str, str], args: argparse.Namespace
                        power_of_two=args.power_of_two,
                        idle_rehome_s=args.idle_rehome_s or None,
                        warm_placement=args.warm_placement == "on",
-                       imbalance_tolerance=args.imbalance_tolerance)[row["router"]]
+                       imbalance_tolerance=args.imbalance_tolerance,
+                       queue_aware=args.queue_aware == "on")[row["router"]]
     hits, p99s = [], []
     for draw in range(1, args.policy_seeds + 1):
         r = arena_run(row["scenario"], int(row.get("seed") or 1), factory,
@@ -182,6 +184,9 @@ def main() -> int:
                     default=PlannerSettings.imbalance_tolerance,
                     help="the planner's imbalance tolerance as the rows ran with it (0.03 for "
                     "rows from before 2026-12-06)")
+    ap.add_argument("--queue-aware", choices=("on", "off"), default="on",
+                    help="the gateways' --queue-aware as the rows ran with it (off for rows "
+                    "from before 2026-12-06 midday, when it became the default)")
     ap.add_argument("--cumulative-rates", action="store_true",
                     help="the simulated planner plans on cumulative mean rates (before "
                          "2026-12-05) instead of the stream window's, as the planner does")
