@@ -46,6 +46,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from planner_svc.cli.edge_args import ROUTING_FLAGS  # noqa: E402
 from planner_svc.settings import PlannerSettings  # noqa: E402
 from planner_svc.simulator.cacheroute_policy import gateway_like  # noqa: E402
 from planner_svc.simulator.policies import (  # noqa: E402
@@ -60,6 +61,8 @@ from planner_svc.simulator.sessions import SCENARIOS  # noqa: E402
 from router_client.ring import DEFAULT_TAIL_SLACK  # noqa: E402
 from router_client.routing import DEFAULT_IDLE_REHOME_S  # noqa: E402
 
+# The gateway's default, as the warm placement's is the planner's (PlannerSettings).
+GATEWAY_QUEUE_AWARE = bool(ROUTING_FLAGS["queue-aware"][1])
 HIT_TOLERANCE_PP = 3.0
 P99_TOLERANCE = 0.20
 
@@ -70,7 +73,7 @@ def policies(time_scale: float, *, tail_slack: float = DEFAULT_TAIL_SLACK,
              idle_rehome_s: float | None = DEFAULT_IDLE_REHOME_S,
              warm_placement: bool = PlannerSettings.warm_placement,
              imbalance_tolerance: float = PlannerSettings.imbalance_tolerance,
-             queue_aware: bool = True) -> dict[str, PolicyFactory]:
+             queue_aware: bool = GATEWAY_QUEUE_AWARE) -> dict[str, PolicyFactory]:
     """Arena router name -> its simulated counterpart (q_cap and W as the arena sets them;
     the gateway's cold-tail bound, balance, idle re-homing and queue-aware routing, and the
     planner's warm placement and imbalance tolerance, as the arena rows ran with them)."""
@@ -184,7 +187,8 @@ def main() -> int:
                     default=PlannerSettings.imbalance_tolerance,
                     help="the planner's imbalance tolerance as the rows ran with it (0.03 for "
                     "rows from before 2026-12-06)")
-    ap.add_argument("--queue-aware", choices=("on", "off"), default="on",
+    ap.add_argument("--queue-aware", choices=("on", "off"),
+                    default="on" if GATEWAY_QUEUE_AWARE else "off",
                     help="the gateways' --queue-aware as the rows ran with it (off for rows "
                     "from before 2026-12-06 midday, when it became the default)")
     ap.add_argument("--cumulative-rates", action="store_true",
