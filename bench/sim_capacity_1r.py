@@ -1,6 +1,8 @@
 """One-replica SLO capacity on the arena's fleet, in the simulator: CacheRoute as the gateway
-and planner run it (optionally with planning options changed) against the SGLang-like
-baseline, over more seeds and a longer measured stretch than the live arena can afford.
+and planner run it (with the settings before 2026-12-06 unless told: `--warm-placement 1
+--imbalance-tolerance 0.3 --queue-aware 1` are today's defaults, kept opt-in here so the
+documented commands keep their figures) against the SGLang-like baseline, over more seeds
+and a longer measured stretch than the live arena can afford.
 
 The live arena measures 40 s per load point on four engines slowed 4x, where one point's TTFT
 p99 rests on a handful of requests; the simulator tracks its hit rate within 1 pp
