@@ -5,7 +5,7 @@
         --bootstrap kafka:9092 --port 8000
 
 Follows the planner's plan from Redis (verified with the pinned key); without
-`--redis-url` it routes by power-of-two-choices over `--destinations` alone. With
+`--redis-url` it routes every key by the hashed cold tail over `--destinations` alone. With
 `--bootstrap` it emits request, usage and error events to Kafka for the stream. Every
 flag can also be given as `CACHEROUTE_GATEWAY_<FLAG>` (upper case, `-` as `_`).
 Destination addresses come from `--destinations` first, else from the plan.
