@@ -568,6 +568,9 @@ def main() -> int:
     ap.add_argument("--capacity-replicas", default="1",
                     help="router replica counts of the capacity sweep, e.g. 1,4 (each against "
                     "the best peer at that count)")
+    ap.add_argument("--capacity-scenarios", default=",".join(CAPACITY_SCENARIOS),
+                    help="which of --scenarios the capacity sweep runs on (by default those "
+                    "the arena issue sets a capacity target for)")
     ap.add_argument("--capacity-peers", default="",
                     help="peers the capacity sweep runs beside CacheRoute (comma list; '': "
                     "the best peer by hit rate at that replica count, or the first named); "
@@ -684,7 +687,9 @@ def main() -> int:
         replicas_for_capacity = [int(x) for x in args.capacity_replicas.split(",") if x]
         named = [p for p in args.capacity_peers.split(",") if p]
         if not quick and scales:
-            for name in CAPACITY_SCENARIOS:
+            for name in [x for x in args.capacity_scenarios.split(",") if x]:
+                if name not in SCENARIOS:
+                    raise SystemExit(f"--capacity-scenarios: unknown scenario {name!r}")
                 found = [s for s in scenarios if s.name == name]
                 if not found:
                     continue
