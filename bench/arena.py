@@ -599,6 +599,17 @@ def main() -> int:
                     "the defaults ('' or a missing file: defaults only)")
     ap.add_argument("--out", default=str(OUT))
     args = ap.parse_args()
+    # checked before any run: a typo found after an hour of runs would lose them all
+    capacity_scenarios = list(dict.fromkeys(
+        x.strip() for x in args.capacity_scenarios.split(",") if x.strip()))
+    unknown = [x for x in capacity_scenarios if x not in SCENARIOS]
+    if unknown:
+        ap.error(f"--capacity-scenarios: unknown scenario(s) {', '.join(unknown)} "
+                 f"(known: {', '.join(SCENARIOS)})")
+    skipped = [x for x in capacity_scenarios if x not in args.scenarios.split(",")]
+    if skipped and args.capacity_scales and not args.quick:
+        print(f"note: no capacity sweep on {', '.join(skipped)}: not in --scenarios",
+              file=sys.stderr)
     quick = args.quick
     llama = args.engine_kind == "llama"
     # Slowed engines (time scale > 1) take proportionally less load, so a stream window of
@@ -687,9 +698,7 @@ def main() -> int:
         replicas_for_capacity = [int(x) for x in args.capacity_replicas.split(",") if x]
         named = [p for p in args.capacity_peers.split(",") if p]
         if not quick and scales:
-            for name in [x for x in args.capacity_scenarios.split(",") if x]:
-                if name not in SCENARIOS:
-                    raise SystemExit(f"--capacity-scenarios: unknown scenario {name!r}")
+            for name in capacity_scenarios:
                 found = [s for s in scenarios if s.name == name]
                 if not found:
                     continue
