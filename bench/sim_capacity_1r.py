@@ -32,11 +32,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-
-from sim_vs_arena import policies  # type: ignore[import-not-found]  # noqa: E402
 
 from planner_svc.planning.config import PAPER_IMBALANCE_TOLERANCE  # noqa: E402
+from planner_svc.simulator.arena_check import policies  # noqa: E402
 from planner_svc.simulator.cacheroute_policy import PolicyFactory, gateway_like  # noqa: E402
 from planner_svc.simulator.clairvoyant import clairvoyant  # noqa: E402
 from planner_svc.simulator.session_sim import arena_run  # noqa: E402
@@ -46,7 +44,7 @@ TIME_SCALE, WARMUP_S, SLO_S = 4.0, 72.0, 2.0
 
 def _router(name: str) -> PolicyFactory:
     if name == "sglang-like":
-        return policies(TIME_SCALE)["sglang cache_aware"]  # type: ignore[no-any-return]
+        return policies(TIME_SCALE)["sglang cache_aware"]
     if name == "clairvoyant":
         return clairvoyant
     options = dict(part.split("=", 1) for part in name.split()[1:])

@@ -370,6 +370,9 @@ PREFILL_STEP_TOKENS = 200
 # --queue-aware): margin 1.0 6.67x the base rate, 1.1 7.25, 1.25 and 1.35 7.75, 1.5 7.42,
 # 2.0 7.33; off 7.17.
 QUEUE_SPILL_MARGIN = 1.3
+# The gateway's default for `queue_aware` (`--queue-aware`; on since 2026-12-06, docs/arena.md):
+# the simulator's policies run as the gateway take it from here.
+DEFAULT_QUEUE_AWARE = True
 
 
 def cold_owed(uncached_tokens: int) -> float:
@@ -421,10 +424,11 @@ class RouterCore:
         # Off: a planned key over its bound re-homes like any other (the rule before the
         # spill), kept as a switch to compare the two live (`--spill-planned`).
         self.spill_planned = True
-        # `queue_aware` (off by default): the prefill work owed per slot by this router's
-        # requests awaiting a first token, in tokens (`started(slot, owed)`), and a request
-        # moved off the slot its affinity chose when waiting there would cost more than
-        # recomputing its prompt on the least-owed slot (`_worth_the_queue`).
+        # `queue_aware` (off in the core; on in the gateway, DEFAULT_QUEUE_AWARE): the
+        # prefill work owed per slot by this router's requests awaiting a first token, in
+        # tokens (`started(slot, owed)`), and a request moved off the slot its affinity
+        # chose when waiting there would cost more than recomputing its prompt on the
+        # least-owed slot (`_worth_the_queue`).
         self.queue_aware = False
         self.owed: list[float] = []
         self.last_owed = 0.0  # what the last decision's request owes where it went

@@ -16,7 +16,12 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from router_client.ring import DEFAULT_TAIL_SLACK
-from router_client.routing import BALANCES, DEFAULT_HISTORY_SLACK, DEFAULT_IDLE_REHOME_S
+from router_client.routing import (
+    BALANCES,
+    DEFAULT_HISTORY_SLACK,
+    DEFAULT_IDLE_REHOME_S,
+    DEFAULT_QUEUE_AWARE,
+)
 
 log = logging.getLogger("cacheroute.edge")
 
@@ -80,7 +85,7 @@ ROUTING_FLAGS: Flags = {
                       "with --idle-rehome-s: a planned key back within the window to its "
                       "plan's destination, now over its bound, sends this request elsewhere "
                       "and keeps its home there ('off': it re-homes where the request went)"),
-    "queue-aware": (boolean, True,
+    "queue-aware": (boolean, DEFAULT_QUEUE_AWARE,
                     "weigh each request's queue at the destination its plan, home or "
                     "conversation picks against a recompute elsewhere: the prefill work this "
                     "router's requests awaiting a first token owe each destination (prompt "

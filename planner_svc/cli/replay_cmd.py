@@ -7,15 +7,27 @@ The lead wires these into the console script with `add_commands(subparsers)`; ea
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 
 from planner_svc.cli.console import command
 from planner_svc.planning.config import PAPER_IMBALANCE_TOLERANCE
+from planner_svc.settings import PlannerSettings
+from planner_svc.simulator.arena_check import (
+    POWER_OF_TWO_MODELS,
+    GatewaySettings,
+    arena_rows,
+    check_row,
+    summary,
+    table_lines,
+    transport_s,
+)
 from planner_svc.simulator.arrivals import ArrivalSpec
 from planner_svc.simulator.diagnose import diagnose
 from planner_svc.simulator.experiment import (
@@ -40,7 +52,14 @@ from planner_svc.simulator.trace import (
 )
 from planner_svc.simulator.workload import SCENARIOS, WHALE_SHARE, WHALES, Workload
 from router_client.ring import DEFAULT_TAIL_SLACK
-from router_client.routing import BALANCES, DEFAULT_HISTORY_SLACK
+from router_client.routing import (
+    BALANCES,
+    DEFAULT_HISTORY_SLACK,
+    DEFAULT_IDLE_REHOME_S,
+    DEFAULT_QUEUE_AWARE,
+)
+
+_T = TypeVar("_T")
 
 
 def add_commands(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -86,9 +105,21 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:  # type: ignor
     rp.add_argument("--tail-slack", type=float, default=DEFAULT_TAIL_SLACK,
                     help="policies with the hashed cold tail (cacheroute-gateway, -rehome, "
                          "-tail, -hashed): the gateway's --tail-slack")
-    rp.add_argument("--imbalance-tolerance", type=float, default=PAPER_IMBALANCE_TOLERANCE,
+    rp.add_argument("--imbalance-tolerance", type=float, default=None,
                     help="CacheRoute's planner: how far above a fresh LPT's imbalance a plan "
-                         "may stay (the planner's --imbalance-tolerance)")
+                         "may stay (the planner's --imbalance-tolerance; default: the "
+                         f"planner's, {PlannerSettings.imbalance_tolerance:g}, for the "
+                         "policies run as the gateway, the paper's "
+                         f"{PAPER_IMBALANCE_TOLERANCE:g} for the others)")
+    rp.add_argument("--warm-placement", choices=("on", "off"), default=None,
+                    help="CacheRoute's planner places keys entering the plan where they were "
+                         "last served (the planner's warm_placement; default: as shipped, on, "
+                         "for the policies run as the gateway, off for the others; the "
+                         "figures in docs/replay.md from before 2026-12-06 ran it off)")
+    rp.add_argument("--queue-aware", choices=("on", "off"), default=None,
+                    help="the gateway's --queue-aware (default: as shipped, on, for the "
+                         "policies run as the gateway, off for the others; the figures in "
+                         "docs/replay.md from before 2026-12-06 ran it off)")
     rp.add_argument("--balance", choices=BALANCES, default="first-token",
                     help="policies run as the gateway (cacheroute-gateway, -rehome): the "
                          "gateway's --balance where no plan decides")
@@ -118,6 +149,22 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:  # type: ignor
         default=None,
         help="write the workload of the first load and seed as a CSV trace and stop",
     )
+    arena = rp.add_argument_group(
+        "the arena's runs", "--arena-csv replays bench/arena.py's one-replica runs instead of "
+        "a scenario: each run's conversations, load, seed and time scale through the "
+        "simulator's engine model and routers, its hit rate and TTFT p99 set beside what the "
+        "arena measured (within 3 pp and 20 %%: planner_svc.simulator.arena_check); the "
+        "gateway and planner flags above say what the runs ran with (default: as shipped)")
+    arena.add_argument("--arena-csv", nargs="+", type=Path, default=None, metavar="CSV",
+                       help="arena result CSVs (a later file's run replaces an earlier one's)")
+    arena.add_argument("--transport", type=Path, default=None, metavar="JSON",
+                       help="bench/gateway.py's summary: add each router's measured request "
+                            "path to the simulated TTFT")
+    arena.add_argument("--policy-seeds", type=int, default=1,
+                       help="simulated draws of each router's own randomness per run")
+    arena.add_argument("--power-of-two", choices=POWER_OF_TWO_MODELS, default="random",
+                       help="the SGLang gateway's power_of_two as measured (uniform random), "
+                            "as its source states it (polled), or Flat-LB")
     rp.set_defaults(func=cmd_replay)
 
     dg = command(subparsers, "diagnose", help="predict whether affinity wins on a trace")
@@ -263,6 +310,8 @@ def config_from_args(args: argparse.Namespace) -> ReplayConfig:
             history_slack=args.history_slack,
             tail_slack=args.tail_slack,
             imbalance_tolerance=args.imbalance_tolerance,
+            warm_placement=_switch(args.warm_placement),
+            queue_aware=_switch(args.queue_aware),
             idle_rehome_s=args.idle_rehome_s,
             rehome_with_peers=args.idle_rehome_with_peers,
             balance=args.balance,
@@ -273,7 +322,14 @@ def config_from_args(args: argparse.Namespace) -> ReplayConfig:
     return cfg
 
 
+def _switch(value: str | None) -> bool | None:
+    """An on/off flag left unset (None: the policy's own default)."""
+    return None if value is None else value == "on"
+
+
 def cmd_replay(args: argparse.Namespace) -> int:
+    if args.arena_csv:
+        return _arena_check(args)
     try:
         cfg = config_from_args(args)
     except (TraceError, OSError) as exc:
@@ -304,6 +360,59 @@ def cmd_replay(args: argparse.Namespace) -> int:
     )
     print(text)
     return 0
+
+
+def _arena_check(args: argparse.Namespace) -> int:
+    """`--arena-csv`: the arena's one-replica runs replayed, set beside what they measured."""
+    if args.policy_seeds < 1:
+        print("replay: --policy-seeds must be >= 1", file=sys.stderr)
+        return 2
+    try:
+        rows: list[dict[str, str]] = []
+        for path in args.arena_csv:
+            with path.open(newline="") as f:
+                rows.extend(csv.DictReader(f))
+        transport = (transport_s(json.loads(args.transport.read_text()))
+                     if args.transport else {})
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        print(f"replay: cannot read the arena's results: {exc!r}", file=sys.stderr)
+        return 2
+    try:
+        runs = arena_rows(rows)
+    except ValueError as exc:
+        print(f"replay: {exc}", file=sys.stderr)
+        return 2
+    if not runs:
+        print("replay: no one-replica run of a known scenario and router on emulated engines "
+              f"in {', '.join(map(str, args.arena_csv))}", file=sys.stderr)
+        return 2
+    gw = GatewaySettings(
+        tail_slack=args.tail_slack, balance=args.balance,
+        idle_rehome_s=(DEFAULT_IDLE_REHOME_S if args.idle_rehome_s is None
+                       else args.idle_rehome_s or None),
+        warm_placement=_either(_switch(args.warm_placement), PlannerSettings.warm_placement),
+        imbalance_tolerance=_either(args.imbalance_tolerance,
+                                    PlannerSettings.imbalance_tolerance),
+        queue_aware=_either(_switch(args.queue_aware), DEFAULT_QUEUE_AWARE),
+        power_of_two=args.power_of_two)
+    try:
+        checks = [check_row(run, gw, policy_seeds=args.policy_seeds, transport=transport)
+                  for run in runs]
+    except (KeyError, ValueError) as exc:
+        print(f"replay: an arena run lacks what the replay needs: {exc!r}", file=sys.stderr)
+        return 2
+    text = "\n".join(table_lines(checks, ranges=args.policy_seeds > 1))
+    result = {"routers": summary(checks), "rows": [c.as_json() for c in checks]}
+    stem = args.name or "sim-vs-arena"
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{stem}.txt").write_text(text + "\n")
+    (args.out / f"{stem}.json").write_text(json.dumps(result, indent=1) + "\n")
+    print(text)
+    return 0
+
+
+def _either(chosen: _T | None, default: _T) -> _T:
+    return default if chosen is None else chosen
 
 
 def _router_sweep(args: argparse.Namespace, cfg: ReplayConfig, stem: str) -> int:

@@ -48,6 +48,7 @@ from router_client.routing import (
     BALANCES,
     DEFAULT_HISTORY_SLACK,
     DEFAULT_IDLE_REHOME_S,
+    DEFAULT_QUEUE_AWARE,
     RouterCore,
     RoutingTable,
 )
@@ -613,7 +614,7 @@ def gateway_like(q_cap: float, warm_slots_per_destination: int, *,
                  replica_hysteresis: float = 0.0,
                  warm_placement: bool = PlannerSettings.warm_placement,
                  imbalance_tolerance: float = PlannerSettings.imbalance_tolerance,
-                 queue_aware: bool = True) -> PolicyFactory:
+                 queue_aware: bool = DEFAULT_QUEUE_AWARE) -> PolicyFactory:
     """CacheRoute as `cacheroute gateway` and the planner run it by default: conversations
     kept on their member and with their history, the cold tail consistent-hashed, idle keys
     re-homed (the window learned from `idle_rehome_s`; None = off, the gateway before

@@ -18,7 +18,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -37,7 +37,13 @@ from planner_svc.simulator.replica import Replica, ReplicaModel
 from planner_svc.simulator.simulator import ClusterSpec, simulate
 from planner_svc.simulator.workload import SCENARIOS, ScenarioSpec, Workload, whales
 from router_client.ring import DEFAULT_TAIL_SLACK
-from router_client.routing import DEFAULT_HISTORY_SLACK, DEFAULT_IDLE_REHOME_S
+from router_client.routing import (
+    DEFAULT_HISTORY_SLACK,
+    DEFAULT_IDLE_REHOME_S,
+    DEFAULT_QUEUE_AWARE,
+)
+
+_T = TypeVar("_T")
 
 # The simulator's calibration (70B fp8 on a TP2 H100 pair, scaled; see docs/replay.md).
 SIM_MODEL = ReplicaModel(
@@ -111,8 +117,18 @@ class ReplayConfig:
     history_slack: float = DEFAULT_HISTORY_SLACK
     # Policies with the hashed cold tail: the gateway's `--tail-slack`.
     tail_slack: float = DEFAULT_TAIL_SLACK
-    # CacheRoute's planner: PlanningConfig.imbalance_tolerance.
-    imbalance_tolerance: float = PAPER_IMBALANCE_TOLERANCE
+    # CacheRoute's planner: PlanningConfig.imbalance_tolerance. None: as shipped for the
+    # policies run as the gateway (`PlannerSettings`, 0.3 since 2026-12-06), the paper's
+    # 0.03 for the paper's policies.
+    imbalance_tolerance: float | None = None
+    # The planner's warm placement (keys entering the plan go where they were last served).
+    # None: as shipped for the policies run as the gateway (on since 2026-12-06), off for
+    # the paper's; the `-warm` policies always place warm.
+    warm_placement: bool | None = None
+    # The gateway's --queue-aware (RouterCore.queue_aware). None: as shipped for the
+    # policies run as the gateway (on since 2026-12-06), off for the others, which route as
+    # the paper's routers do.
+    queue_aware: bool | None = None
     # Policies run as the gateway (cacheroute-gateway, -rehome): the gateway's `--balance`
     # (the others keep the paper's P2C).
     balance: str = "first-token"
@@ -272,13 +288,25 @@ def policy_factory(name: str, cfg: ReplayConfig, w: Workload) -> PolicyFactory:
         # From there, the window the router measures (`--idle-rehome-learn`, the default).
         learn_idle_rehome=name.removesuffix("-warm") in ("cacheroute-gateway",
                                                          "cacheroute-rehome-learned"),
-        warm_placement=name in _WARM,
-        imbalance_tolerance=cfg.imbalance_tolerance,
+        warm_placement=name in _WARM or _shipped(cfg.warm_placement, as_gateway,
+                                                 PlannerSettings.warm_placement, False),
+        imbalance_tolerance=_shipped(cfg.imbalance_tolerance, as_gateway,
+                                     PlannerSettings.imbalance_tolerance,
+                                     PAPER_IMBALANCE_TOLERANCE),
+        queue_aware=_shipped(cfg.queue_aware, as_gateway, DEFAULT_QUEUE_AWARE, False),
         rehome_with_peers=cfg.rehome_with_peers,
         # `cacheroute-no-guard`: the paper's CacheRoute, planning whatever affinity can win.
         affinity_gain_min=None if name == "cacheroute-no-guard" else DEFAULT_AFFINITY_GAIN_MIN,
     )
     return cacheroute(settings)
+
+
+def _shipped(chosen: _T | None, as_gateway: bool, shipped: _T, paper: _T) -> _T:
+    """A setting of the planner or gateway as a policy runs it: the one chosen, otherwise
+    as shipped for the policies run as the gateway and the paper's for the others."""
+    if chosen is not None:
+        return chosen
+    return shipped if as_gateway else paper
 
 
 def _idle_rehome_s(name: str, cfg: ReplayConfig, w: Workload) -> float | None:
