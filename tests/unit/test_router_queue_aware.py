@@ -160,3 +160,17 @@ def test_prompt_chars_count_the_prompt_and_what_precedes_its_last_message() -> N
     assert prompt_chars({"messages": ["not a message", 3, None]}) == (0, 0)
     assert prompt_chars({"messages": [{"content": {"nested": 1}}]}) == (0, 0)
     assert prompt_chars({}) == (0, 0)
+
+
+def test_a_replicated_key_moves_only_among_its_replicas() -> None:
+    """The plan replicates "hot" on d0 and d1: its requests weigh each member's queue (the
+    less-owed member takes them) but never leave for d2 or d3, however idle; the plan sized
+    its members for its load and each holds its prefix. A one-member key still spills."""
+    core = _core()
+    sent = [_send(core, "hot", cacheable=0)[0] for _ in range(40)]
+    assert set(sent) == {0, 1}
+    assert abs(sent.count(0) - sent.count(1)) <= 1  # by owed work, as the rule weighs it
+    assert core.owed[2] == core.owed[3] == 0.0
+    assert core.counters()["queue_spilled"] == 0
+    single = [_send(core, "app")[0] for _ in range(12)]
+    assert {s for s in single} - {2}  # "app" (planned on d2 alone) left it once queued
