@@ -90,9 +90,10 @@ ROUTING_FLAGS: Flags = {
                     "conversation picks against a recompute elsewhere: the prefill work this "
                     "router's requests awaiting a first token owe each destination (prompt "
                     "sizes from the bodies, the history's share taken as cached where the "
-                    "conversation went), and the request goes to the least-owed one when "
-                    "that would finish prefilling it clearly sooner (its conversation follows, "
-                    "its key keeps its home; 'off': the plan, home and conversation alone "
+                    "conversation went), and the request goes to the least-owed one (of its "
+                    "key's replicas, for a key the plan replicates) when that would finish "
+                    "prefilling it clearly sooner (its conversation follows, its key keeps "
+                    "its home; 'off': the plan, home and conversation alone "
                     "decide, the rule before 2026-12-06)"),
     "tail-slack": (float, DEFAULT_TAIL_SLACK, "a cold-tail key stays on its hash owner (where "
                    "its prefix is cached) until that owner's load is more than (1 + this) x "

@@ -150,10 +150,10 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:  # type: ignor
         help="write the workload of the first load and seed as a CSV trace and stop",
     )
     arena = rp.add_argument_group(
-        "the arena's runs", "--arena-csv replays bench/arena.py's one-replica runs instead of "
+        "arena check", "--arena-csv replays bench/arena.py's one-replica runs instead of "
         "a scenario: each run's conversations, load, seed and time scale through the "
         "simulator's engine model and routers, its hit rate and TTFT p99 set beside what the "
-        "arena measured (within 3 pp and 20 %%: planner_svc.simulator.arena_check); the "
+        "arena measured (within 3 pp and 20 %: planner_svc.simulator.arena_check); the "
         "gateway and planner flags above say what the runs ran with (default: as shipped)")
     arena.add_argument("--arena-csv", nargs="+", type=Path, default=None, metavar="CSV",
                        help="arena result CSVs (a later file's run replaces an earlier one's)")
