@@ -629,8 +629,7 @@ def main() -> int:
                   rate_scale=args.rate_scale, slo_ttft_s=args.slo_ttft_s,
                   logs_dir=str(Path(args.out) / "logs"), client=args.client)
     def scaled(name: str) -> Scenario:  # the offered load on engines slowed by the time scale
-        return SCENARIOS[name].scaled(sessions_per_s=SCENARIOS[name].sessions_per_s
-                                      * args.rate_scale / setup.time_scale)
+        return SCENARIOS[name].offered(args.rate_scale, setup.time_scale)
 
     names = ["paper-like"] if quick else args.scenarios.split(",")
     scenarios = [scaled(n) for n in names]

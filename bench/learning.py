@@ -77,7 +77,7 @@ def sim_capacity(q_cap: float, w: int, seed: int, scenario: str = "paper-like",
     total = WARMUP_S + measure_s
     step = SCALES[1] - SCALES[0]
     for scale in SCALES:
-        sc = base.scaled(sessions_per_s=base.sessions_per_s * scale / TIME_SCALE)
+        sc = base.offered(scale, TIME_SCALE)
         pop = population(sc, seed)
         # planning on the rates of the live stack's stream window (below), as its planner does
         planner = gateway_like(q_cap, w, rate_window_s=RATE_WINDOW_S)
@@ -238,7 +238,7 @@ def live(start_factor: float, best_q: float, best_w: float, run_s: float, scale:
     poller.start()
     try:
         base = SCENARIOS[scenario_name]  # offered as the arena does on slowed engines
-        scenario = base.scaled(sessions_per_s=base.sessions_per_s / TIME_SCALE)
+        scenario = base.offered(1.0, TIME_SCALE)
         run_one(RouterSpec("cacheroute", "cacheroute"), 1, scenario, seed, setup, fleet, stacks,
                 work, scale, f"learning from x{start_factor:g}")
     finally:

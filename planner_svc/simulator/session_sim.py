@@ -179,7 +179,7 @@ def arena_run(scenario: str, seed: int, factory: PolicyFactory, *, rate_scale: f
     `policy_seed`: the router's own random draws (P2C's pairs, tie-breaks), apart from the
     conversations' `seed`."""
     base = SCENARIOS[scenario]
-    sc = base.scaled(sessions_per_s=base.sessions_per_s * rate_scale / time_scale)
+    sc = base.offered(rate_scale, time_scale)
     pop = population(sc, seed)
     total = warmup_s + measure_s
     return simulate_sessions(

@@ -16,6 +16,7 @@ Token counts are exact in the arena's text: a token is a 4-byte word
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass, field, replace
 
@@ -41,10 +42,22 @@ class Scenario:
     documents: int = 0  # a first turn carries one of these documents with probability doc_p
     document_tokens: tuple[int, int] = (1_500, 3_000)
     doc_p: float = 0.0
+    # Popularity drift: every `drift_every_s` each tenant's weight is multiplied by
+    # exp(N(0, drift_sigma)), a log-normal random walk (the replay's drifting scenario, per
+    # tenant); 0 = fixed popularity.
+    drift_every_s: float = 0.0
+    drift_sigma: float = 0.0
     notes: str = ""
 
     def scaled(self, **changes: float | int) -> Scenario:
         return replace(self, **changes)  # type: ignore[arg-type]
+
+    def offered(self, rate_scale: float, time_scale: float) -> Scenario:
+        """The scenario as offered to engines slowed by `time_scale` (the arena's and the
+        session simulator's): conversations start `rate_scale / time_scale` times as often
+        and popularity drifts on the slowed clock."""
+        return replace(self, sessions_per_s=self.sessions_per_s * rate_scale / time_scale,
+                       drift_every_s=self.drift_every_s * time_scale)
 
 
 SCENARIOS: dict[str, Scenario] = {
@@ -60,6 +73,12 @@ SCENARIOS: dict[str, Scenario] = {
     # A few tenants carry most traffic: they need replicas (k_b > 1) and balance.
     "whale": Scenario(name="whale", tenants=40, zipf_s=0.6, sessions_per_s=2.5, whales=3,
                       whale_share=0.18, notes="3 whale tenants with 18 % of conversations each"),
+    # Paper-like tenants whose popularity drifts: every 6 s (at time scale 1) each tenant's
+    # rate moves by a log-normal step (sigma 0.5), so the hot set changes within a run and a
+    # plan must follow it (the control loop) or go stale.
+    "drifting": Scenario(name="drifting", tenants=48, zipf_s=1.1, sessions_per_s=2.5,
+                         drift_every_s=6.0, drift_sigma=0.5,
+                         notes="paper-like, popularity drifting (log-normal, sigma 0.5 / 6 s)"),
     # Short prompts, single turns, unique content: little to reuse; affinity cannot win.
     "low-reuse": Scenario(name="low-reuse", tenants=200, zipf_s=0.2, sessions_per_s=6.0,
                           system_tokens=(50, 150), turns=(1, 1), user_tokens=(400, 1_200),
@@ -122,7 +141,13 @@ def sessions(pop: Population, duration_s: float) -> list[Session]:
     t = rng.expovariate(s.sessions_per_s)
     tenants = list(range(s.tenants))
     weights = pop.tenant_weights.tolist()
+    # The drift draws from its own stream, so a scenario without it keeps its sessions.
+    drift = random.Random(pop.seed * 104_729 + 3) if s.drift_every_s > 0 else None
+    next_drift = s.drift_every_s
     while t < duration_s:
+        while drift is not None and t >= next_drift:
+            weights = [w * math.exp(drift.gauss(0.0, s.drift_sigma)) for w in weights]
+            next_drift += s.drift_every_s
         tenant = rng.choices(tenants, weights)[0]
         n_turns = rng.randint(*s.turns)
         turns = []

@@ -261,3 +261,30 @@ def test_the_simulated_planner_plans_with_the_settings_imbalance_tolerance() -> 
     assert planning_config(4, loose).imbalance_tolerance == 0.3
     default = CacheRouteSettings(q_cap=3.0, warm_slots_per_destination=12)
     assert planning_config(4, default).imbalance_tolerance == 0.03
+
+
+def test_the_drifting_scenario_moves_its_hot_tenants_and_leaves_the_others_alone() -> None:
+    """`drifting` is paper-like whose tenant weights take a log-normal step every
+    `drift_every_s`: the hottest tenants of the first and last stretch differ, the same
+    seed gives the same conversations, and a scenario without drift keeps exactly the
+    conversations it had (the drift draws from its own stream)."""
+    drifting = SCENARIOS["drifting"].offered(4.0, 1.0)  # ~10 conversations a second
+    pop = population(drifting, 1)
+    plan = sessions(pop, 600.0)
+    assert plan == sessions(population(drifting, 1), 600.0)
+
+    def top(lo: float, hi: float) -> set[int]:
+        counts = np.bincount([s.tenant for s in plan if lo <= s.start_s < hi],
+                             minlength=drifting.tenants)
+        return set(np.argsort(counts)[-5:].tolist())
+
+    assert len(top(0, 120) & top(480, 600)) <= 3  # the hot set moved
+    still = drifting.scaled(drift_every_s=0.0)
+    unchanged = SCENARIOS["paper-like"].offered(4.0, 1.0)
+    assert [s.tenant for s in sessions(population(still, 1), 600.0)] == [
+        s.tenant for s in sessions(population(unchanged, 1), 600.0)]
+    fixed = sessions(population(still, 1), 600.0)
+    counts = [np.bincount([s.tenant for s in fixed if lo <= s.start_s < lo + 120],
+                          minlength=still.tenants) for lo in (0, 480)]
+    assert int(np.argmax(counts[0])) == int(np.argmax(counts[1])) == 0  # Zipf's head stays
+    assert SCENARIOS["drifting"].offered(1.0, 4.0).drift_every_s == 24.0  # on the slowed clock
