@@ -160,6 +160,9 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:  # type: ignor
     arena.add_argument("--transport", type=Path, default=None, metavar="JSON",
                        help="bench/gateway.py's summary: add each router's measured request "
                             "path to the simulated TTFT")
+    arena.add_argument("--path-from-rows", action="store_true",
+                       help="add each run's own request path instead: its client TTFT p50 "
+                            "over its engines' (rows without them take --transport's)")
     arena.add_argument("--policy-seeds", type=int, default=1,
                        help="simulated draws of each router's own randomness per run")
     arena.add_argument("--power-of-two", choices=POWER_OF_TWO_MODELS, default="random",
@@ -396,7 +399,8 @@ def _arena_check(args: argparse.Namespace) -> int:
         queue_aware=_either(_switch(args.queue_aware), DEFAULT_QUEUE_AWARE),
         power_of_two=args.power_of_two)
     try:
-        checks = [check_row(run, gw, policy_seeds=args.policy_seeds, transport=transport)
+        checks = [check_row(run, gw, policy_seeds=args.policy_seeds, transport=transport,
+                            path_from_rows=args.path_from_rows)
                   for run in runs]
     except (KeyError, ValueError) as exc:
         print(f"replay: an arena run lacks what the replay needs: {exc!r}", file=sys.stderr)

@@ -179,19 +179,34 @@ class RowCheck:
                                            <= self.sim_hit_range[1])}
 
 
+def path_from_row(row: Mapping[str, str]) -> float | None:
+    """The request path's cost in this run, from its own row: the client's TTFT p50 over
+    the engines' own TTFT p50 (the engines report each request's, bench/arena.py), the
+    router, the loopback and event-loop lateness together; None where the row lacks them."""
+    try:
+        return max(0.0, float(row["ttft_p50_s"]) - float(row["engine_ttft_p50_s"]))
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
 def check_row(row: Mapping[str, str], gw: GatewaySettings = GatewaySettings(),
               defaults: RunDefaults = RunDefaults(), *, policy_seeds: int = 1,
-              transport: Mapping[str, float] | None = None) -> RowCheck:
+              transport: Mapping[str, float] | None = None,
+              path_from_rows: bool = False) -> RowCheck:
     """Arena row `row` replayed under `policy_seeds` draws of the router's own randomness
     (P2C's pairs, tie-breaks; the conversations are the row's): the mean hit rate and the
     median TTFT p99 over the draws, and each one's range. A router that draws at random is
-    a random process: one arena run is one draw of it, and so is one simulated run."""
+    a random process: one arena run is one draw of it, and so is one simulated run. The
+    request path's cost is added to each simulated TTFT: `transport` (bench/gateway.py's,
+    per router) or, with `path_from_rows`, the row's own (`path_from_row`; `transport` where
+    the row lacks it)."""
     if policy_seeds < 1:
         raise ValueError("policy_seeds must be >= 1")
     ts = float(row.get("time_scale") or defaults.time_scale)
     warmup = float(row.get("warmup_s") or defaults.warmup_s)
     factory = policies(ts, gw)[row["router"]]
-    added = (transport or {}).get(row["router"], 0.0)
+    own = path_from_row(row) if path_from_rows else None
+    added = own if own is not None else (transport or {}).get(row["router"], 0.0)
     hits, p99s = [], []
     for draw in range(1, policy_seeds + 1):
         r = arena_run(row["scenario"], int(row.get("seed") or 1), factory,

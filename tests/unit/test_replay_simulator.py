@@ -694,6 +694,17 @@ def test_replay_checks_itself_against_the_arenas_runs(tmp_path: Path) -> None:
     assert rows == {("cacheroute", 1.0), ("sglang cache_aware", 1.0)}  # 1 replica, modelled
     assert all(r["hit_ok"] and r["p99_ok"] for r in result["rows"]), result["rows"]
     assert "cacheroute: 1 rows; hit within 3 pp on 1" in (out / "check.txt").read_text()
+    # Each run's own request path (client TTFT p50 over the engines') instead of the bench's:
+    # the SGLang gateway's is 6-12 ms here, not the 44 ms bench/gateway.py measured.
+    assert replay_main(["replay", "--arena-csv", str(csv_path), "--path-from-rows",
+                        "--out", str(out), "--name", "own-path"]) == 0
+    own = json.loads((out / "own-path.json").read_text())["rows"]
+    assert all(r["hit_ok"] and r["p99_ok"] for r in own), own
+    def sglang_ratio(rows: list[dict[str, object]]) -> float:
+        return float(next(r["p99_ratio"] for r in rows  # type: ignore[arg-type]
+                          if r["router"] == "sglang cache_aware"))
+
+    assert sglang_ratio(own) < sglang_ratio(result["rows"])  # less path added than 44 ms
 
     empty = tmp_path / "empty.csv"
     empty.write_text(header + "\n")
