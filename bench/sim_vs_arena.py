@@ -25,7 +25,6 @@ Last line: one JSON object.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import resource
 import sys
@@ -43,21 +42,13 @@ from planner_svc.simulator.arena_check import (  # noqa: E402
     RunDefaults,
     arena_rows,
     check_row,
+    load_arena_csvs,
     summary,
     table_lines,
     transport_s,
 )
 from router_client.ring import DEFAULT_TAIL_SLACK  # noqa: E402
 from router_client.routing import DEFAULT_IDLE_REHOME_S, DEFAULT_QUEUE_AWARE  # noqa: E402
-
-
-def read_rows(paths: list[Path]) -> list[dict[str, str]]:
-    """Every row of the CSVs, in order (later files win in `arena_rows`)."""
-    rows: list[dict[str, str]] = []
-    for path in paths:
-        with path.open() as f:
-            rows.extend(csv.DictReader(f))
-    return rows
 
 
 def main() -> int:
@@ -125,7 +116,7 @@ def main() -> int:
                            engines=args.engines)
     t0 = time.perf_counter()
     checks = [check_row(row, gw, defaults, policy_seeds=args.policy_seeds, transport=transport)
-              for row in arena_rows(read_rows(args.arena_csv))]
+              for row in arena_rows(load_arena_csvs(args.arena_csv))]
     print("\n".join(table_lines(checks, ranges=args.policy_seeds > 1)))
     out: dict[str, Any] = {
         "policy_seeds": args.policy_seeds, "routers": summary(checks),

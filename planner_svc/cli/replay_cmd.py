@@ -7,12 +7,10 @@ The lead wires these into the console script with `add_commands(subparsers)`; ea
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import TypeVar
 
 import numpy as np
 
@@ -24,6 +22,7 @@ from planner_svc.simulator.arena_check import (
     GatewaySettings,
     arena_rows,
     check_row,
+    load_arena_csvs,
     summary,
     table_lines,
     transport_s,
@@ -52,14 +51,7 @@ from planner_svc.simulator.trace import (
 )
 from planner_svc.simulator.workload import SCENARIOS, WHALE_SHARE, WHALES, Workload
 from router_client.ring import DEFAULT_TAIL_SLACK
-from router_client.routing import (
-    BALANCES,
-    DEFAULT_HISTORY_SLACK,
-    DEFAULT_IDLE_REHOME_S,
-    DEFAULT_QUEUE_AWARE,
-)
-
-_T = TypeVar("_T")
+from router_client.routing import BALANCES, DEFAULT_HISTORY_SLACK
 
 
 def add_commands(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -371,10 +363,7 @@ def _arena_check(args: argparse.Namespace) -> int:
         print("replay: --policy-seeds must be >= 1", file=sys.stderr)
         return 2
     try:
-        rows: list[dict[str, str]] = []
-        for path in args.arena_csv:
-            with path.open(newline="") as f:
-                rows.extend(csv.DictReader(f))
+        rows = load_arena_csvs(args.arena_csv)
         transport = (transport_s(json.loads(args.transport.read_text()))
                      if args.transport else {})
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
@@ -389,15 +378,16 @@ def _arena_check(args: argparse.Namespace) -> int:
         print("replay: no one-replica run of a known scenario and router on emulated engines "
               f"in {', '.join(map(str, args.arena_csv))}", file=sys.stderr)
         return 2
-    gw = GatewaySettings(
-        tail_slack=args.tail_slack, balance=args.balance,
-        idle_rehome_s=(DEFAULT_IDLE_REHOME_S if args.idle_rehome_s is None
-                       else args.idle_rehome_s or None),
-        warm_placement=_either(_switch(args.warm_placement), PlannerSettings.warm_placement),
-        imbalance_tolerance=_either(args.imbalance_tolerance,
-                                    PlannerSettings.imbalance_tolerance),
-        queue_aware=_either(_switch(args.queue_aware), DEFAULT_QUEUE_AWARE),
-        power_of_two=args.power_of_two)
+    # GatewaySettings' defaults are the gateway and planner as shipped; a flag given
+    # replaces its value.
+    gw = GatewaySettings(tail_slack=args.tail_slack, balance=args.balance,
+                         power_of_two=args.power_of_two)
+    if args.idle_rehome_s is not None:
+        gw = replace(gw, idle_rehome_s=args.idle_rehome_s or None)  # 0: off
+    chosen = {"warm_placement": _switch(args.warm_placement),
+              "imbalance_tolerance": args.imbalance_tolerance,
+              "queue_aware": _switch(args.queue_aware)}
+    gw = replace(gw, **{k: v for k, v in chosen.items() if v is not None})
     try:
         checks = [check_row(run, gw, policy_seeds=args.policy_seeds, transport=transport,
                             path_from_rows=args.path_from_rows)
@@ -413,10 +403,6 @@ def _arena_check(args: argparse.Namespace) -> int:
     (args.out / f"{stem}.json").write_text(json.dumps(result, indent=1) + "\n")
     print(text)
     return 0
-
-
-def _either(chosen: _T | None, default: _T) -> _T:
-    return default if chosen is None else chosen
 
 
 def _router_sweep(args: argparse.Namespace, cfg: ReplayConfig, stem: str) -> int:

@@ -2,9 +2,10 @@
 time with the same conversations and engine model (`session_sim.arena_run`), served hit
 rate and TTFT p99 compared within the arena issue's tolerances (3 pp, 20 %).
 
-Pure: rows are the arena CSV's rows as dicts, the request path's cost is bench/gateway.py's
-summary as loaded; reading files and printing are the shells' (`cacheroute replay
---arena-csv`, bench/sim_vs_arena.py). Arena routers and their simulated counterparts:
+Pure but for `load_arena_csvs`: rows are the arena CSV's rows as dicts, the request path's
+cost is bench/gateway.py's summary as loaded; printing and writing are the shells'
+(`cacheroute replay --arena-csv`, bench/sim_vs_arena.py). Arena routers and their simulated
+counterparts:
 - `cacheroute`: CacheRoute as the gateway and planner run it (`gateway_like`: sessions kept
   with their history, the hashed cold tail, idle keys re-homed, the production control loop
   and placement, queue-aware routing);
@@ -18,10 +19,12 @@ summary as loaded; reading files and printing are the shells' (`cacheroute repla
 
 from __future__ import annotations
 
+import csv
 import math
 import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from planner_svc.settings import PlannerSettings
@@ -92,6 +95,16 @@ def policies(time_scale: float, gw: GatewaySettings = GatewaySettings()
         "sglang power_of_two": {"random": uniform_random, "polled": sglang_power_of_two(),
                                 "flat": flat_lb}[gw.power_of_two],
     }
+
+
+def load_arena_csvs(paths: Iterable[Path]) -> list[dict[str, str]]:
+    """Every row of bench/arena.py's CSVs, in order (the shells' one read of them;
+    `arena_rows` keeps a later file's run over an earlier one's)."""
+    rows: list[dict[str, str]] = []
+    for path in paths:
+        with path.open(newline="") as f:
+            rows.extend(csv.DictReader(f))
+    return rows
 
 
 def arena_rows(rows: Iterable[Mapping[str, str]]) -> list[dict[str, str]]:
