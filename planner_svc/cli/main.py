@@ -14,7 +14,7 @@ import sys
 from typing import Any
 
 from planner_svc.cli import discover_cmd, epp_cmd, gateway_cmd, ops, replay_cmd
-from planner_svc.cli.console import HelpFormatter, command
+from planner_svc.cli.console import HelpFormatter, UsageError, command
 
 DESCRIPTION = """\
 CacheRoute plans which engine replica serves each routing key, so that prefix (KV) caches
@@ -28,8 +28,10 @@ CACHEROUTE_PLANNER and CACHEROUTE_TOKEN from the environment."""
 def _add_stack_commands(sub: Any) -> None:
     from planner_svc.cli import demo
 
-    up = command(sub, "up", help="start the local stack on loopback until Ctrl-C")
+    up = command(sub, "up", help="start the local stack on loopback until Ctrl-C; with "
+                 "--engines, a gateway in front of them too")
     demo.add_stack_arguments(up)
+    demo.add_up_arguments(up)
     up.set_defaults(func=demo.cmd_up)
     d = command(sub, "demo", help="the stack plus a synthetic fleet, CacheRoute vs Flat-LB")
     # The demo fleet's p99 is tens of ms: a 2-s target lets its report check q_cap.
@@ -90,11 +92,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        args = build_parser().parse_args(argv)  # --help writes to stdout too
+        args = build_parser().parse_args(argv)  # --help writes to stdout too; a bad flag exits 2
         logging.basicConfig(
             level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s"
         )
-        return int(args.func(args) or 0)
+        return _run(args)
     except BrokenPipeError:
         # `cacheroute plan show | head`: a closed stdout ends the command quietly, as for
         # any Unix tool. Not by restoring SIGPIPE's default action: the same entry point
@@ -105,6 +107,37 @@ def main(argv: list[str] | None = None) -> int:
             os.dup2(devnull, sys.stdout.fileno())  # no second error when Python flushes it
             return 141  # 128 + SIGPIPE, what a shell reports for a tool ended by the pipe
         raise
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        return int(args.func(args) or 0)
+    except UsageError as exc:
+        return _fail(args, str(exc), exc.exit_code)
+    except BrokenPipeError:
+        raise
+    except (OSError, ValueError) as exc:
+        # A file that is not there or not readable, an address that does not resolve, a
+        # value a command's own parser refused: the user's to fix, so one line, not a
+        # traceback (`--log-level DEBUG` shows the traceback).
+        if args.log_level == "DEBUG":
+            raise
+        return _fail(args, _describe(exc), 1)
+    except KeyboardInterrupt:
+        return 130
+
+
+def _fail(args: argparse.Namespace, message: str, code: int) -> int:
+    text = " ".join(message.split())  # one line, however the message was built
+    prefix = f"cacheroute {args.command}"
+    print(text if text.startswith(prefix) else f"{prefix}: {text}", file=sys.stderr)
+    return code
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror and exc.filename:
+        return f"{exc.filename}: {exc.strerror}"
+    return str(exc) or type(exc).__name__
 
 
 def _stdout_closed() -> bool:

@@ -37,6 +37,21 @@ from planner_svc.devstack.processes import (
     until_bound,
 )
 from planner_svc.settings import PlannerSettings
+from router_client.plan import parse_destinations
+
+
+@dataclass(frozen=True)
+class StackPorts:
+    broker: int = 0
+    redis: int = 0
+    planner: int = 0
+    metrics: int = 0
+
+
+@dataclass(frozen=True)
+class GatewayOptions:
+    host: str = "127.0.0.1"
+    port: int = 8000
 
 
 @dataclass(frozen=True)
@@ -68,9 +83,16 @@ class StackOptions:
     # The engines' signals, read beside the stack by `python -m streams engines`:
     # (--kv "id=tcp://pub/replay,...", --metrics "id=http://engine,..."); empty: not run.
     engine_watch: tuple[str, str] = ("", "")
+    # Fixed ports (0: any free one): broker, Redis, planner gRPC, planner metrics.
+    ports: StackPorts = field(default_factory=StackPorts)
+    # A gateway in front of `destination_specs`' engines, started after the planner
+    # (None: no gateway). Its port 0 lets it pick a free one.
+    gateway: GatewayOptions | None = None
 
     @property
     def destination_ids(self) -> list[str]:
+        if self.destination_specs:
+            return [d.id for d in parse_destinations(self.destination_specs)]
         return [f"engine-{i:02d}" for i in range(self.destinations)]
 
 
@@ -83,6 +105,8 @@ class LocalStack:
     workers: list[ManagedProcess] = field(default_factory=list)
     planner: ManagedProcess | None = None
     watcher: ManagedProcess | None = None  # the engines' signals (StackOptions.engine_watch)
+    gateway: ManagedProcess | None = None  # StackOptions.gateway
+    gateway_url: str = ""
     grpc_port: int = 0
     metrics_port: int = 0
     _owns_workdir: bool = False
@@ -105,15 +129,19 @@ class LocalStack:
     def public_key_path(self) -> Path:
         return self.workdir / "planner" / "planner-signing-key.pub.pem"
 
+    def clients(self) -> list[ManagedProcess]:
+        return [p for p in (self.gateway, self.planner, self.watcher, *self.workers)
+                if p is not None]
+
     def processes(self) -> list[ManagedProcess]:
-        procs = [p for p in (self.planner, self.watcher, *self.workers) if p is not None]
+        procs = self.clients()
         procs += [s.process for s in (self.redis, self.broker) if s is not None]
         return procs
 
     def stop(self) -> None:
         # The clients first, together (their shutdown may still talk to broker and Redis),
         # then the servers, together.
-        stop_all([p for p in (self.planner, self.watcher, *self.workers) if p is not None])
+        stop_all(self.clients())
         stop_all([s.process for s in (self.redis, self.broker) if s is not None])
         if self._owns_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
@@ -126,8 +154,8 @@ def start_stack(options: StackOptions) -> LocalStack:
     workdir.mkdir(parents=True, exist_ok=True)
     stack = LocalStack(options, workdir, _owns_workdir=owns)
     try:
-        stack.broker = start_broker(workdir)
-        stack.redis = start_redis(workdir)
+        stack.broker = start_broker(workdir, port=options.ports.broker or None)
+        stack.redis = start_redis(workdir, port=options.ports.redis or None)
         create_topics(stack.bootstrap, options)
         stack.workers = [start_worker(stack, i) for i in range(options.workers)]
         stack.planner = start_planner(stack)
@@ -137,6 +165,9 @@ def start_stack(options: StackOptions) -> LocalStack:
                     lambda: _restart_planner(stack))
         until_bound(lambda: wait_for_workers(stack), lambda: stack.workers,
                     lambda: _restart_workers(stack))
+        if options.gateway is not None:
+            stack.gateway = start_gateway(stack, options.gateway)
+            stack.gateway_url = wait_for_gateway(stack.gateway)
     except BaseException:
         stack.stop()
         raise
@@ -205,8 +236,8 @@ def start_worker(stack: LocalStack, index: int) -> ManagedProcess:
 
 def start_planner(stack: LocalStack) -> ManagedProcess:
     o = stack.options
-    stack.grpc_port = free_port()
-    stack.metrics_port = free_port()
+    stack.grpc_port = o.ports.planner or free_port()
+    stack.metrics_port = o.ports.metrics or free_port()
     argv = [
         sys.executable,
         "-m",
@@ -266,6 +297,35 @@ def start_watcher(stack: LocalStack) -> ManagedProcess:
     proc = ManagedProcess("engine-watch", argv, stack.workdir / "engine-watch.log")
     proc.start()
     return proc
+
+
+def start_gateway(stack: LocalStack, gw: GatewayOptions) -> ManagedProcess:
+    """`cacheroute gateway` in front of the engines, following the planner's plan (Redis,
+    pinned to its key) and reporting to the stream (the broker), so plans are made from
+    the traffic it routes."""
+    argv = [sys.executable, "-m", "planner_svc.cli.main", "gateway",
+            "--host", gw.host, "--port", str(gw.port), "--router-id", "up-gateway",
+            "--destinations", stack.options.destination_specs,
+            "--redis-url", stack.redis_url, "--public-key", str(stack.public_key_path),
+            "--bootstrap", stack.bootstrap, "--events-topic", stack.options.events_topic]
+    proc = ManagedProcess("gateway", argv, stack.workdir / "gateway.log")
+    proc.start()
+    return proc
+
+
+def wait_for_gateway(gateway: ManagedProcess, timeout_s: float = 30.0) -> str:
+    """The gateway's URL once it listens (it prints `CACHEROUTE_GATEWAY=<url>` then)."""
+    marker = "CACHEROUTE_GATEWAY="
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for line in gateway.log_tail(50).splitlines():
+            if line.startswith(marker):
+                return line[len(marker):].strip()
+        if not gateway.alive():
+            raise ServerStartError(f"the gateway exited:\n{gateway.log_tail()}")
+        time.sleep(0.1)
+    raise ServerStartError(f"the gateway did not listen in {timeout_s:.0f} s:\n"
+                           f"{gateway.log_tail()}")
 
 
 def worker_web_port(worker: ManagedProcess) -> int:
@@ -383,6 +443,8 @@ class Supervisor:
         out += [(f"worker-{i}", w) for i, w in enumerate(s.workers)]
         if s.planner is not None:
             out.append(("planner", s.planner))
+        if s.gateway is not None:
+            out.append(("gateway", s.gateway))
         return out
 
     def _restart(self, name: str) -> None:
@@ -397,3 +459,5 @@ class Supervisor:
             s.workers[int(name.split("-")[1])].start()
         elif name == "planner" and s.planner is not None:
             s.planner.start()
+        elif name == "gateway" and s.gateway is not None:
+            s.gateway.start()
