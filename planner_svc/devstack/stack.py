@@ -30,6 +30,7 @@ from planner_svc.devstack.processes import (
     ServerStartError,
     free_port,
     lost_its_port,
+    restart_broker,
     restart_redis,
     start_broker,
     start_redis,
@@ -395,10 +396,11 @@ def wait_for_planner(stack: LocalStack, timeout_s: float = 30.0) -> None:
 class Supervisor:
     """Restarts whatever component of the stack died, with backoff, keeping the others.
 
-    A broker comes back on its port with the topics created again (its storage is in
-    memory); Redis on its port and data directory (the planner republishes what Redis
-    lost); a worker or the planner with its command line. Backoff doubles per restart of
-    a component, from 0.5 s to `max_backoff_s`, and resets once it has stayed up a minute.
+    A broker comes back on its port (Apache Kafka with its storage, Tansu empty; the topics
+    are created again where missing); Redis on its port and data directory (the planner
+    republishes what Redis lost); a worker or the planner with its command line. Backoff
+    doubles per restart of a component, from 0.5 s to `max_backoff_s`, and resets once it
+    has stayed up a minute.
     """
 
     def __init__(self, stack: LocalStack, max_backoff_s: float = 30.0) -> None:
@@ -450,8 +452,7 @@ class Supervisor:
     def _restart(self, name: str) -> None:
         s = self.stack
         if name == "broker" and s.broker is not None:
-            s.broker.process.stop()
-            s.broker = start_broker(s.workdir, port=s.broker.port)
+            s.broker = restart_broker(s.broker, s.workdir)
             create_topics(s.bootstrap, s.options)
         elif name == "redis" and s.redis is not None:
             restart_redis(s.redis)
