@@ -44,6 +44,10 @@ FLAGS: Flags = {
     "max-streams": (int, 4096, "ext_proc streams served at once (past it: RESOURCE_EXHAUSTED)"),
     "max-buffered-bytes": (int, 256 << 20, "request-body bytes all streams may hold while "
                            "bodies arrive (past it a request is refused with 503)"),
+    "request-timeout-s": (float, 30.0, "a stream's request must be routed within this of the "
+                          "stream's start, else the stream is ended (DEADLINE_EXCEEDED)"),
+    "stream-timeout-s": (float, 600.0, "the longest a stream (the whole HTTP request, streamed "
+                         "answer included) is followed; then it is ended and counted out"),
 }
 
 
@@ -74,7 +78,9 @@ async def run_epp(args: argparse.Namespace, ready: asyncio.Event | None = None) 
                                max_inflight_per_destination=args.max_inflight,
                                fallbacks=args.fallbacks, default_request_mode=mode,
                                max_streams=args.max_streams,
-                               max_buffered_bytes=args.max_buffered_bytes)
+                               max_buffered_bytes=args.max_buffered_bytes,
+                               request_timeout_s=args.request_timeout_s,
+                               stream_timeout_s=args.stream_timeout_s)
     except ValueError as exc:
         raise SystemExit(f"cacheroute epp: {exc}") from None
     client = build_client(args, rid, "epp")

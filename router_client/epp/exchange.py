@@ -38,7 +38,7 @@ from router_client.eviction_window import prefix_hit
 from router_client.gateway import jsonio, sse
 from router_client.gateway.telemetry import EventSink
 from router_client.health import Outcome
-from router_client.keys import KeyRule, derive_key
+from router_client.keys import KeyRule, derive_key, prompt_chars
 from router_client.usage import from_openai_usage
 
 # How much of a non-streamed response body is kept to find its usage (the body itself
@@ -64,6 +64,15 @@ class EppSettings:
     # ending held 780 MB. Past the budget a request is refused (503) until others finish.
     max_streams: int = 4096
     max_buffered_bytes: int = 256 << 20
+    # A stream's request (headers and body) must be routed within request_timeout_s of the
+    # stream's start, and the whole stream end within stream_timeout_s; past either the
+    # picker ends it (DEADLINE_EXCEEDED) and counts its request out. Without them, streams
+    # that never end held every in-flight slot until a restart. The stream lasts as long
+    # as the HTTP request, streamed answer included: stream_timeout_s is the longest
+    # generation the picker follows (with failureMode FailOpen the gateway carries on
+    # without it; with FailClose the request is cut there).
+    request_timeout_s: float = 30.0
+    stream_timeout_s: float = 600.0
 
     def __post_init__(self) -> None:
         if self.max_body_bytes < 1 or self.max_inflight_per_destination < 1:
@@ -72,6 +81,8 @@ class EppSettings:
             raise ValueError("fallbacks must be >= 0")
         if self.max_streams < 1 or self.max_buffered_bytes < 1:
             raise ValueError("max_streams and max_buffered_bytes must be >= 1")
+        if not (self.request_timeout_s > 0 and self.stream_timeout_s > 0):
+            raise ValueError("request_timeout_s and stream_timeout_s must be > 0")
 
 
 class BodyBudget:
@@ -95,8 +106,8 @@ class BodyBudget:
 
 
 class Exchange:
-    __slots__ = ("_answered", "_body", "_budget", "_decided_at", "_finished", "_injected",
-                 "_pick", "_resp_copy",
+    __slots__ = ("_answered", "_body", "_budget", "_decided_at", "_finished",
+                 "_headers_seen", "_injected", "_pick", "_resp_copy",
                  "_splitter", "_status", "_ttft_s", "_usage", "affinity", "done", "headers",
                  "key", "metrics", "picker", "prefix_chars", "req_mode", "resp_mode",
                  "served_slot", "settings", "sink", "subset")
@@ -121,6 +132,7 @@ class Exchange:
         self._pick: Pick | None = None
         self._decided_at = 0.0
         self._finished = False
+        self._headers_seen = False
         self._injected = False
         self._splitter: sse.SseSplitter | None = None
         self._resp_copy = bytearray()
@@ -131,11 +143,22 @@ class Exchange:
 
     # --- the message loop ------------------------------------------------------------
 
+    @property
+    def routed(self) -> bool:
+        """The request was routed (and is counted in flight until `close`)."""
+        return self._pick is not None
+
     def handle(self, msg: ep.ProcessingRequest) -> list[ep.ProcessingResponse]:
         if self.req_mode is None:
             self._modes(msg)
         kind = msg.WhichOneof("request")
         if kind == "request_headers":
+            if self._headers_seen or self._pick is not None:
+                # One stream is one request (Envoy never sends its headers twice): a peer
+                # that does would open a request per frame and close one at the end.
+                return self._refuse(400, "request headers sent twice on one ext_proc stream",
+                                    "invalid_request_error")
+            self._headers_seen = True
             return self._request_headers(msg)
         if kind == "request_body":
             return self._request_body(msg.request_body)
@@ -210,6 +233,11 @@ class Exchange:
 
     def _decide(self, payload: dict[str, Any], raw: bytes | None, *,
                 body_back: bool) -> list[ep.ProcessingResponse]:
+        if self._pick is not None or self._finished:
+            # Counted once per stream: a request after this one, or after the response
+            # ended (which counted it out), would stay in flight for ever.
+            return self._refuse(400, "a second request on one ext_proc stream",
+                                "invalid_request_error")
         started = time.perf_counter()
         derived = derive_key(payload, self.headers, self.settings.keys)
         self.key, self.affinity, self.prefix_chars = (derived.key, derived.affinity,
@@ -224,7 +252,11 @@ class Exchange:
                 return self._refuse(400, "the body is nested too deeply to relay",
                                     "invalid_request_error")
             self._injected = True
-        pick = self.picker.pick(self.key, self.affinity, self.subset)
+        core = self.picker.core
+        # What `--queue-aware` weighs (keys.prompt_chars, in characters / 4), as the gateway.
+        size, before_last = prompt_chars(payload) if core.queue_aware else (0, 0)
+        pick = self.picker.pick(self.key, self.affinity, self.subset,
+                                prompt_tokens=size // 4, cacheable_tokens=before_last // 4)
         if pick is None:
             self.metrics.refused.labels("no_endpoint").inc()
             why = ("no endpoint of the gateway's subset is usable" if self.subset is not None
@@ -232,12 +264,12 @@ class Exchange:
             return self._refuse(503, why, "overloaded", counted=False)
         self._pick, self._decided_at = pick, time.perf_counter()
         primary = pick.slots[0]
-        self.picker.started(primary)
+        self.picker.started(primary, pick.owed)
         self.sink.emit_request(
             self.key, self.picker.destination(primary), prompt_tokens=0,
             reusable_prefix_tokens=self.prefix_chars // 4,
-            inflight=self.picker.core.inflight[primary], router_id=self.settings.router_id)
-        self.metrics.decided(self.picker.core.mode, self._decided_at - started)
+            inflight=core.inflight[primary], router_id=self.settings.router_id)
+        self.metrics.decided(core.mode, self._decided_at - started)
         value = pick.header_value
         if not body_back or raw is None:
             return [proto.picked_headers(value, None)]
@@ -287,7 +319,7 @@ class Exchange:
             self._ttft_s = time.perf_counter() - self._decided_at
             if self._splitter is not None and self._pick is not None and not self._finished:
                 # A stream's first chunk: the request no longer waits for its prefill.
-                self.picker.first_token(self._pick.slots[0])
+                self.picker.first_token(self._pick.slots[0], self._pick.owed)
                 self._answered = True
         data = self._observe(body.body)
         if body.end_of_stream:
@@ -340,7 +372,7 @@ class Exchange:
         status = self._status
         outcome = (None if status == 0 else Outcome.SUCCESS if status < 400
                    else Outcome.CLIENT_ERROR if status < 500 else Outcome.HTTP_5XX)
-        self.picker.finished(primary, None, answered=self._answered)
+        self.picker.finished(primary, None, answered=self._answered, owed=self._pick.owed)
         core = self.picker.core
         if self._pick.counted:
             core.key_finished(self.key, primary, time.monotonic())

@@ -7,6 +7,7 @@ cacheroute_epp_refused_total{kind}            immediate responses: overloaded (n
 cacheroute_epp_completed_total{code}          requests whose response ended, by status class
 cacheroute_epp_usage_seen_total               responses that reported usage (cached tokens)
 cacheroute_epp_streams_failed_total           ext_proc streams that broke (gateway gone)
+cacheroute_epp_streams_expired_total          ext_proc streams ended at their deadline
 cacheroute_epp_inflight{destination}          requests in flight per destination
 plus the router client's cacheroute_router_* (router_client.prom).
 """
@@ -58,6 +59,8 @@ class EppMetrics:
                                   "Responses that reported usage.", registry=r)
         self.streams_failed = Counter("cacheroute_epp_streams_failed",
                                       "ext_proc streams that broke.", registry=r)
+        self.streams_expired = Counter("cacheroute_epp_streams_expired",
+                                       "ext_proc streams ended at their deadline.", registry=r)
         if client is not None:
             r.register(_Inflight(client))
             r.register(RouterCollector(client))

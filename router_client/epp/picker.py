@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 
 from router_client.client_base import BaseRouterClient
 from router_client.health import Outcome
+from router_client.routing import cold_owed
 
 
 def endpoint_of(address: str, destination_id: str) -> str:
@@ -47,6 +48,9 @@ class Pick:
     # The primary came from `route_index` with a clock: the core counts it open for its key
     # there until `key_finished` (a constrained pick, by `route_avoiding`, is not counted).
     counted: bool = False
+    # The prefill work the core counts the request as owing the primary (`queue_aware`),
+    # given back at its first token or its end.
+    owed: float = 0.0
 
     @property
     def header_value(self) -> str:
@@ -98,10 +102,11 @@ class EndpointPicker:
 
     # --- the decision ------------------------------------------------------------------
 
-    def pick(self, key: str, affinity: str | None,
-             subset: Sequence[str] | None = None) -> Pick | None:
+    def pick(self, key: str, affinity: str | None, subset: Sequence[str] | None = None, *,
+             prompt_tokens: int = 0, cacheable_tokens: int = 0) -> Pick | None:
         """Where `key` goes, and where the gateway may retry; None when no endpoint can
-        take it (none usable, none in the subset, or every one at its in-flight cap)."""
+        take it (none usable, none in the subset, or every one at its in-flight cap).
+        `prompt_tokens` / `cacheable_tokens`: what `queue_aware` weighs (as the gateway's)."""
         self._refresh()
         core, endpoints = self.core, self._endpoints
         avoid = set(self._unusable())
@@ -110,13 +115,25 @@ class EndpointPicker:
             avoid.update(s for s in range(len(endpoints)) if s not in allowed)
         cap = self.max_inflight
         avoid.update(s for s, n in enumerate(core.inflight) if n >= cap)
-        # No constraint: the hot path, the plan's own choice; else the retry path's.
+        # The plan's own choice first, as the gateway's; where it is ruled out, the retry
+        # path's choice among what is left (not counted open for its key, owing a cold
+        # prefill where it lands).
         now = time.monotonic() if core.idle_rehome_s is not None else None
-        primary = (core.route_index(key, affinity, now) if not avoid
-                   else core.route_avoiding(key, avoid))
-        if primary is None:
-            return None
-        counted = now is not None and not avoid
+        planned = core.route_index(key, affinity, now, prompt_tokens, cacheable_tokens)
+        primary = planned
+        counted = now is not None
+        owed = core.last_owed if core.queue_aware else 0.0
+        if planned in avoid:
+            if now is not None:  # not sent there after all: not open there
+                core.key_finished(key, planned, now)
+            moved = core.route_avoiding(key, avoid)
+            if moved is None:
+                return None
+            primary = moved
+            if affinity is not None:
+                core.remember(affinity, primary)  # its history will be there
+            counted = False
+            owed = cold_owed(prompt_tokens) if core.queue_aware else 0.0
         returned = core.last_return if counted else None
         chosen = [primary]
         for _ in range(self.fallbacks):
@@ -124,7 +141,8 @@ class EndpointPicker:
             if more is None:
                 break
             chosen.append(more)
-        return Pick(tuple(chosen), tuple(endpoints[s] for s in chosen), returned, counted)
+        return Pick(tuple(chosen), tuple(endpoints[s] for s in chosen), returned, counted,
+                    owed)
 
     def _unusable(self) -> frozenset[int]:
         """Slots never to answer: unknown address, ejected or draining (with none left the
@@ -142,15 +160,23 @@ class EndpointPicker:
 
     # --- accounting --------------------------------------------------------------------
 
-    def started(self, slot: int) -> None:
-        self.core.started(slot)
+    def has_room(self) -> bool:
+        """Whether a request could be routed now: some usable endpoint is below its in-flight
+        cap (readiness; the gateway's subset is not known here)."""
+        self._refresh()
+        unusable, cap = self._unusable(), self.max_inflight
+        return any(n < cap and s not in unusable for s, n in enumerate(self.core.inflight))
 
-    def first_token(self, slot: int) -> None:
-        self.core.first_token(slot)
+    def started(self, slot: int, owed: float = 0.0) -> None:
+        self.core.started(slot, owed)
 
-    def finished(self, slot: int, outcome: Outcome | None, *, answered: bool = False) -> None:
-        """`answered`: `first_token` was called for this request."""
-        self.core.finished(slot, answered=answered)
+    def first_token(self, slot: int, owed: float = 0.0) -> None:
+        self.core.first_token(slot, owed)
+
+    def finished(self, slot: int, outcome: Outcome | None, *, answered: bool = False,
+                 owed: float = 0.0) -> None:
+        """`answered`: `first_token` was called for this request; `owed`: as `started`."""
+        self.core.finished(slot, answered=answered, owed=owed)
         if outcome is not None:
             self.client.report(self.core.destination_ids[slot], outcome)
 

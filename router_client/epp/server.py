@@ -7,7 +7,9 @@ One ext_proc stream is one HTTP request: the servicer feeds each message to an
 `Exchange` and sends back what it answers. A stream the gateway breaks off (client gone,
 timeout) still counts its request out of flight. Health follows GIE's picker protocol:
 `liveness` is SERVING while the process runs; `readiness` and the ext_proc service name
-are SERVING while at least one endpoint is usable and the server is not draining.
+are SERVING while the picker can take a request: not draining, below `max_streams`, and an
+endpoint usable and below its in-flight cap. A stream whose request is not routed within
+`request_timeout_s`, or that lasts past `stream_timeout_s`, is ended (DEADLINE_EXCEEDED).
 """
 
 from __future__ import annotations
@@ -40,19 +42,35 @@ class _Processor(ep_grpc.ExternalProcessorServicer):
     async def Process(  # the generated servicer's method name
         self, request_iterator: AsyncIterator[ep.ProcessingRequest],
         context: grpc.aio.ServicerContext,
-    ) -> AsyncIterator[ep.ProcessingResponse]:
-        o = self.owner
-        exchange = Exchange(o.picker, o.settings, o.sink, o.metrics, o.bodies)
+    ) -> None:
+        # Written with context.write rather than as a generator, so that every await of
+        # the stream is in this frame and its deadline's cancellation lands here.
+        o, settings = self.owner, self.owner.settings
+        exchange = Exchange(o.picker, settings, o.sink, o.metrics, o.bodies)
+        o.open_streams += 1
         try:
-            async for message in request_iterator:
-                for answer in exchange.handle(message):
-                    yield answer
-                if exchange.done:
-                    return
+            async with asyncio.timeout(min(settings.request_timeout_s,
+                                           settings.stream_timeout_s)) as deadline:
+                whole = asyncio.get_running_loop().time() + settings.stream_timeout_s
+                routed = False
+                async for message in request_iterator:
+                    for answer in exchange.handle(message):
+                        await context.write(answer)
+                    if exchange.done:
+                        return
+                    if not routed and exchange.routed:
+                        routed = True
+                        deadline.reschedule(whole)
+        except TimeoutError:
+            o.metrics.streams_expired.inc()
+            exchange.close()  # counted out before the gateway hears of it
+            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                "the ext_proc stream outlived the picker's deadline")
         except asyncio.CancelledError:
             o.metrics.streams_failed.inc()
             raise
         finally:
+            o.open_streams -= 1
             exchange.close()
 
 
@@ -72,6 +90,7 @@ class EndpointPickerServer:
         self.server: grpc.aio.Server | None = None
         self.port = 0
         self.draining = False
+        self.open_streams = 0  # ext_proc streams being served
         self._ticker: asyncio.Task[None] | None = None
 
     async def start(self, address: str = "127.0.0.1:0") -> int:
@@ -97,7 +116,10 @@ class EndpointPickerServer:
         return self.port
 
     def ready(self) -> bool:
-        return not self.draining and bool(self.picker.usable_endpoints())
+        """Whether a new request would be served: not draining, a stream free, and a usable
+        endpoint below its in-flight cap (every slot held is a 503 for the next request)."""
+        return (not self.draining and self.open_streams < self.settings.max_streams
+                and self.picker.has_room())
 
     async def _update_health(self) -> None:
         status = (health_pb2.HealthCheckResponse.SERVING if self.ready()

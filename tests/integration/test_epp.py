@@ -361,3 +361,40 @@ def test_a_key_sent_home_after_an_idle_gap_teaches_the_re_homing_window(epp, cha
         assert eventually(lambda: epp.call(lambda: epp.client.core.inflight[2]) == 0, 5)
     window = epp.call(lambda: epp.client.core.rehome_window)
     assert window.outcomes == 2  # the two returns, one warm and one cold
+
+
+def test_queue_aware_moves_a_request_off_an_endpoint_that_owes_a_long_prefill(epp, channel):
+    """As the gateway does with `--queue-aware` (on by default): a request does not queue
+    behind a long prompt still prefilling on its key's endpoint when a recompute elsewhere
+    finishes clearly sooner; once that prompt's first token came, the key's requests go home
+    again. The picker weighs the prompt sizes it reads from the body, and gives back what
+    each request owed at its first token or its end."""
+    epp.call(lambda: setattr(epp.client.core, "queue_aware", True))
+    long = chat("summarise this: " + "lorem ipsum " * 4000, stream=True)
+    short = chat("a short one")
+    assert key_of(long) == key_of(short)
+    epp.publish({key_of(long): (0,)})
+
+    def primary(answers: list) -> str:
+        return destination_of(answers[0])[0].split(",")[0]
+
+    def owed() -> list[float]:
+        return list(epp.call(lambda: epp.client.core.owed))
+
+    s_long, answers = route(channel, long)
+    assert primary(answers) == epp.endpoint(0)
+    assert owed()[0] > 10_000  # ~48,000 characters not cached there: ~12,000 tokens
+    s_moved, answers = route(channel, short)
+    assert primary(answers) != epp.endpoint(0)  # it would wait behind the long prefill
+    s_long.send(response_headers(200, "text/event-stream"))
+    s_long.read(1)
+    s_long.send(response_body(b'data: {"choices": [{"delta": {"content": "A"}}]}\n\n',
+                              end=False))
+    s_long.read(1)
+    assert owed()[0] == 0.0  # its first token came: its prefill is paid
+    s_home, answers = route(channel, short)
+    assert primary(answers) == epp.endpoint(0)
+    for s in (s_long, s_moved, s_home):
+        s.cancel()
+    assert eventually(lambda: epp.call(lambda: sum(epp.client.core.inflight)) == 0, 5)
+    assert owed() == [0.0] * 4
