@@ -66,6 +66,9 @@ case "$what" in
     .venv/bin/mypy streams planner_svc router_client
     .venv/bin/mypy bench  # apart: bench/streams.py would shadow the streams package
     .venv/bin/lint-imports --no-cache
+    # The docs site, strict (a broken link or a page missing from the nav fails), built aside;
+    # not -q: it hides the warnings that strict counts, and the build then passes.
+    site=$(mktemp -d); NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict -d "$site"; rm -rf "$site"
     # Three workers, one test file each at a time, longest files first (tests/conftest.py):
     # the tier mostly waits on servers, so it runs in parallel even on 2 cores. Set
     # CACHEROUTE_TEST_WORKERS=0 to run it serially.
