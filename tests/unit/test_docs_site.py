@@ -1,5 +1,6 @@
 """mkdocs.yml's nav lists every page under docs/ (the benchmark runs under docs/results/ aside,
-which the site builds but leaves out of the nav), and every page it lists exists.
+which the site builds but leaves out of the nav), every page it lists exists, and the settings
+reference (docs/settings.md) is what docs/gen_settings.py writes from the code today.
 
 `mkdocs build --strict` (deploy/local/run.sh test) checks links; this test says, without
 building, which page a new file is missing from.
@@ -7,6 +8,7 @@ building, which page a new file is missing from.
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 from typing import Any
 
@@ -58,3 +60,12 @@ def test_the_site_is_built_strict_in_ci() -> None:
     assert config["docs_dir"] == "docs" and config["strict"] is True
     assert config["theme"]["name"] == "material"
     assert "mkdocs build --strict" in (ROOT / "deploy/local/run.sh").read_text()
+
+
+def test_the_settings_reference_is_current() -> None:
+    spec = importlib.util.spec_from_file_location("gen_settings", DOCS / "gen_settings.py")
+    assert spec is not None and spec.loader is not None
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    assert (DOCS / "settings.md").read_text() == gen.render(), (
+        "docs/settings.md is stale: run .venv/bin/python docs/gen_settings.py")
