@@ -50,6 +50,25 @@ if [ "$(cat "$kstamp" 2>/dev/null)" != "$kdigest" ]; then
   mvn -q -B -Dstyle.color=never -f deploy/kafka/pom.xml dependency:copy-dependencies
   echo "$kdigest" > "$kstamp"
 fi
+# helm renders deploy/helm (tests/unit/test_helm_chart.py): a real one built from the Go module
+# proxy into .venv/bin, again only when the version changes (2.5-3 min cold here, a relink from
+# Go's build cache after that). A helm already on PATH is used as it is.
+helm_version=v3.21.4
+if [ "${1:-test}" = test ] && ! command -v helm >/dev/null 2>&1 \
+    && [ "$(.venv/bin/helm version --template '{{.Version}}' 2>/dev/null)" != "$helm_version" ]; then
+  go=$(command -v go || echo /usr/local/go/bin/go)
+  # helm's Makefile sets these: its version, and as default --kube-version its k8s.io modules' 1.36
+  ld="-s -w -X helm.sh/helm/v3/internal/version.version=$helm_version"
+  for pkg in pkg/lint/rules pkg/chartutil; do
+    ld+=" -X helm.sh/helm/v3/$pkg.k8sVersionMajor=1 -X helm.sh/helm/v3/$pkg.k8sVersionMinor=36"
+  done
+  if [ -x "$go" ]; then
+    GOFLAGS=-mod=mod GOBIN="$PWD/.venv/bin" "$go" install -trimpath -ldflags "$ld" \
+      "helm.sh/helm/v3/cmd/helm@$helm_version"
+  else
+    echo "run.sh: no go toolchain, so no helm: tests/unit/test_helm_chart.py will not run" >&2
+  fi
+fi
 
 what=${1:-test}; shift || true
 case "$what" in
