@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any, TextIO
+from typing import Any, NoReturn, TextIO
 
 from rich_argparse import RawDescriptionRichHelpFormatter
 
@@ -21,6 +21,24 @@ class UsageError(Exception):
     def __init__(self, message: str, exit_code: int = 2) -> None:
         super().__init__(message)
         self.exit_code = exit_code
+
+
+def one_line(message: str) -> str:
+    """A message for one stderr line: a multi-line one (a server's error with its log's
+    tail) as its first line and, in brackets, its last (usually the cause)."""
+    lines = [" ".join(ln.split()) for ln in message.splitlines() if ln.strip()]
+    if len(lines) <= 1:
+        return lines[0] if lines else ""
+    return f"{lines[0].rstrip(':')} ({lines[-1]})"
+
+
+class Parser(argparse.ArgumentParser):
+    """Refuses a bad command line in one line, what is wrong and where the help is, rather
+    than the usage text first (pages of it for the larger commands, which push the error
+    itself out of view). Sub-commands inherit the class."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 class HelpFormatter(RawDescriptionRichHelpFormatter):

@@ -12,6 +12,7 @@ import dataclasses
 import importlib.util
 import json
 import os
+import shutil
 import signal
 import sys
 import time
@@ -20,7 +21,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from planner_svc.cli.console import UsageError
+from planner_svc.cli.console import UsageError, one_line
 
 if TYPE_CHECKING:
     from planner_svc.devstack.fleet import FleetOptions, Tally
@@ -126,6 +127,12 @@ def require(command: str, *extras: tuple[str, tuple[str, ...]]) -> None:
                              f"pip install 'cacheroute[{extra}]'")
 
 
+def require_redis_server(command: str) -> None:
+    if shutil.which("redis-server") is None:
+        raise UsageError(f"{command} needs redis-server on PATH: apt-get install redis-server "
+                         "(or brew install redis)")
+
+
 def stack_options(args: argparse.Namespace) -> StackOptions:
     from planner_svc.devstack.stack import GatewayOptions, StackOptions
 
@@ -211,6 +218,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     options = stack_options(args)  # bad flags fail before anything starts
     require("cacheroute up", stack_extra(),
             *([GATEWAY_EXTRA] if options.gateway is not None else []))
+    require_redis_server("cacheroute up")
     from planner_svc.devstack.stack import Supervisor
 
     _stop_on_signals()
@@ -242,11 +250,8 @@ def _start(options: StackOptions, command: str) -> LocalStack:
     try:
         return start_stack(options)
     except ServerStartError as exc:
-        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-        detail = f" ({lines[-1]})" if len(lines) > 1 else ""
         where = f"; logs in {options.workdir}" if options.workdir else ""
-        raise UsageError(f"{command}: {lines[0] if lines else exc}{detail}{where}",
-                         exit_code=1) from None
+        raise UsageError(f"{command}: {one_line(str(exc))}{where}", exit_code=1) from None
 
 
 @dataclass
@@ -264,6 +269,7 @@ class DemoResult:
 def cmd_demo(args: argparse.Namespace) -> int:
     stack_opts = stack_options(args)
     require("cacheroute demo", stack_extra())
+    require_redis_server("cacheroute demo")
     from planner_svc.devstack.fleet import FleetOptions
 
     _stop_on_signals()

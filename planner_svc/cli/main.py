@@ -14,7 +14,15 @@ import sys
 from typing import Any
 
 from planner_svc.cli import discover_cmd, epp_cmd, gateway_cmd, ops, replay_cmd
-from planner_svc.cli.console import HelpFormatter, UsageError, command
+from planner_svc.cli.console import HelpFormatter, Parser, UsageError, command, one_line
+from planner_svc.cli.ops_client import OpsError
+from planner_svc.devstack.processes import ServerStartError
+from planner_svc.errors import PlannerError
+from router_client.errors import RouterClientError
+from streams.errors import StreamsError
+
+# The project's expected errors: a command that meets one ends on its message, in one line.
+EXPECTED = (PlannerError, RouterClientError, StreamsError, ServerStartError)
 
 DESCRIPTION = """\
 CacheRoute plans which engine replica serves each routing key, so that prefix (KV) caches
@@ -73,8 +81,7 @@ def _add_plan_commands(sub: Any, connection: argparse.ArgumentParser) -> Any:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="cacheroute", description=DESCRIPTION,
-                                     formatter_class=HelpFormatter)
+    parser = Parser(prog="cacheroute", description=DESCRIPTION, formatter_class=HelpFormatter)
     parser.add_argument("--log-level", default="WARNING",
                         choices=["DEBUG", "INFO", "WARNING", "ERROR"], type=str.upper,
                         help="log verbosity of the command")
@@ -112,8 +119,10 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args: argparse.Namespace) -> int:
     try:
         return int(args.func(args) or 0)
-    except UsageError as exc:
+    except (UsageError, OpsError) as exc:
         return _fail(args, str(exc), exc.exit_code)
+    except EXPECTED as exc:
+        return _fail(args, str(exc), 1)
     except BrokenPipeError:
         raise
     except (OSError, ValueError) as exc:
@@ -128,7 +137,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _fail(args: argparse.Namespace, message: str, code: int) -> int:
-    text = " ".join(message.split())  # one line, however the message was built
+    text = one_line(message)
     prefix = f"cacheroute {args.command}"
     print(text if text.startswith(prefix) else f"{prefix}: {text}", file=sys.stderr)
     return code
