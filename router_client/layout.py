@@ -21,16 +21,18 @@ key                                        type     value
 ``{ns}:{plan}:staged:<member>:<digest>:*``  string   a plan / delta blob uploaded ahead of its
                                                     install (TTL); the install renames it into place
 ``{ns}:{plan}:router:<router id>``         string   ``RouterStatus`` of one router, with a TTL
-``{ns}:{plan}:routers``                    zset     router ids scored by last report (ms), so the
-                                                    planner can find the status keys without SCAN
+``{ns}:{plan}:routers``                    zset     router ids scored by last report (ms): the
+                                                    planner writes it from the status keys it
+                                                    found and validated; routers read it
 ``{ns}:{plan}:notify``                     channel  ``PlanNotification`` (version + digest): a hint
 ``{ns}:{plan}:history``                    channel  where routers placed conversations (JSON;
                                                     router_client.shared_history)
 =========================================  =======  ===========================================
 
 Routers read the pointer with GET, a plan with GET, and a chain of deltas
-(every retained version after the one they hold) with one read-only Lua script:
-ZRANGEBYLEX over the versions index, then a GET per delta, all in this slot.
+(every retained version after the one they hold) with ZRANGEBYLEX over the versions
+index, then one MGET of the deltas. Routers run no scripts (their ACL forbids it); a
+delta trimmed between the two reads makes them fetch the full plan instead.
 
 Write order inside the install script: blobs, digest, version index, then the
 pointer, then PUBLISH; so no reader ever sees a pointer to a missing plan.

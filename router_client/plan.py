@@ -33,6 +33,13 @@ MAX_PLAN_BYTES = 256 * 1024 * 1024
 MAX_KEY_BYTES = keyblob.MAX_KEY_BYTES
 
 
+# The versions a planner can reach: epochs count takeovers and restarts, seqs installs. A
+# version reported beyond these (by a router's status, say) is a lie, and taking it at face
+# value would push the planner's next epoch past what a version can hold (2^64).
+MAX_EPOCH = 1 << 32
+MAX_SEQ = 1 << 48
+
+
 @dataclass(frozen=True, slots=True, order=True)
 class Version:
     """Plan versions order by (epoch, seq); (0, 0) means "not yet installed"."""

@@ -48,24 +48,24 @@ log = logging.getLogger("router_client")
 # (a cluster that lost a slot's every node raises RedisClusterException, not a RedisError)
 REDIS_ERRORS = (redis.RedisError, OSError, redis.exceptions.RedisClusterException)
 
-# Deltas of every retained version in (ARGV[1], ARGV[2]], read in one atomic step.
-# KEYS: versions zset; ARGV: after member, upto member, version key prefix, limit.
-_DELTAS_LUA = """
-local ms = redis.call('ZRANGEBYLEX', KEYS[1], '(' .. ARGV[1], '[' .. ARGV[2])
-if #ms == 0 or #ms > tonumber(ARGV[4]) then return false end
-local out = {}
-for i, m in ipairs(ms) do
-  local d = redis.call('GET', ARGV[3] .. m .. ':delta')
-  if not d then return false end
-  out[i] = d
-end
-return out
-"""
+def _delta_members(layout: Layout, after: Version, upto: Version) -> tuple[str, str, str]:
+    """ZRANGEBYLEX bounds of the versions in (after, upto] on the versions index."""
+    return layout.versions, "(" + version_member(after), "[" + version_member(upto)
 
 
-def _deltas_args(layout: Layout, after: Version, upto: Version, limit: int) -> dict[str, Any]:
-    args = [version_member(after), version_member(upto), layout.version_prefix(), limit]
-    return {"keys": [layout.versions], "args": args}
+def _deltas(layout: Layout, members: list[bytes], limit: int) -> list[str] | None:
+    """The delta keys of `members`, or None when the chain is empty or longer than `limit`
+    (the caller then fetches the full plan). Two plain reads instead of a script: routers
+    may not run Lua (a script is a way to hang Redis for everyone), and a delta trimmed
+    between the two reads comes back as None, which `_chain` treats like a missing delta."""
+    if not members or len(members) > limit:
+        return None
+    prefix = layout.version_prefix()
+    return [prefix + m.decode("ascii", "replace") + ":delta" for m in members]
+
+
+def _chain(blobs: list[bytes | None]) -> list[bytes] | None:
+    return None if any(b is None for b in blobs) else [b for b in blobs if b is not None]
 
 
 PING_EVERY_S = 1.0
@@ -217,17 +217,21 @@ class _RedisSourceBase:
         self._redis: Any = connect(url, asyncio_client=self._asyncio, **options)
         self._pubsub: Any = None
         self._last_ping = 0.0
-        self._deltas = self._redis.register_script(_DELTAS_LUA)
+
+    def _since_ms(self, status: plan_pb2.RouterStatus) -> int:
+        return int(status.reported_at_ms - self.status_ttl_s * 1000)
 
     def _queue_report(self, pipe: Any, status: plan_pb2.RouterStatus) -> Any:
-        """A status report on `pipe`: the status key (with its TTL), the registry entry,
-        and the count of routers in the registry within the TTL (`_others` reads it)."""
+        """A status report on `pipe`: the status key (with its TTL), then the count of
+        routers in the planner's registry within the TTL and this router's own entry
+        (`_others` reads both). The registry is the planner's: a router writes only its own
+        key, so it cannot push another router out of the fleet view."""
         lay = self.layout
         pipe.set(
             lay.router_status(status.router_id), status.SerializeToString(), ex=self.status_ttl_s
         )
-        pipe.zadd(lay.routers, {status.router_id: status.reported_at_ms})
-        pipe.zcount(lay.routers, status.reported_at_ms - self.status_ttl_s * 1000, "+inf")
+        pipe.zcount(lay.routers, self._since_ms(status), "+inf")
+        pipe.zscore(lay.routers, status.router_id)
         return pipe
 
 
@@ -268,8 +272,9 @@ class RedisPlanSource(_RedisSourceBase):
         return _pointer(self._call(self._redis.get, self.layout.current))
 
     def fetch_deltas(self, after: Version, upto: Version, limit: int) -> list[bytes] | None:
-        args = _deltas_args(self.layout, after, upto, limit)
-        return self._call(lambda: self._deltas(**args))  # type: ignore[no-any-return]
+        members = self._call(self._redis.zrangebylex, *_delta_members(self.layout, after, upto))
+        keys = _deltas(self.layout, members, limit)
+        return None if keys is None else _chain(self._call(self._redis.mget, keys))
 
     def fetch_plan(self, version: Version) -> bytes | None:
         return self._call(self._redis.get, self.layout.plan(version))  # type: ignore[no-any-return]
@@ -303,7 +308,7 @@ class RedisPlanSource(_RedisSourceBase):
         plan within the status TTL (a hostile writer can only inflate it), None if the
         count was refused (an ACL without `+zcount`): the status is written either way."""
         pipe = self._queue_report(self._redis.pipeline(transaction=False), status)
-        return _others(self._call(pipe.execute, False))
+        return _others(self._call(pipe.execute, False), self._since_ms(status))
 
     def close(self) -> None:
         self._drop_pubsub()
@@ -345,8 +350,9 @@ class AsyncRedisPlanSource(_RedisSourceBase):
         return _pointer(await self._call(self._redis.get(self.layout.current)))
 
     async def fetch_deltas(self, after: Version, upto: Version, limit: int) -> list[bytes] | None:
-        args = _deltas_args(self.layout, after, upto, limit)
-        return await self._call(self._deltas(**args))  # type: ignore[no-any-return]
+        bounds = _delta_members(self.layout, after, upto)
+        keys = _deltas(self.layout, await self._call(self._redis.zrangebylex(*bounds)), limit)
+        return None if keys is None else _chain(await self._call(self._redis.mget(keys)))
 
     async def fetch_plan(self, version: Version) -> bytes | None:
         return await self._call(self._redis.get(self.layout.plan(version)))  # type: ignore[no-any-return]
@@ -371,18 +377,26 @@ class AsyncRedisPlanSource(_RedisSourceBase):
     async def report(self, status: plan_pb2.RouterStatus) -> int | None:
         """As `RedisPlanSource.report`."""
         pipe = self._queue_report(self._redis.pipeline(transaction=False), status)
-        return _others(await self._call(pipe.execute(raise_on_error=False)))
+        return _others(await self._call(pipe.execute(raise_on_error=False)), self._since_ms(status))
 
     async def close(self) -> None:
         await self._drop_pubsub()
         await self._redis.aclose()
 
 
-def _others(results: list[Any]) -> int | None:
-    """The routers counted by a report's ZCOUNT, less the reporter itself (just written);
-    the status writes' own errors are raised, as `_call` would have."""
-    for result in results[:-1]:
-        if isinstance(result, Exception):
-            raise SourceUnavailable(f"redis: {result}") from result
-    count = results[-1] if results else None
-    return max(0, count - 1) if isinstance(count, int) else None
+def _others(results: list[Any], since_ms: int) -> int | None:
+    """The routers the registry counts within the TTL, less this router if it is among them;
+    the status write's own error is raised, as `_call` would have. None when the counts were
+    refused (an ACL without `+zcount`) or the registry is not a sorted set."""
+    if results and isinstance(results[0], Exception):
+        raise SourceUnavailable(f"redis: {results[0]}") from results[0]
+    if len(results) < 3:
+        return None
+    count, own = results[1], results[2]
+    if not isinstance(count, int) or isinstance(own, Exception):
+        return None
+    try:
+        counted_self = own is not None and float(own) >= since_ms
+    except (TypeError, ValueError):
+        counted_self = False
+    return max(0, count - int(counted_self))

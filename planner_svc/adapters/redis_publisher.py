@@ -26,9 +26,9 @@ from typing import Any, TypeVar
 
 import redis
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from google.protobuf.message import DecodeError
 
 from cacheroute.v1 import plan_pb2
+from planner_svc.adapters.router_registry import RouterRegistry
 from planner_svc.errors import (
     CorruptPointer,
     NotLeader,
@@ -217,11 +217,11 @@ class PlanPublisher:
         self.layout = Layout(namespace)
         self._lease_layout = Layout(lease_namespace or namespace)
         self.retain = retain
-        self.junk_router_statuses = 0  # status values that did not parse (skipped)
         self.junk_index_members = 0  # versions-index members that are not versions
         self._install = self._redis.register_script(_INSTALL_LUA)
         self._lease = self._redis.register_script(_LEASE_LUA)
         self._release = self._redis.register_script(_RELEASE_LUA)
+        self._registry = RouterRegistry(self._redis, self.layout)
         # The leader lease value installs must match ('' = no leader election).
         self.fence = ""
 
@@ -407,25 +407,13 @@ class PlanPublisher:
 
     @_outage_is_unavailable
     def router_statuses(self, max_age_s: float = 60.0) -> list[plan_pb2.RouterStatus]:
-        """The status each router reported recently (expired keys are skipped)."""
-        since = int((time.time() - max_age_s) * 1000)
-        lay = self.layout
-        self._redis.zremrangebyscore(lay.routers, "-inf", f"({since}")
-        ids = [r.decode() for r in self._redis.zrange(lay.routers, 0, -1)]
-        if not ids:
-            return []
-        out = []
-        for raw in self._redis.mget([lay.router_status(i) for i in ids]):
-            if raw is None:
-                continue
-            status = plan_pb2.RouterStatus()
-            try:  # a router's own ACL user may write its key: junk must not hide the fleet
-                status.ParseFromString(raw)
-            except DecodeError:
-                self.junk_router_statuses += 1
-                continue
-            out.append(status)
-        return out
+        """The status each router reported recently, validated (router_registry)."""
+        return self._registry.statuses(max_age_s)
+
+    @property
+    def junk_router_statuses(self) -> int:
+        """Status keys thrown away as malformed (skipped and deleted)."""
+        return self._registry.counts.total
 
     @_outage_is_unavailable
     def fleet_view(self, stale_after_s: float = 5.0) -> list[RouterSync]:

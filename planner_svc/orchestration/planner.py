@@ -76,6 +76,7 @@ from planner_svc.orchestration.window_view import telemetry_from_window, traffic
 from planner_svc.planning import PlanDiff, PlanningConfig, build_plan, diff, repack
 from planner_svc.planning.explain import KeyExplanation, explain_key
 from router_client.plan import (
+    MAX_EPOCH,
     BuiltBy,
     DestinationSpec,
     KeyTable,
@@ -722,7 +723,10 @@ class Planner:
         except Exception as exc:  # no reports is no information: keep the epoch
             log.warning("could not read router statuses before the first plan: %s", exc)
             return
-        held = [s.applied.epoch for s in statuses if s.applied.epoch or s.applied.seq]
+        # (statuses are validated when read; the bound is checked again here because the
+        # next epoch is this + 1, and one beyond what a version can hold wedges installs)
+        held = [s.applied.epoch for s in statuses
+                if (s.applied.epoch or s.applied.seq) and s.applied.epoch < MAX_EPOCH]
         if held and max(held) >= self._epoch:
             self._epoch = max(held) + 1
             log.warning("routers hold versions up to epoch %d: starting epoch %d",

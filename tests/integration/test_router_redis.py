@@ -403,13 +403,17 @@ def test_junk_in_redis_neither_stops_following_nor_blocks_the_planner(redis_serv
 
 def test_a_status_report_counts_the_other_routers_on_the_plan(redis_server):
     """Idle re-homing pauses while other routers share the plan (`_note_peers`): the
-    report's answer is how many others reported within the status TTL."""
+    report's answer is how many others the planner's registry holds within the status TTL
+    (the planner writes it from the status keys on each read of the fleet)."""
     from cacheroute.v1 import plan_pb2 as pb
 
     srcs = [RedisPlanSource(redis_server.url, namespace="peers") for _ in range(3)]
+    planner = PlanPublisher(redis_server.url, signing.generate_private_key(), namespace="peers")
     now_ms = int(time.time() * 1000)
     assert srcs[0].report(pb.RouterStatus(router_id="r0", reported_at_ms=now_ms)) == 0
-    assert srcs[1].report(pb.RouterStatus(router_id="r1", reported_at_ms=now_ms)) == 1
+    assert srcs[1].report(pb.RouterStatus(router_id="r1", reported_at_ms=now_ms)) == 0
+    assert sorted(s.router_id for s in planner.router_statuses()) == ["r0", "r1"]
+    assert srcs[1].report(pb.RouterStatus(router_id="r1", reported_at_ms=now_ms + 5)) == 1
     assert srcs[0].report(pb.RouterStatus(router_id="r0", reported_at_ms=now_ms + 10)) == 1
     # Routers that last reported longer ago than the TTL are gone.
     stale = now_ms + (ROUTER_STATUS_TTL_S + 1) * 1000
@@ -443,6 +447,8 @@ def test_async_report_counts_peers_and_a_gateway_pauses_re_homing_beside_them(
             pb.RouterStatus(router_id="gw-0", reported_at_ms=now_ms)))
         alone = client.core.rehome_paused
         await other.report(pb.RouterStatus(router_id="gw-1", reported_at_ms=now_ms))
+        PlanPublisher(redis_server.url, signing.generate_private_key(),
+                      namespace="peers-aio").router_statuses()  # the planner's read
         client._note_peers(await client.source.report(
             pb.RouterStatus(router_id="gw-0", reported_at_ms=now_ms + 5)))
         beside = client.core.rehome_paused
