@@ -42,7 +42,7 @@ helm.sh/chart: {{ include "cacheroute.chart" $ }}
 {{- end -}}
 
 {{- define "cacheroute.image" -}}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- printf "%s:%s" .Values.image.repository (toString (default .Chart.AppVersion .Values.image.tag)) -}}
 {{- end -}}
 
 {{/* The Secret a group of secret references reads: its own existingSecret, else the shared one. */}}
