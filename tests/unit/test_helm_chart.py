@@ -303,14 +303,14 @@ def test_each_secret_group_names_its_own_existing_secret() -> None:
     assert done.returncode != 0 and "existingSecret" in done.stderr
 
 
-def resolved_env(docs: list[Doc], deployment: str) -> dict[str, str]:
-    """The first container's env as the kubelet expands it ($(NAME) of earlier entries),
-    with secrets read as "pw" and the downward API as "pod"."""
+def resolved_env(docs: Any, deployment: str, container: int = 0) -> dict[str, str]:
+    """A container's env as the kubelet expands it ($(NAME) of earlier entries), with
+    secrets read as "pw" and the downward API as "pod"."""
     configmaps = {d["metadata"]["name"]: d["data"] for d in docs if d["kind"] == "ConfigMap"}
     (pod,) = [d["spec"]["template"]["spec"] for d in docs if d["kind"] == "Deployment"
               and d["metadata"]["name"] == deployment]
     env: dict[str, str] = {}
-    for e in pod["containers"][0]["env"]:
+    for e in pod["containers"][container]["env"]:
         ref = e.get("valueFrom", {})
         if "configMapKeyRef" in ref:
             value = configmaps[ref["configMapKeyRef"]["name"]][ref["configMapKeyRef"]["key"]]
@@ -349,12 +349,26 @@ def test_every_redis_url_parses_as_the_topology_asked(
             assert (topology.username, topology.password) == (users[deployment], "pw")
 
 
+def test_resolved_env_equals_the_kustomize_trees() -> None:
+    """Every container's env as it reaches the process (Redis URLs and ACL users, router
+    ids, leader election, pool-sync's planner address) is the production overlay's."""
+    ours, theirs = rendered("all-on"), kustomize("overlays/production")
+    deployments = {d["metadata"]["name"]: d for d in theirs if d["kind"] == "Deployment"}
+    for name, d in deployments.items():
+        for i, c in enumerate(d["spec"]["template"]["spec"]["containers"]):
+            assert resolved_env(ours, name, i) == resolved_env(theirs, name, i), (name, c["name"])
+
+
 @pytest.mark.parametrize(("sets", "message"), [
     (["planner.replicas=2"], "planner.replicas must be 1"),
     (["inferencePool.enabled=true"], "enable picker"),
     (["httpRoute.enabled=true"], "needs inferencePool.enabled"),
     (["poolSync.enabled=true", "planner.enabled=false"], "needs planner.enabled"),
     (["engines=null"], "at least one entry in engines"),
+    # values.schema.json: a misspelt value, a setting of another part, a port out of range
+    (["planner.enabeld=true"], "additional properties 'enabeld' not allowed"),
+    (["gateway.config.CACHEROUTE_EPP_FALLBACKS=1"], "invalid propertyName"),
+    (["picker.port=70000"], "maximum"),
 ])
 def test_inconsistent_values_fail_with_a_message(sets: list[str], message: str) -> None:
     done = template(*[a for s in sets for a in ("--set", s)])
