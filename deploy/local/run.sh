@@ -38,7 +38,8 @@ digest=$(cat pyproject.toml setup.py planner_svc/simulator/{kvcache,replica,chai
   | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$digest" ]; then
   .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-  .venv/bin/python -m pip install -q -e '.[test]'
+  # The tests and benchmarks run the simulator at volume: compile it (setup.py).
+  CACHEROUTE_COMPILE=1 .venv/bin/python -m pip install -q -e '.[test]'
   echo "$digest" > "$stamp"
 fi
 # Apache Kafka's jars from Maven Central into deploy/kafka/target/lib, again only when the pom
