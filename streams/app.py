@@ -105,8 +105,8 @@ class StreamWorker:
         started = time.monotonic()
         tp = TopicPartition(self.settings.events_topic, p)
         async with self._reader() as reader:
-            await self._learn_partition_count(reader)
             end = await self._log_end(reader, tp)
+            await self._learn_partition_count(reader)
             start, complete_since = await self._replay_start(reader, tp, end)
             proc = self.processors.get(p)
             if proc is None:
@@ -173,10 +173,15 @@ class StreamWorker:
         return lo
 
     async def _learn_partition_count(self, reader: AIOKafkaConsumer) -> None:
+        """The events topic's partition count, which every snapshot states, from the
+        metadata of a reader assigned to the topic (a reader's metadata of all topics may
+        lack one created just before it started). Without it the recovery fails and is
+        retried: a window published with a wrong count would be refused."""
         if not self.partition_count:
-            await reader.topics()  # loads cluster metadata
             parts = reader.partitions_for_topic(self.settings.events_topic)
-            self.partition_count = len(parts or ())
+            if not parts:
+                raise RuntimeError(f"no partitions known yet for {self.settings.events_topic}")
+            self.partition_count = len(parts)
 
     # -- processing ------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cacheroute.keyblob import MAX_KEY_BYTES
+from streams.dedup import DEFAULT_MAX_GAP, DEFAULT_MAX_JUMP
 from streams.errors import ConfigError
 
 
@@ -36,6 +37,13 @@ class StreamConfig:
     max_future_ms: int = 10_000
     max_past_ms: int = 6 * 3_600_000
     max_producers: int = 100_000
+    # Dedup (streams.dedup): an event at most this far above the end of one of its
+    # producer's runs of sequences extends that run; a farther one opens a run of its own and
+    # never moves the producer's mark. 1 because producers number each partition 1, 2, 3...
+    # (the emitter does); a larger gap lets one forged event shadow that many real ones.
+    max_sequence_gap: int = DEFAULT_MAX_GAP
+    # A sequence this far above every run of its producer is a dead letter (sequence_jump).
+    max_sequence_jump: int = DEFAULT_MAX_JUMP
     # Keys whose EWMA rate decayed below this and have no traffic are not published.
     min_published_rate_per_s: float = 1e-3
     snapshot_part_bytes: int = 900_000
@@ -51,6 +59,8 @@ class StreamConfig:
         _require(self.eviction_ms > 0, "eviction_ms must be > 0")
         _require(self.max_tracked_keys > 0 and self.max_destinations > 0, "caps must be > 0")
         _require(self.snapshot_part_bytes >= 4096, "snapshot_part_bytes must be >= 4096")
+        _require(1 <= self.max_sequence_gap <= self.max_sequence_jump,
+                 "max_sequence_gap must be in [1, max_sequence_jump]")
 
     @property
     def buckets_per_window(self) -> int:

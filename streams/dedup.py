@@ -1,16 +1,23 @@
 """Drop events already counted, by (producer_id, sequence), in bounded memory (pure).
 
-Contract with producers (the emitter keeps it): within one source partition the
-sequences of one producer strictly increase. Partitions are processed apart, so
-one high-water mark per producer per partition identifies every repeat - a
-producer's retried batch, or a message the broker delivered twice - without
-remembering individual sequences. At most `max_producers` producers are
-remembered per partition; the one seen least recently is forgotten first.
+Contract with producers (the emitter keeps it): within one source partition a producer
+numbers its events 1, 2, 3, ... (each partition on its own), so a run of consecutive
+sequences is what one producer sends there; gaps appear only where it lost events.
 
-A sequence more than `max_jump` above a producer's high-water mark is not trusted: a
-real producer's sequences grow by one per event (gaps only where it dropped events), so
-such a jump is a forged or corrupt event that would otherwise make every later event of
-that producer look like a repeat. It is refused (`jumps` mask) and the mark stays.
+For each producer the deduplicator remembers a few *runs*: ranges [first, last] of the
+sequences it counted. An event inside a run is a repeat (a producer's retried batch, or a
+message delivered twice). One at most `max_gap` above the end of a run extends that run;
+any other opens a run of its own. A forward jump therefore never moves the mark of the run
+the producer is on: an event forged under a real producer's id, however far ahead, can
+shadow only the sequences it covers itself, and the real producer's next events extend its
+own run and count. (A producer restarted under the same id would look like repeats of its
+old run: the emitter adds a random incarnation suffix to its id for that reason.)
+
+A sequence more than `max_jump` above every run of its producer is dead data (corrupt or
+forged, e.g. 2^64-1): it is refused (positions in `last_jumps`) and changes nothing.
+At most `max_runs` runs per producer are kept (the least recently extended is forgotten)
+and at most `max_producers` producers per partition (the least recently seen first).
+Forgetting can only let a very late repeat count again; it never drops a new event.
 """
 
 from __future__ import annotations
@@ -21,29 +28,88 @@ import numpy as np
 
 from streams.categorical import Categorical
 
+DEFAULT_MAX_GAP = 1
+DEFAULT_MAX_JUMP = 10_000_000
+
+
+class _Runs:
+    """One producer's runs: parallel lists of first/last sequence and last use (small)."""
+
+    __slots__ = ("first", "last", "used")
+
+    def __init__(self) -> None:
+        self.first: list[int] = []
+        self.last: list[int] = []
+        self.used: list[int] = []
+
+    def find(self, s: int) -> int:
+        """The run holding s, -1 when none does."""
+        for i, (lo, hi) in enumerate(zip(self.first, self.last, strict=True)):
+            if lo <= s <= hi:
+                return i
+        return -1
+
+    def below(self, s: int, max_gap: int) -> int:
+        """The run whose end is the highest below s, if s lies within max_gap of it."""
+        best = -1
+        for i, hi in enumerate(self.last):
+            if hi < s and s - hi <= max_gap and (best < 0 or hi > self.last[best]):
+                best = i
+        return best
+
+    def extend(self, i: int, last: int, tick: int) -> None:
+        self.last[i] = last
+        self.used[i] = tick
+        for j in range(len(self.first) - 1, -1, -1):  # runs the extension reached merge in
+            if j != i and self.last[i] >= self.first[j] > self.first[i]:
+                self.last[i] = max(self.last[i], self.last[j])
+                for column in (self.first, self.last, self.used):
+                    del column[j]
+                i -= j < i
+
+    def open(self, s: int, tick: int, max_runs: int) -> None:
+        self.first.append(s)
+        self.last.append(s)
+        self.used.append(tick)
+        if len(self.first) > max_runs:
+            oldest = self.used.index(min(self.used))
+            for column in (self.first, self.last, self.used):
+                del column[oldest]
+
 
 class Deduplicator:
-    """High-water marks of (producer -> last accepted sequence) for one partition."""
+    """Runs of counted sequences per producer, for one partition; see the module docstring."""
 
-    def __init__(self, max_producers: int = 100_000, max_jump: int = 10_000_000) -> None:
+    def __init__(self, max_producers: int = 100_000, max_jump: int = DEFAULT_MAX_JUMP,
+                 max_gap: int = DEFAULT_MAX_GAP, max_runs: int = 4) -> None:
         self.max_producers = max_producers
         self.max_jump = max_jump
-        self._high: OrderedDict[str, int] = OrderedDict()
+        self.max_gap = max_gap
+        self.max_runs = max_runs
+        self._runs: OrderedDict[str, _Runs] = OrderedDict()
+        self._tick = 0
         self.duplicates = 0
         self.forgotten = 0
-        self.jumps = 0
+        self.jumps = 0  # events refused for a jump beyond max_jump
+        self.runs_opened = 0  # runs opened beside a producer's existing ones (gaps, forgeries)
         self._jumped: list[int] = []
 
     def keep(self, producers: Categorical, sequences: np.ndarray) -> np.ndarray:
         """Boolean mask of the events that are new; records them as seen. Events refused
         for an implausible jump are in `last_jumps` (positions), not counted as duplicates."""
         n = len(producers)
-        codes = producers.codes
+        mask = np.zeros(n, dtype=bool)
         self._jumped = []
-        if n and bool(np.all(codes == codes[0])):
-            mask = self._keep_one(producers[0], sequences)
-        else:
-            mask = self._keep_mixed(producers.tolist(), sequences.tolist())
+        if n:
+            # Producers are independent: one pass per producer over its rows, in order.
+            order = np.argsort(producers.codes, kind="stable")
+            sorted_codes = producers.codes[order]
+            starts = np.flatnonzero(np.r_[True, sorted_codes[1:] != sorted_codes[:-1]])
+            for lo, hi in zip(starts.tolist(), [*starts[1:].tolist(), n], strict=True):
+                rows = order[lo:hi]
+                name = producers.names[int(sorted_codes[lo])]
+                mask[rows] = self._keep_one(name, sequences[rows], rows)
+        self._jumped.sort()
         self.duplicates += int(n - np.count_nonzero(mask)) - len(self._jumped)
         self._bound()
         return mask
@@ -52,41 +118,53 @@ class Deduplicator:
     def last_jumps(self) -> list[int]:
         return self._jumped
 
-    def _keep_one(self, producer: str, sequences: np.ndarray) -> np.ndarray:
-        high = self._high.get(producer, 0)
-        # Fast path: the usual batch from one producer, in order, all new, no jump.
-        if sequences.size and int(sequences[0]) > high and (
-            high == 0 or int(sequences[-1]) - high <= self.max_jump + sequences.size
-        ) and (sequences.size == 1 or bool(np.all(sequences[1:] > sequences[:-1]))) and (
-            sequences.size == 1 or int(np.max(np.diff(sequences))) <= self.max_jump
-        ):
-            self._set(producer, int(sequences[-1]))
+    def _keep_one(self, producer: str, sequences: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        runs = self._runs.get(producer)
+        if runs is None:
+            runs = self._runs[producer] = _Runs()
+        self._runs.move_to_end(producer)
+        self._tick += 1
+        if self._extends_at_once(runs, sequences):  # the usual batch: the next ones, in order
+            runs.extend(runs.below(int(sequences[0]), self.max_gap), int(sequences[-1]),
+                        self._tick)
             return np.ones(sequences.size, dtype=bool)
-        return self._keep_mixed([producer] * sequences.size, sequences.tolist())
-
-    def _keep_mixed(self, producers: list[str], sequences: list[int]) -> np.ndarray:
-        mask = np.zeros(len(producers), dtype=bool)
-        high = self._high
-        jump = self.max_jump
-        for i, (p, s) in enumerate(zip(producers, sequences, strict=True)):
-            h = high.get(p, 0)
-            if s > h:
-                if h and s - h > jump:
-                    self._jumped.append(i)
-                    self.jumps += 1
-                    continue
-                mask[i] = True
-                self._set(p, s)
+        mask = np.zeros(sequences.size, dtype=bool)
+        for i, s in enumerate(sequences.tolist()):
+            mask[i] = self._one(runs, s, int(rows[i]))
         return mask
 
-    def _set(self, producer: str, sequence: int) -> None:
-        self._high[producer] = sequence
-        self._high.move_to_end(producer)
+    def _extends_at_once(self, runs: _Runs, seqs: np.ndarray) -> bool:
+        if not seqs.size or not runs.first:
+            return False
+        i = runs.below(int(seqs[0]), self.max_gap)
+        if i < 0 or runs.find(int(seqs[0])) >= 0:
+            return False
+        steps = np.diff(seqs.astype(np.int64)) if seqs.size > 1 else np.ones(1, np.int64)
+        if not (bool(np.all(steps >= 1)) and int(steps.max()) <= self.max_gap):
+            return False
+        lo, hi = int(seqs[0]), int(seqs[-1])
+        return not any(lo <= f <= hi for f in runs.first)  # crosses no other run
+
+    def _one(self, runs: _Runs, s: int, row: int) -> bool:
+        if runs.find(s) >= 0:
+            return False
+        i = runs.below(s, self.max_gap)
+        if i >= 0:
+            runs.extend(i, s, self._tick)
+            return True
+        if runs.last and s - max(runs.last) > self.max_jump:
+            self._jumped.append(row)
+            self.jumps += 1
+            return False
+        if runs.first:
+            self.runs_opened += 1
+        runs.open(s, self._tick, self.max_runs)
+        return True
 
     def _bound(self) -> None:
-        while len(self._high) > self.max_producers:
-            self._high.popitem(last=False)
+        while len(self._runs) > self.max_producers:
+            self._runs.popitem(last=False)
             self.forgotten += 1
 
     def __len__(self) -> int:
-        return len(self._high)
+        return len(self._runs)

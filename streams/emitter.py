@@ -10,9 +10,10 @@ and counted in `.dropped`. A background thread groups buffered events by the
 partition of their routing key (`streams.partitioning`), packs up to
 `batch_max_events` of them into one `EventBatch` message per partition, and
 produces it with an idempotent producer (acks=all). Each event carries this
-emitter's producer id and a sequence number that grows by one per event, so
-the stream can drop duplicates; within a partition the sequences increase,
-which is the contract `streams.dedup` relies on.
+emitter's producer id and a sequence number, counted per partition: 1, 2, 3, ... for the
+events of each partition, with a gap only where a message that was handed to the producer
+failed delivery. That is the contract `streams.dedup` relies on: it can then tell the
+producer's next events from any sequence forged under its id.
 
 The producer id on the wire is the given `producer_id` plus a random incarnation
 suffix (`gateway` -> `gateway.3fa2b1c0`): sequences start at 1 in every process, so
@@ -74,7 +75,9 @@ class EventEmitter:
         self._producer = RenewingProducer(config)
         self._lock = threading.Lock()
         self._pending: list[tuple] = []
-        self._sequence = 0
+        # partition -> the last sequence produced there (only the background thread, or
+        # close() after it stopped, touches it)
+        self._sequences: dict[int, int] = {}
         self._partitions = 0
         self.dropped = 0
         self.sent = 0
@@ -115,8 +118,7 @@ class EventEmitter:
             if self._closed or len(self._pending) >= self.buffer_max_events:
                 self.dropped += 1
                 return False
-            self._sequence += 1
-            self._pending.append((self._sequence, ts, *row[:3], *row[4:]))
+            self._pending.append((ts, *row[:3], *row[4:]))
             full = len(self._pending) >= self.batch_max_events
         if full:
             self._wake.set()
@@ -143,7 +145,7 @@ class EventEmitter:
         by_partition: dict[int, list[tuple]] = {}
         n = self._partitions
         for row in rows:
-            by_partition.setdefault(partition_for_key(row[3], n), []).append(row)
+            by_partition.setdefault(partition_for_key(row[2], n), []).append(row)
         for p, prow in by_partition.items():
             for i in range(0, len(prow), self.batch_max_events):
                 self._produce(p, prow[i : i + self.batch_max_events])
@@ -161,11 +163,14 @@ class EventEmitter:
         return bool(self._partitions)
 
     def _produce(self, partition: int, rows: list[tuple]) -> None:
-        value = self._batch(rows).SerializeToString()
+        # Sequences are taken only once the message is queued: rows dropped here leave no gap.
+        first = self._sequences.get(partition, 0) + 1
+        value = self._batch(rows, first).SerializeToString()
         for _ in range(50):
             try:
-                self._producer.produce(self.topic, value=value, key=rows[0][3].encode(),
+                self._producer.produce(self.topic, value=value, key=rows[0][2].encode(),
                                        partition=partition, on_delivery=self._delivered)
+                self._sequences[partition] = first + len(rows) - 1
                 self.sent += len(rows)
                 return
             except BufferError:
@@ -173,29 +178,30 @@ class EventEmitter:
         with self._lock:
             self.dropped += len(rows)
 
-    def _batch(self, rows: list[tuple]) -> events_pb2.EventBatch:
+    def _batch(self, rows: list[tuple], first_sequence: int) -> events_pb2.EventBatch:
+        """Rows are (timestamp_ms, kind, routing key, destination, *the kind's fields)."""
         batch = events_pb2.EventBatch()
         add = batch.events.add
         pid = self.producer_id
-        for row in rows:
-            e = add(producer_id=pid, sequence=row[0], timestamp_ms=row[1])
-            if row[2] == _REQUEST:
+        for sequence, row in enumerate(rows, first_sequence):
+            e = add(producer_id=pid, sequence=sequence, timestamp_ms=row[0])
+            if row[1] == _REQUEST:
                 r = e.request
-                r.routing_key, r.destination, r.prompt_tokens = row[3], row[4], row[5]
-                r.reusable_prefix_tokens, r.router_id = row[6], row[8]
-                if row[7] is not None:
-                    r.inflight = row[7]
-            elif row[2] == _ERROR:
+                r.routing_key, r.destination, r.prompt_tokens = row[2], row[3], row[4]
+                r.reusable_prefix_tokens, r.router_id = row[5], row[7]
+                if row[6] is not None:
+                    r.inflight = row[6]
+            elif row[1] == _ERROR:
                 x = e.error
-                x.routing_key, x.destination, x.status_code = row[3], row[4], row[5]
-                x.kind, x.router_id = row[6], row[7]
+                x.routing_key, x.destination, x.status_code = row[2], row[3], row[4]
+                x.kind, x.router_id = row[5], row[6]
             else:
                 c = e.cache_hit
-                c.routing_key, c.destination, c.prompt_tokens = row[3], row[4], row[5]
-                c.cached_tokens, c.output_tokens = row[6], row[7]
-                c.ttft_ms, c.e2e_ms = row[9], row[10]
-                if row[8] is not None:
-                    c.queue_depth = row[8]
+                c.routing_key, c.destination, c.prompt_tokens = row[2], row[3], row[4]
+                c.cached_tokens, c.output_tokens = row[5], row[6]
+                c.ttft_ms, c.e2e_ms = row[8], row[9]
+                if row[7] is not None:
+                    c.queue_depth = row[7]
         return batch
 
     def _delivered(self, err: KafkaError | None, _msg: Any) -> None:

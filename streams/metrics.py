@@ -18,6 +18,9 @@ class StreamCounters:
     events_by_type: Counter[str] = field(default_factory=Counter)
     dead_letters_by_reason: Counter[str] = field(default_factory=Counter)
     duplicates: int = 0
+    # Events that opened a run of sequences beside their producer's (streams.dedup): lost
+    # events, or sequences forged under a real producer's id.
+    sequence_runs_opened: int = 0
     dead_letter_send_failures: int = 0
     overflow_events: int = 0
     messages: int = 0
@@ -76,6 +79,8 @@ class _Collector(Collector):
         yield lag
         for name, text, value in (
             ("duplicates", "Events dropped as already counted.", c.duplicates),
+            ("sequence_runs_opened", "Events whose sequence did not continue a run of their "
+             "producer's (lost events, or forged under its id).", c.sequence_runs_opened),
             ("dead_letter_send_failures", "Dead letters that could not be published (logged).",
              c.dead_letter_send_failures),
             ("overflow_events", "Events of keys beyond the tracked-key cap.", c.overflow_events),

@@ -77,7 +77,8 @@ class PartitionProcessor:
         self.partition = partition
         self.config = config
         self.windows = PartitionWindows(config)
-        self.dedup = Deduplicator(config.max_producers)
+        self.dedup = Deduplicator(config.max_producers, max_jump=config.max_sequence_jump,
+                                  max_gap=config.max_sequence_gap)
         self.counters = counters if counters is not None else StreamCounters()
         self.next_offset = 0
         self.last_event_wall_ms: int | None = None
@@ -157,7 +158,9 @@ class PartitionProcessor:
         bad = np.flatnonzero(reasons != OK)
         out.rejected.extend(_rejects(cols, bad, reasons[bad]))
         good = cols if not bad.size else take(cols, np.flatnonzero(reasons == OK))
+        opened = self.dedup.runs_opened
         keep = self.dedup.keep(good.producer, good.sequence)
+        self.counters.sequence_runs_opened += self.dedup.runs_opened - opened
         jumped = np.asarray(self.dedup.last_jumps, dtype=np.int64)
         if jumped.size:  # forged or corrupt sequences: dead letters, not silent repeats
             out.rejected.extend(_rejects(good, jumped, np.full(jumped.size, CODE["sequence_jump"])))

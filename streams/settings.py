@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from streams.config import StreamConfig
+from streams.dedup import DEFAULT_MAX_GAP, DEFAULT_MAX_JUMP
 from streams.errors import ConfigError
 
 ENV_PREFIX = "CACHEROUTE_"
@@ -49,6 +50,9 @@ class Settings:
     # Faust hard-codes 1,500 ms; a broker that does not answer long polls as soon
     # as data arrives (Tansu polls its storage) then adds that much delay per hop.
     fetch_max_wait_ms: int = 100
+    # Dedup's bounds (streams.config.StreamConfig.max_sequence_gap / max_sequence_jump).
+    max_sequence_gap: int = DEFAULT_MAX_GAP
+    max_sequence_jump: int = DEFAULT_MAX_JUMP
 
     def stream_config(self) -> StreamConfig:
         """The pure pipeline's config (validates ranges; raises ConfigError)."""
@@ -62,6 +66,8 @@ class Settings:
             max_tracked_keys=self.max_tracked_keys,
             max_past_ms=round(self.max_past_s * 1000),
             max_future_ms=round(self.max_future_s * 1000),
+            max_sequence_gap=self.max_sequence_gap,
+            max_sequence_jump=self.max_sequence_jump,
         )
 
     @property
@@ -77,6 +83,7 @@ _OPTIONS: tuple[tuple[str, type], ...] = (
     ("idle_s", float), ("eviction_s", float), ("ewma_alpha", float),
     ("max_tracked_keys", int), ("max_past_s", float), ("max_future_s", float),
     ("replay_margin_s", float), ("fetch_max_wait_ms", int),
+    ("max_sequence_gap", int), ("max_sequence_jump", int),
 )
 
 

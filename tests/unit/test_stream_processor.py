@@ -84,15 +84,57 @@ def test_dedup_tracks_producers_separately_and_is_bounded():
 
 
 @given(st.lists(st.integers(1, 50), max_size=60))
-def test_dedup_keeps_exactly_the_increasing_prefix_maxima(seqs):
-    d = Deduplicator()
+def test_dedup_keeps_exactly_the_first_time_each_sequence_is_seen(seqs):
+    d = Deduplicator(max_runs=64)
     keep = d.keep(Categorical.of(["p"] * len(seqs)), np.array(seqs, dtype=np.uint64))
-    high = 0
-    expected = []
-    for s in seqs:
-        expected.append(s > high)
-        high = max(high, s)
-    assert keep.tolist() == expected
+    assert keep.tolist() == [s not in seqs[:i] for i, s in enumerate(seqs)]
+
+
+@given(st.lists(st.lists(st.integers(1, 40), max_size=12), max_size=8))
+def test_dedup_never_drops_a_new_sequence_whatever_it_forgets(batches):
+    d = Deduplicator(max_runs=2)
+    seen: set[int] = set()
+    for seqs in batches:
+        keep = d.keep(Categorical.of(["p"] * len(seqs)), np.array(seqs, dtype=np.uint64))
+        for s, kept in zip(seqs, keep.tolist(), strict=True):
+            assert kept or s in seen
+            seen.add(s)
+
+
+def test_a_forward_jump_does_not_freeze_the_real_producer():
+    d = Deduplicator()
+    one = Categorical.of(["p"])
+    assert d.keep(Categorical.of(["p"] * 3), np.array([1, 2, 3], dtype=np.uint64)).all()
+    assert d.keep(one, np.array([9_000_003], dtype=np.uint64)).all()  # forged: its own run
+    later = d.keep(Categorical.of(["p"] * 3), np.array([4, 5, 6], dtype=np.uint64))
+    assert later.all() and d.runs_opened == 1 and d.duplicates == 0
+    assert not d.keep(Categorical.of(["p"] * 2), np.array([5, 9_000_003], dtype=np.uint64)).any()
+    assert d.duplicates == 2
+
+
+def test_a_forged_run_shadows_only_the_sequences_it_covers():
+    d = Deduplicator()
+    d.keep(Categorical.of(["p"] * 2), np.array([1, 2], dtype=np.uint64))
+    d.keep(Categorical.of(["p"] * 2), np.array([5, 6], dtype=np.uint64))  # forged just ahead
+    keep = d.keep(Categorical.of(["p"] * 6), np.arange(3, 9, dtype=np.uint64))
+    assert keep.tolist() == [True, True, False, False, True, True]
+
+
+def test_a_gap_wider_than_allowed_opens_a_run_and_loses_nothing():
+    d = Deduplicator(max_gap=4)
+    assert d.keep(Categorical.of(["p"] * 3), np.array([1, 3, 7], dtype=np.uint64)).all()
+    assert d.runs_opened == 0  # gaps within max_gap extend the run
+    assert d.keep(Categorical.of(["p"] * 2), np.array([20, 21], dtype=np.uint64)).all()
+    assert d.runs_opened == 1
+    assert d.keep(Categorical.of(["p"] * 2), np.array([2, 5], dtype=np.uint64)).tolist() == [
+        False, False]  # inside the run [1, 7]: bridged gaps count as seen
+
+
+def test_mixed_producers_in_one_buffer_are_kept_in_their_own_order():
+    d = Deduplicator()
+    keep = d.keep(Categorical.of(["a", "b", "a", "b", "a"]),
+                  np.array([1, 1, 2, 1, 1], dtype=np.uint64))
+    assert keep.tolist() == [True, True, True, False, False] and d.duplicates == 2
 
 
 def test_slot_map_caps_and_recycles():
