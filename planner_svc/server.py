@@ -64,7 +64,11 @@ log = logging.getLogger("cacheroute.planner")
 # second; a router gone for this long is not there to route).
 ROUTER_REPORT_MAX_AGE_S = 10.0
 MAX_WATCHERS = 8
+# Plan downloads (GetPlan) hold a thread while they stream, at most this long.
+MAX_PLAN_STREAMS = 4
+PLAN_STREAM_DEADLINE_S = 60.0
 UNARY_THREADS = 16
+STREAM_THREADS = MAX_WATCHERS + MAX_PLAN_STREAMS
 SERVICE_NAME = planner_pb2.DESCRIPTOR.services_by_name["Planner"].full_name
 # Health service name SERVING on the leader only (replicated planners): a readiness probe
 # on it keeps the Service pointed at the leader.
@@ -460,11 +464,12 @@ def build_service(
     if changes.failed and not pools.names():
         raise SystemExit("no pool could start: " + "; ".join(
             f"{name}: {why}" for name, why in changes.failed.items()))
-    # Watch streams hold a thread each: they get at most MAX_WATCHERS, and the pool keeps
-    # UNARY_THREADS more, so GetStatus, GetCurrentVersion and health always get one.
+    # Streams hold a thread each: watches at most MAX_WATCHERS, plan downloads at most
+    # MAX_PLAN_STREAMS, and the pool keeps UNARY_THREADS more, so GetStatus,
+    # GetCurrentVersion and health always get one.
     server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=MAX_WATCHERS + UNARY_THREADS),
-        maximum_concurrent_rpcs=MAX_WATCHERS + 4 * UNARY_THREADS,
+        futures.ThreadPoolExecutor(max_workers=STREAM_THREADS + UNARY_THREADS),
+        maximum_concurrent_rpcs=STREAM_THREADS + 4 * UNARY_THREADS,
         options=[
             ("grpc.keepalive_time_ms", 30_000),
             ("grpc.keepalive_timeout_ms", 10_000),
@@ -481,6 +486,8 @@ def build_service(
         ],
     )
     servicer = PlannerServicer(pools, max_watchers=MAX_WATCHERS,
+                               max_plan_streams=MAX_PLAN_STREAMS,
+                               plan_stream_deadline_s=PLAN_STREAM_DEADLINE_S,
                                pools_file=lambda: (settings.pools_file,
                                                    pools_file.error if pools_file else ""))
     planner_pb2_grpc.add_PlannerServicer_to_server(servicer, server)

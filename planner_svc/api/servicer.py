@@ -48,12 +48,13 @@ def _version_arg(pb: plan_pb2.PlanVersion, name: str, *, required: bool) -> Vers
     return v
 
 
-class WatchSlots:
-    """At most `total` watch streams open, `per_peer` from one host: each holds a server
-    thread, and the pool must keep threads for unary calls (GetStatus, health)."""
+class StreamSlots:
+    """At most `total` streams of one kind open, `per_peer` from one host: each holds a
+    server thread (a reader that stops reading blocks the thread in its next write), and
+    the pool must keep threads for unary calls (GetStatus, health)."""
 
-    def __init__(self, total: int, per_peer: int) -> None:
-        self.total, self.per_peer = total, per_peer
+    def __init__(self, total: int, per_peer: int, what: str = "watch streams") -> None:
+        self.total, self.per_peer, self.what = total, per_peer, what
         self._lock = threading.Lock()
         self._open: dict[str, int] = {}
 
@@ -61,9 +62,9 @@ class WatchSlots:
     def slot(self, peer: str) -> Iterator[None]:
         with self._lock:
             if sum(self._open.values()) >= self.total:
-                raise Busy(f"{self.total} watch streams are open: retry later")
+                raise Busy(f"{self.total} {self.what} are open: retry later")
             if self._open.get(peer, 0) >= self.per_peer:
-                raise Busy(f"{self.per_peer} watch streams from {peer} are open already")
+                raise Busy(f"{self.per_peer} {self.what} from {peer} are open already")
             self._open[peer] = self._open.get(peer, 0) + 1
         try:
             yield
@@ -88,12 +89,18 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
     that pool's planner and publisher."""
 
     def __init__(self, pools: PoolSet, *, max_watchers: int = 8,
-                 max_watchers_per_peer: int = 0,
+                 max_watchers_per_peer: int = 0, max_plan_streams: int = 4,
+                 plan_stream_deadline_s: float = 60.0,
                  pools_file: Callable[[], tuple[str, str]] = lambda: ("", "")) -> None:
         self._pools = pools
         self._pools_file = pools_file  # () -> (path, last reload error)
         # Per host: all of them by default (operators often share one bastion host).
-        self._watchers = WatchSlots(max_watchers, max_watchers_per_peer or max_watchers)
+        self._watchers = StreamSlots(max_watchers, max_watchers_per_peer or max_watchers)
+        # Plan downloads are bounded apart from watches (a router fleet watching must not
+        # lock operators out of GetPlan), and in time: a client that stops reading holds
+        # its thread only until the deadline, whatever the RPC deadline it asked for.
+        self._downloads = StreamSlots(max_plan_streams, max_plan_streams, "plan downloads")
+        self._plan_deadline_s = plan_stream_deadline_s
 
     def _unit(self, request: Any) -> PoolUnit:
         name = request.pool
@@ -160,13 +167,20 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
     ) -> Iterator[planner_pb2.PlanChunk]:
         unit = self._unit(request)
         version = _version_arg(request.version, "version", required=False)
-        plan = unit.planner.plan(version)
-        blob = unit.publisher.signed_plan(plan.version)
-        count = max(1, -(-len(blob) // CHUNK_BYTES))
-        for i in range(count):
-            yield planner_pb2.PlanChunk(
-                payload=blob[i * CHUNK_BYTES : (i + 1) * CHUNK_BYTES], index=i, count=count
-            )
+        with self._downloads.slot(_peer_host(context.peer())):
+            plan = unit.planner.plan(version)
+            blob = unit.publisher.signed_plan(plan.version)
+            count = max(1, -(-len(blob) // CHUNK_BYTES))
+            timer = threading.Timer(self._plan_deadline_s, context.cancel)
+            timer.daemon = True
+            timer.start()
+            try:
+                for i in range(count):
+                    yield planner_pb2.PlanChunk(
+                        payload=blob[i * CHUNK_BYTES : (i + 1) * CHUNK_BYTES], index=i,
+                        count=count)
+            finally:
+                timer.cancel()
 
     def ListPlanVersions(
         self, request: planner_pb2.ListPlanVersionsRequest, context: grpc.ServicerContext

@@ -148,7 +148,7 @@ def test_4_a_status_with_an_impossible_version_is_refused(fleet: Fleet) -> None:
     fleet.report("edge-1")
     lie = pb.RouterStatus(router_id="edge-3", reported_at_ms=int(time.time() * 1000),
                           applied=pb.PlanVersion(epoch=(1 << 64) - 1, seq=(1 << 64) - 1))
-    fleet.attacker.set(LAY.router_status("edge-3"), lie.SerializeToString(), ex=15)
+    fleet.sources["edge-3"].report(lie)  # as a router writes its status
     statuses = fleet.publisher.router_statuses()
     assert [s.router_id for s in statuses] == ["edge-1"]
     held = max(Version(s.applied.epoch, s.applied.seq) for s in statuses)
