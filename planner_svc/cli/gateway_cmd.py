@@ -39,6 +39,11 @@ from planner_svc.cli.edge_args import (
     serve_until_signalled,
     served_pools,
 )
+from router_client.gateway.client_limits import (
+    BUFFERED_BODY_BYTES,
+    CLIENT_BUFFERED_BODY_BYTES,
+    HEADER_TIMEOUT_S,
+)
 
 log = logging.getLogger("cacheroute.gateway")
 
@@ -51,6 +56,15 @@ FLAGS: Flags = {
     "idle-timeout-s": (float, 60.0, "longest silence between streamed chunks"),
     "max-connections": (int, 0, "client connections open at once; past it new ones are "
                         "closed (0: half the process's file-descriptor limit)"),
+    "max-connections-per-client": (int, 0, "connections one client address may hold at once; "
+                                   "past it 503 and closed (0: a quarter of --max-connections)"),
+    "header-timeout-s": (float, HEADER_TIMEOUT_S, "a new connection's first request head "
+                         "must arrive within this, else it is closed (408 if part of it came)"),
+    "max-buffered-bytes": (int, BUFFERED_BODY_BYTES, "request-body bytes all clients may hold "
+                           "at once, from a body's first byte to its answer (past it 503)"),
+    "max-buffered-bytes-per-client": (int, CLIENT_BUFFERED_BODY_BYTES, "request-body bytes one "
+                                      "client address may hold at once (past it 413; 0: off, "
+                                      "behind a proxy that hides client addresses)"),
     "request-timeout-s": (float, 30.0, "a client's request (headers and body) must arrive "
                           "within this from its first byte, else 408 and the connection "
                           "closes (a client trickling one holds a socket)"),
@@ -91,6 +105,9 @@ async def run_gateway(args: argparse.Namespace, ready: asyncio.Event | None = No
             first_byte_timeout_s=args.first_byte_timeout_s,
             idle_timeout_s=args.idle_timeout_s, request_timeout_s=args.request_timeout_s,
             max_connections=args.max_connections,
+            max_connections_per_client=args.max_connections_per_client,
+            header_timeout_s=args.header_timeout_s, max_buffered_bytes=args.max_buffered_bytes,
+            max_buffered_bytes_per_client=args.max_buffered_bytes_per_client,
             max_inflight_per_destination=args.max_inflight, max_retries=args.max_retries,
             max_body_bytes=args.max_body_bytes, shutdown_grace_s=args.shutdown_grace_s,
             engine_load_period_s=args.engine_load_period_s)

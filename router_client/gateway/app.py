@@ -29,6 +29,7 @@ from router_client.aio import AsyncRouterClient
 from router_client.gateway.engine_load import EngineLoadPoller
 from router_client.gateway.http11 import HttpServer, Request, Responder, ServerLimits, UpstreamError
 from router_client.gateway.metrics import GatewayMetrics
+from router_client.gateway.paths import normal_target
 from router_client.gateway.proxy import JSON, Proxy, send_error
 from router_client.gateway.settings import GatewaySettings
 from router_client.gateway.telemetry import EventSink, NoSink
@@ -68,7 +69,12 @@ class Gateway:
         limits = ServerLimits(max_body_bytes=self.settings.max_body_bytes,
                               request_timeout_s=self.settings.request_timeout_s,
                               max_connections=self.settings.max_connections,
-                              write_timeout_s=self.settings.idle_timeout_s)
+                              write_timeout_s=self.settings.idle_timeout_s,
+                              max_buffered_bytes=self.settings.max_buffered_bytes,
+                              max_buffered_bytes_per_client=(
+                                  self.settings.max_buffered_bytes_per_client),
+                              max_connections_per_client=self.settings.max_connections_per_client,
+                              header_timeout_s=self.settings.header_timeout_s)
         self.server = HttpServer(self.handle, limits, on_exception=self._log_exception)
         self.metrics.watch_server(self.server)
         self._models: tuple[float, bytes] | None = None
@@ -133,6 +139,12 @@ class Gateway:
         self.upstreams.close()
 
     async def handle(self, request: Request, out: Responder) -> None:
+        target = normal_target(request.target)
+        if target is None:
+            send_error(out, 400, "the request path has a dot segment ('.' or '..', also "
+                       "percent-escaped): not forwarded", "invalid_request_error")
+            return
+        request.target = target  # what is routed and forwarded from here on
         path = request.path
         if path in ROUTED:
             if request.method != "POST":

@@ -34,6 +34,9 @@ from typing import Any
 
 import httptools
 
+from router_client.gateway import client_limits
+from router_client.gateway.client_limits import ClientLedger, Refusal
+
 _REASONS = {200: b"OK", 201: b"Created", 204: b"No Content", 400: b"Bad Request",
             401: b"Unauthorized", 403: b"Forbidden", 404: b"Not Found", 408: b"Request Timeout",
             413: b"Payload Too Large", 414: b"URI Too Long", 429: b"Too Many Requests",
@@ -70,6 +73,7 @@ class Request:
     body: bytes
     keep_alive: bool
     http_10: bool = False
+    held: int = 0  # body bytes counted against the client's budget until it is answered
     _index: dict[str, str] | None = field(default=None, repr=False)
 
     @property
@@ -155,6 +159,17 @@ class ServerLimits:
     # stops reading a stream would otherwise hold its in-flight slot, and the engine's, for
     # as long as it liked.
     write_timeout_s: float = 60.0
+    # Request-body bytes all connections hold at once, and one client address's share (0:
+    # none), from a body's first byte until its request is answered (client_limits).
+    max_buffered_bytes: int = client_limits.BUFFERED_BODY_BYTES
+    max_buffered_bytes_per_client: int = client_limits.CLIENT_BUFFERED_BODY_BYTES
+    # Connections one client address may hold at once; 0: a quarter of max_connections.
+    # Past it a new one is answered 503 and closed.
+    max_connections_per_client: int = 0
+    # A new connection's first request head must be complete within this of its opening,
+    # else it is closed (408 if part of the head came): idle sockets that never send held
+    # every connection slot for the idle timeout.
+    header_timeout_s: float = client_limits.HEADER_TIMEOUT_S
 
 
 class _ServerConnection(asyncio.Protocol):
@@ -187,16 +202,32 @@ class _ServerConnection(asyncio.Protocol):
         self.reading_since: float | None = None  # a request begun and not yet received
         self._refused = False
         self._keep_alive = True
+        self.peer = ""  # the client's address: what its limits are counted by
+        self._counted = False  # its connection is counted in the server's ledger
+        self._held = 0  # body bytes this connection holds against the ledger
+        self.opened_at: float | None = None  # until its first request head is complete
 
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
-        if len(self.server._connections) >= self.server.max_connections:
-            self.server.refused_connections += 1
+        server = self.server
+        if len(server._connections) >= server.max_connections:
+            server.refused_connections += 1
             self._closing = True
             transport.close()
             return
-        self.server._connections.add(self)
+        peer = transport.get_extra_info("peername")
+        self.peer = str(peer[0]) if isinstance(peer, tuple) and peer else ""
+        if not server.ledger.connect(self.peer):
+            server.refused_client_connections += 1
+            self._closing = True
+            self.transport.write(_error_response(  # type: ignore[union-attr]
+                503, "too many connections from this client address at once", "overloaded"))
+            transport.close()
+            return
+        self._counted = True
+        server._connections.add(self)
+        self.opened_at = time.monotonic()
         self._arm_idle()
 
     def data_received(self, data: bytes) -> None:
@@ -225,6 +256,11 @@ class _ServerConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.server._connections.discard(self)
         self._closing = True
+        if self._counted:
+            self._counted = False
+            self.server.ledger.disconnect(self.peer)
+        self._give(self._held)  # every body it held, arriving, queued or being answered
+        self._body, self._queue = [], deque()
         if self._task is not None and not self._task.done():
             self._task.cancel()  # the client is gone: stop its request (and its upstream)
         if self._drain is not None and not self._drain.done():
@@ -265,6 +301,7 @@ class _ServerConnection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         self._in_head = False
+        self.opened_at = None
         self._keep_alive = self.parser.should_keep_alive()  # reliable here, not later
         if self._refused:
             return
@@ -275,17 +312,29 @@ class _ServerConnection(asyncio.Protocol):
                 length = value.strip()
             elif low == "expect":
                 expect = value.strip().lower()
-        if length.isdigit() and int(length) > self.server.limits.max_body_bytes:
-            self._refuse(413, "request body too large")  # now, not after the upload
+        declared = int(length) if length.isdigit() else 0
+        # Refused now, not after the upload: too large, or past what may be held.
+        if declared > self.server.limits.max_body_bytes:
+            self._refuse(413, "request body too large")
+        elif declared and (refusal := self.server.ledger.check(self.peer, declared)):
+            self._refuse_by(refusal)
         elif (expect == "100-continue" and self.transport is not None
               and self._task is None and not self._queue):  # no answer being written
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
     def on_body(self, body: bytes) -> None:
-        self._body_bytes += len(body)
+        if self._refused:
+            return  # the rest of a read the refusal came in
+        n = len(body)
+        self._body_bytes += n
         if self._body_bytes > self.server.limits.max_body_bytes:
             self._refuse(413, "request body too large")
             return
+        refusal = self.server.ledger.take(self.peer, n)
+        if refusal is not None:
+            self._refuse_by(refusal)
+            return
+        self._held += n
         self._body.append(body)
 
     def on_message_complete(self) -> None:
@@ -298,7 +347,8 @@ class _ServerConnection(asyncio.Protocol):
             target=b"".join(self._url).decode("latin-1"),
             headers=self._headers, body=b"".join(self._body),
             keep_alive=self._keep_alive and not self.server.closing,
-            http_10=p.get_http_version() == "1.0")
+            http_10=p.get_http_version() == "1.0", held=self._body_bytes)
+        self._body = []
         self._queue.append(request)
         if len(self._queue) >= PIPELINE_PAUSE and not self._reading_paused:
             self._pause_reading(True)
@@ -343,6 +393,8 @@ class _ServerConnection(asyncio.Protocol):
                     else:
                         responder.abort()
                     return
+                finally:
+                    self._give(request.held)
                 if not responder.started:
                     responder.send(500, [], b"")
                 if self._queue:
@@ -398,25 +450,47 @@ class _ServerConnection(asyncio.Protocol):
     def _arm_idle(self) -> None:
         self.idle_since = time.monotonic()  # the server's sweep closes it past the timeout
 
+    def _give(self, n: int) -> None:
+        n = min(n, self._held)
+        if n:
+            self._held -= n
+            self.server.ledger.give(self.peer, n)
+
+    def refuse_late_head(self) -> None:
+        """The first request's head did not arrive in time: close (408 if part of it came)."""
+        self.opened_at = None
+        if self.reading_since is None and not self._in_head:
+            self.close_if_idle()  # nothing came: nothing to answer
+        else:
+            self._refuse(408, "request head not received in time")
+
     def refuse_slow_request(self) -> None:
         """The request being received took longer than the server allows: 408 and close."""
         self.reading_since = None
         self._refuse(408, "request not received in time")
 
-    def _refuse(self, status: int, message: str) -> None:
+    def _refuse_by(self, refusal: Refusal) -> None:
+        self.server.refused_bodies += 1
+        self._refuse(refusal.status, refusal.message,
+                     "overloaded" if refusal.status == 503 else "invalid_request_error")
+
+    def _refuse(self, status: int, message: str, kind: str = "invalid_request_error") -> None:
         """Answer an unparseable or oversized request and close (nothing else on this
         connection can be trusted to be framed right)."""
         self._refused = True
-        text = message.replace('"', "'")
-        body = f'{{"error":{{"message":"{text}","type":"invalid_request_error",'\
-               f'"code":{status}}}}}'.encode()
         if self.transport is not None and self._task is None:
-            self.transport.write(b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\n"
-                                 b"Content-Length: %d\r\nConnection: close\r\n\r\n%s"
-                                 % (status, _REASONS.get(status, b""), len(body), body))
+            self.transport.write(_error_response(status, message, kind))
             self.transport.close()
         else:
             self.abort()
+
+
+def _error_response(status: int, message: str, kind: str) -> bytes:
+    """A whole JSON error answer that closes the connection."""
+    text = message.replace('"', "'")
+    body = f'{{"error":{{"message":"{text}","type":"{kind}","code":{status}}}}}'.encode()
+    return (b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
+            b"Connection: close\r\n\r\n%s" % (status, _REASONS.get(status, b""), len(body), body))
 
 
 def _half_the_descriptors() -> int:
@@ -440,6 +514,15 @@ class HttpServer:
         self.slow_requests = 0  # refused with 408: not received within request_timeout_s
         self.refused_connections = 0  # closed at once: max_connections were open
         self.max_connections = self.limits.max_connections or _half_the_descriptors()
+        self.refused_client_connections = 0  # 503: its address held its share already
+        self.refused_bodies = 0  # 413 / 503: past the client's or the total body budget
+        self.late_heads = 0  # closed: the first head did not come within header_timeout_s
+        limits = self.limits
+        self.ledger = ClientLedger(
+            body_limit=limits.max_buffered_bytes,
+            client_body_limit=limits.max_buffered_bytes_per_client,
+            client_connection_limit=(limits.max_connections_per_client
+                                     or max(1, self.max_connections // 4)))
 
     async def start(self, host: str, port: int, backlog: int = 4096) -> HttpServer:
         self.closing = False
@@ -457,8 +540,12 @@ class HttpServer:
         now = time.monotonic()
         limit = now - self.limits.idle_timeout_s
         slow = now - self.limits.request_timeout_s
+        late = now - self.limits.header_timeout_s
         for c in list(self._connections):
-            if c.idle_since is not None and c.idle_since < limit:
+            if c.opened_at is not None and c.opened_at < late:
+                self.late_heads += 1
+                c.refuse_late_head()
+            elif c.idle_since is not None and c.idle_since < limit:
                 c.close_if_idle()
             elif c.reading_since is not None and c.reading_since < slow:
                 self.slow_requests += 1

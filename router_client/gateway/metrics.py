@@ -11,6 +11,10 @@ cacheroute_gateway_inflight{destination[,pool]}        requests in flight (at sc
 cacheroute_gateway_client_connections                  open client connections
 cacheroute_gateway_slow_requests_total                 408s: a request not received in time
 cacheroute_gateway_refused_connections_total           connections closed at --max-connections
+cacheroute_gateway_refused_client_connections_total    503s: --max-connections-per-client held
+cacheroute_gateway_late_heads_total                    closed: no head in --header-timeout-s
+cacheroute_gateway_refused_bodies_total                413 / 503: past a body-memory budget
+cacheroute_gateway_buffered_body_bytes                 request-body bytes held (at scrape time)
 plus the router client's cacheroute_router_* (router_client.prom); a gateway routing by pool
 (--pools-file) labels both with the pool.
 """
@@ -65,6 +69,20 @@ class _Server(Collector):
         yield CounterMetricFamily("cacheroute_gateway_refused_connections",
                                   "Client connections closed at once: --max-connections "
                                   "were open.", value=self.server.refused_connections)
+        yield CounterMetricFamily("cacheroute_gateway_refused_client_connections",
+                                  "Client connections answered 503 and closed: their address "
+                                  "held --max-connections-per-client.",
+                                  value=self.server.refused_client_connections)
+        yield CounterMetricFamily("cacheroute_gateway_late_heads",
+                                  "Client connections closed: no complete request head within "
+                                  "--header-timeout-s of opening.", value=self.server.late_heads)
+        yield CounterMetricFamily("cacheroute_gateway_refused_bodies",
+                                  "Requests refused past --max-buffered-bytes (503) or "
+                                  "--max-buffered-bytes-per-client (413).",
+                                  value=self.server.refused_bodies)
+        yield GaugeMetricFamily("cacheroute_gateway_buffered_body_bytes",
+                                "Request-body bytes held by client connections.",
+                                value=self.server.ledger.held)
 
 
 class _Routers(Collector):

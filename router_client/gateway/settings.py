@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from router_client.gateway import client_limits
 from router_client.keys import KeyRule
 
 
@@ -27,8 +28,16 @@ class GatewaySettings:
     # A request (headers and body) must arrive within this from its first byte (else 408):
     # a client that trickles one holds a connection and a socket while it does.
     request_timeout_s: float = 30.0
-    # Client connections open at once (0: half the process's file-descriptor limit).
+    # Client connections open at once (0: half the process's file-descriptor limit), and
+    # from one client address (0: a quarter of max_connections; past it 503 and closed).
     max_connections: int = 0
+    max_connections_per_client: int = 0
+    # A new connection's first request head must be complete within this of its opening.
+    header_timeout_s: float = client_limits.HEADER_TIMEOUT_S
+    # Request-body bytes held at once by all clients (past it 503) and by one client address
+    # (past it 413; 0: no per-client share, for a gateway behind a proxy that hides them).
+    max_buffered_bytes: int = client_limits.BUFFERED_BODY_BYTES
+    max_buffered_bytes_per_client: int = client_limits.CLIENT_BUFFERED_BODY_BYTES
     shutdown_grace_s: float = 30.0
     models_cache_s: float = 5.0
     # Answer with `x-cacheroute-destination` (which destination served the request).
@@ -46,6 +55,8 @@ class GatewaySettings:
             "max_inflight_per_destination": self.max_inflight_per_destination,
             "max_body_bytes": self.max_body_bytes,
             "request_timeout_s": self.request_timeout_s,
+            "header_timeout_s": self.header_timeout_s,
+            "max_buffered_bytes": self.max_buffered_bytes,
         }
         bad = [name for name, value in positive.items() if not value > 0]
         if bad:
@@ -53,7 +64,10 @@ class GatewaySettings:
         if not (self.engine_load_period_s >= 0 and self.engine_load_timeout_s > 0):
             raise ValueError("engine_load_period_s must be >= 0 (0 = off), "
                              "engine_load_timeout_s > 0")
-        if self.max_connections < 0:
-            raise ValueError("max_connections must be >= 0 (0 = half the descriptor limit)")
+        if self.max_connections < 0 or self.max_connections_per_client < 0:
+            raise ValueError("max_connections must be >= 0 (0 = half the descriptor limit), "
+                             "max_connections_per_client >= 0 (0 = a quarter of that)")
+        if self.max_buffered_bytes_per_client < 0:
+            raise ValueError("max_buffered_bytes_per_client must be >= 0 (0 = off)")
         if self.max_retries < 0 or self.shutdown_grace_s < 0:
             raise ValueError("max_retries and shutdown_grace_s must be >= 0")

@@ -5,13 +5,21 @@ real servers (the picker's gRPC server, the gateway's HTTP server) and raw socke
 
 from __future__ import annotations
 
+import json
+import socket
+import socketserver
+import threading
 from collections.abc import Iterator
+from typing import Any
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from planner_svc.devstack.engines import EngineFleet, start_engines
 from router_client.epp.exchange import EppSettings
+from router_client.gateway import GatewaySettings
+from router_client.plan import DestinationSpec
 from tests.epp_harness import (
     EppThread,
     ExtProcStream,
@@ -19,6 +27,7 @@ from tests.epp_harness import (
     request_body,
     request_headers,
 )
+from tests.gateway_harness import GatewayThread
 from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
@@ -136,3 +145,187 @@ def test_streams_that_never_end_are_ended_at_their_deadline(channel_to) -> None:
         assert _routed(ExtProcStream(ch))  # slots free again
     finally:
         e.stop()
+
+
+# --- the gateway ------------------------------------------------------------------------
+
+CHAT = json.dumps({"model": "m", "max_tokens": 4,
+                   "messages": [{"role": "user", "content": "hi"}]}).encode()
+MIB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineFleet]:
+    fleet = start_engines(tmp_path_factory.mktemp("engines"), 2, extra=["--time-scale", "0"])
+    yield fleet
+    fleet.stop()
+
+
+def _gateway(engines: EngineFleet, **limits: Any) -> GatewayThread:
+    return GatewayThread([DestinationSpec(i, u) for i, u in engines.urls.items()],
+                         settings=GatewaySettings(port=0, router_id="gw-bounds",
+                                                  **limits)).start()
+
+
+def _connect(g: GatewayThread, client: str) -> socket.socket:
+    """A connection from `client` (an address of the loopback /8: each is another client)."""
+    host, port = g.url.removeprefix("http://").split(":")
+    s = socket.socket()
+    s.settimeout(5)
+    s.bind((client, 0))
+    s.connect((host, int(port)))
+    return s
+
+
+def _answer(s: socket.socket) -> bytes:
+    """What the gateway sends until it closes (or 5 s of silence: a socket.timeout)."""
+    out = b""
+    while chunk := s.recv(65536):
+        out += chunk
+    return out
+
+
+def _hold_body(g: GatewayThread, client: str, size: int) -> socket.socket:
+    """A request whose body (`size` bytes declared) stops one byte short of its end."""
+    s = _connect(g, client)
+    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n"
+              % size + b"x" * (size - 1))
+    return s
+
+
+def _held(g: GatewayThread) -> int:
+    assert g.gateway is not None
+    return g.gateway.server.ledger.held
+
+
+def test_request_bodies_held_at_once_are_bounded_in_total_and_per_client(engines) -> None:
+    """Item 12: bodies held one byte short of their end (250 x 8 MiB: 2.4 GB, not given
+    back) had no bound but the connection count. Now what one client address may hold is
+    bounded (413 past it) and what all of them hold (503), each refused before its upload
+    when the body declares its length, and all of it is given back when they close."""
+    g = _gateway(engines, max_body_bytes=MIB, max_buffered_bytes=3 * MIB,
+                 max_buffered_bytes_per_client=2 * MIB)
+    holders: list[socket.socket] = []
+    try:
+        holders += [_hold_body(g, "127.0.0.2", MIB) for _ in range(2)]
+        assert eventually(lambda: _held(g) == 2 * (MIB - 1), 5)
+        with _connect(g, "127.0.0.2") as s:  # a third from the same client: past its share
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                      b"Content-Length: %d\r\n\r\n" % MIB)
+            refused = _answer(s)
+        assert refused.startswith(b"HTTP/1.1 413") and b"one client may hold" in refused
+        with _connect(g, "127.0.0.2") as s:  # chunked: refused as the bytes arrive
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                      b"Transfer-Encoding: chunked\r\n\r\n40\r\n%s\r\n" % (b"y" * 64))
+            assert _answer(s).startswith(b"HTTP/1.1 413")
+        holders.append(_hold_body(g, "127.0.0.3", MIB))
+        assert eventually(lambda: _held(g) == 3 * (MIB - 1), 5)
+        with _connect(g, "127.0.0.4") as s:  # a new client, but the total is held
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                      b"Content-Length: 4096\r\n\r\n")
+            refused = _answer(s)
+        assert refused.startswith(b"HTTP/1.1 503") and b"limit of request bodies" in refused
+        for s in holders:
+            s.close()
+        assert eventually(lambda: _held(g) == 0, 5)
+        with _connect(g, "127.0.0.4") as s:  # room again
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                      b"Content-Length: %d\r\n\r\n%s" % (len(CHAT), CHAT))
+            assert _answer(s).startswith(b"HTTP/1.1 200")
+        assert _held(g) == 0
+    finally:
+        for s in holders:
+            s.close()
+        g.stop()
+
+
+def test_idle_connections_of_one_client_neither_starve_others_nor_stay(engines) -> None:
+    """Item 13: 10,000 connections that never sent a byte held every slot for the 75-s idle
+    timeout, and every other client was refused. One client address now holds at most its
+    share of the connections (503 past it), and a connection whose first request head does
+    not come within `header_timeout_s` is closed."""
+    g = _gateway(engines, max_connections=60, max_connections_per_client=20,
+                 header_timeout_s=1.0)
+    idle: list[socket.socket] = []
+    try:
+        for _ in range(60):  # as many as the gateway takes in all, from one address
+            idle.append(_connect(g, "127.0.0.2"))
+        beyond = idle[20:]
+        for s in beyond:
+            assert _answer(s).startswith(b"HTTP/1.1 503")
+        with _connect(g, "127.0.0.3") as s:  # another client is served meanwhile
+            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            assert _answer(s).startswith(b"HTTP/1.1 200")
+        slow = _connect(g, "127.0.0.3")  # part of a head, never finished
+        slow.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        idle.append(slow)
+        for s in idle[:20]:  # closed at the header timeout, with nothing to answer
+            assert _answer(s) == b""
+        assert _answer(slow).startswith(b"HTTP/1.1 408")
+        assert g.gateway is not None
+        assert eventually(lambda: g.gateway.server.connections == 0, 5)  # type: ignore[union-attr]
+        with _connect(g, "127.0.0.2") as s:  # the same client, in good faith now
+            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            assert _answer(s).startswith(b"HTTP/1.1 200")
+    finally:
+        for s in idle:
+            s.close()
+        g.stop()
+
+
+class _RecordingUpstream:
+    """An upstream that records each request line it receives and answers 200 `{}`: what
+    an engine behind the gateway would have been sent."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        lines = self.lines
+
+        class Handler(socketserver.StreamRequestHandler):
+            def handle(self) -> None:
+                while line := self.rfile.readline():
+                    lines.append(line.decode("latin-1").strip())
+                    length = 0
+                    while (header := self.rfile.readline()) not in (b"\r\n", b""):
+                        name, _, value = header.decode("latin-1").partition(":")
+                        if name.strip().lower() == "content-length":
+                            length = int(value)
+                    self.rfile.read(length)
+                    self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                                     b"Content-Length: 2\r\n\r\n{}")
+
+        self.server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.parametrize("path", [
+    "/v1/../metrics", "/v1/../../etc/passwd", "/v1/%2e%2e/metrics", "/v1/.%2E/metrics",
+    "/v1/..%2fmetrics", "/v1/%252e%252e/metrics", "/v1/..\\metrics", "/v1/./models",
+])
+def test_dot_segments_are_refused_before_anything_is_forwarded(path: str) -> None:
+    """Item 14: `/v1/../metrics` and `/v1/../../etc/passwd` were forwarded verbatim. A path
+    with a dot segment, in any spelling, is refused 400 and the engine sees nothing; other
+    paths are forwarded normalised."""
+    upstream = _RecordingUpstream()
+    g = GatewayThread([DestinationSpec("e0", upstream.url)],
+                      settings=GatewaySettings(port=0, router_id="gw-paths")).start()
+    try:
+        with _connect(g, "127.0.0.2") as s:
+            s.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+            answer = _answer(s)
+        assert answer.startswith(b"HTTP/1.1 400") and b"dot segment" in answer
+        with _connect(g, "127.0.0.2") as s:  # an ordinary path goes through, normalised
+            s.sendall(b"POST //v1//chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close"
+                      b"\r\nContent-Length: %d\r\n\r\n%s" % (len(CHAT), CHAT))
+            assert _answer(s).startswith(b"HTTP/1.1 200")
+        forwarded = [line for line in upstream.lines if not line.startswith("GET /health")]
+        assert forwarded == ["POST /v1/chat/completions HTTP/1.1"]
+    finally:
+        g.stop()
+        upstream.close()
