@@ -378,15 +378,22 @@ def wait_for_planner(stack: LocalStack, timeout_s: float = 30.0) -> None:
     """Until the planner answers gRPC (its status, not yet a plan)."""
     deadline = time.monotonic() + timeout_s
     assert stack.planner is not None
+    # With a token set, GetStatus needs one: the reader's reads, the operator's does too.
+    token = stack.options.reader_token or stack.options.operator_token
+    metadata = [("authorization", f"Bearer {token}")] if token else None
     with grpc.insecure_channel(stack.grpc_target) as channel:
         stub = planner_pb2_grpc.PlannerStub(channel)
         while time.monotonic() < deadline:
             if not stack.planner.alive():
                 raise ServerStartError(f"the planner exited:\n{stack.planner.log_tail()}")
             try:
-                stub.GetStatus(planner_pb2.GetStatusRequest(), timeout=1.0)
+                stub.GetStatus(planner_pb2.GetStatusRequest(), timeout=1.0, metadata=metadata)
                 return
-            except grpc.RpcError:
+            except grpc.RpcError as exc:
+                if exc.code() in (grpc.StatusCode.UNAUTHENTICATED,
+                                  grpc.StatusCode.PERMISSION_DENIED):
+                    raise ServerStartError(
+                        f"the planner refused the stack's token: {exc.details()}") from exc
                 time.sleep(0.2)
     raise ServerStartError(
         f"the planner did not answer in {timeout_s:.0f} s:\n{stack.planner.log_tail()}"

@@ -40,10 +40,10 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
-def start_up(workdir: Path) -> tuple[subprocess.Popen[str], list[str]]:
+def start_up(workdir: Path, *extra: str) -> tuple[subprocess.Popen[str], list[str]]:
     """`cacheroute up` until it has printed its addresses (the last line names the logs)."""
     proc = subprocess.Popen(
-        [*CLI, "up", "--workdir", str(workdir)],
+        [*CLI, "up", "--workdir", str(workdir), *extra],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -72,6 +72,22 @@ def test_up_stops_everything_on_ctrl_c(tmp_path: Path) -> None:
                              f"its output:\n{out[-3000:]}") from None
     time.sleep(0.5)
     assert not [p for p in children if alive(p)]
+
+
+def test_up_starts_with_a_reader_token(tmp_path: Path) -> None:
+    """Its readiness probe sent no token, so with one set `up` never started ("the planner
+    did not answer in 30 s"; issue 55, defect 9)."""
+    proc, lines = start_up(tmp_path, "--reader-token", "r-secret", "--operator-token", "o")
+    try:
+        assert any("planner gRPC" in ln for ln in lines), "".join(lines)
+        assert not any("Traceback" in ln for ln in lines)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
 
 
 def test_children_die_with_a_killed_parent(tmp_path: Path) -> None:
