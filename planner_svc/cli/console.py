@@ -69,12 +69,13 @@ def show(output: str | TextTable, stream: TextIO | None = None) -> None:
     if isinstance(output, TextTable) and out.isatty():
         from rich.console import Console
         from rich.table import Table
+        from rich.text import Text
 
         table = Table(box=None, header_style="bold", pad_edge=False)
         for column in output.columns:
             table.add_column(column.name, justify="right" if column.right else "left")
         for row in output.rows:
-            table.add_row(*row)
+            table.add_row(*(Text(cell) for cell in row))  # data, never rich markup
         Console(file=out).print(table)
         return
     text = plain_table(output) if isinstance(output, TextTable) else output

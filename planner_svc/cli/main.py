@@ -13,7 +13,7 @@ import select
 import sys
 from typing import Any
 
-from planner_svc.cli import discover_cmd, epp_cmd, gateway_cmd, ops, replay_cmd
+from planner_svc.cli import discover_cmd, epp_cmd, gateway_cmd, ops, replay_cmd, terminal
 from planner_svc.cli.console import HelpFormatter, Parser, UsageError, command, one_line
 from planner_svc.cli.ops_client import OpsError
 from planner_svc.devstack.processes import ServerStartError
@@ -103,6 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    terminal.protect_std_streams()  # before anything prints, logging's handler included
     try:
         args = build_parser().parse_args(argv)  # --help writes to stdout too; a bad flag exits 2
         logging.basicConfig(
