@@ -500,6 +500,7 @@ def build_service(
     consumer = (
         SnapshotConsumer(settings.bootstrap, settings.snapshots_topic, pools.on_window,
                          events_topic=settings.events_topic,
+                         worker_key_paths=settings.snapshot_keys,
                          limits=SnapshotLimits(window_ms=round(settings.stream_window_s * 1000),
                                                hop_ms=round(settings.stream_hop_s * 1000)))
         if consume

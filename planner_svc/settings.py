@@ -25,6 +25,10 @@ class PlannerSettings:
     events_topic: str = "cacheroute.events"
     stream_window_s: float = 0.0
     stream_hop_s: float = 0.0
+    # The stream workers' Ed25519 public keys (PEM files: each worker's
+    # snapshot-signing-key.pub.pem). A snapshot part counts only when one of them signed
+    # it, so with none configured every snapshot is refused (docs/security-kafka.md).
+    snapshot_keys: tuple[str, ...] = ()
     state_topic: str = "cacheroute.planner-state"
     # What engines report themselves (python -m streams engines); "" = not watched.
     engine_signals_topic: str = "cacheroute.engine-signals"

@@ -19,9 +19,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from streams.app import create_app
     from streams.settings import parse_settings
+    from streams.snapshot_signing import SnapshotSigner, load_or_create_private_key
 
     settings = parse_settings(args[1:], os.environ)
-    app, _ = create_app(settings)
+    signer = SnapshotSigner(load_or_create_private_key(settings.resolved_signing_key_path))
+    print(f"signing snapshots with key {signer.key_id} "
+          f"({settings.resolved_signing_key_path})", file=sys.stderr)
+    app, _ = create_app(settings, signer)
     # The hot loop allocates many short-lived objects: fewer young-generation
     # collections, and none that rescan the long-lived state.
     gc.freeze()

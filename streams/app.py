@@ -13,6 +13,8 @@ module of the package that imports faust / aiokafka).
   published until the replay is done say `recovering=True`.
 - A timer closes windows of idle partitions by the wall clock and refreshes lag.
 - `/metrics` serves the counters as Prometheus text.
+- Every snapshot part is signed with the worker's key (`streams.snapshot_signing`): the
+  planner accepts only parts a configured worker key signed.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from streams.config import StreamConfig
 from streams.metrics import StreamCounters
 from streams.processor import PartitionProcessor, Rejected, dead_letter
 from streams.settings import Settings
+from streams.snapshot_signing import SnapshotSigner
 from streams.snapshots import SnapshotContext, build_snapshots
 from streams.windows import WindowResult
 
@@ -50,9 +53,10 @@ def now_ms() -> int:
 class StreamWorker:
     """Per-partition processors, recovery, and publishing for one Faust app."""
 
-    def __init__(self, app: faust.App, settings: Settings) -> None:
+    def __init__(self, app: faust.App, settings: Settings, signer: SnapshotSigner) -> None:
         self.app = app
         self.settings = settings
+        self.signer = signer
         self.config: StreamConfig = settings.stream_config()
         self.worker_id = settings.resolved_worker_id
         self.counters = StreamCounters()
@@ -331,7 +335,8 @@ class StreamWorker:
             )
             key = f"{window.window_end_ms}:{proc.partition}".encode()
             for part in build_snapshots(window, ctx, self.config.snapshot_part_bytes):
-                await self.snapshots_topic.send(key=key, value=part.SerializeToString())
+                await self.snapshots_topic.send(key=key,
+                                                value=self.signer.sign(part.SerializeToString()))
                 self.counters.snapshots_published += 1
 
     async def _publish_rejects(self, p: int, rejected: list[Rejected]) -> None:
@@ -366,8 +371,9 @@ def _consumer_class(fetch_max_wait_ms: int) -> type:
     return _Consumer
 
 
-def create_app(settings: Settings) -> tuple[faust.App, StreamWorker]:
-    """The Faust app and its worker state, wired together (no I/O until started)."""
+def create_app(settings: Settings, signer: SnapshotSigner) -> tuple[faust.App, StreamWorker]:
+    """The Faust app and its worker state, wired together (no I/O until started); every
+    snapshot part is signed by `signer`."""
     app = faust.App(
         settings.app_id,
         broker=f"kafka://{settings.bootstrap}",
@@ -387,7 +393,7 @@ def create_app(settings: Settings) -> tuple[faust.App, StreamWorker]:
     # the transport builds its consumer from this attribute when the app starts
     app.transport.Consumer = _consumer_class(  # type: ignore[misc]
         settings.fetch_max_wait_ms)
-    worker = StreamWorker(app, settings)
+    worker = StreamWorker(app, settings, signer)
 
     @app.agent(worker.events_topic, name="count-events")
     async def count_events(stream: Any) -> None:

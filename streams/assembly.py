@@ -144,7 +144,10 @@ class _Pending:
 class SnapshotLimits:
     """What a real snapshot looks like. Zero means "not checked"."""
 
-    max_ahead_ms: int = 30_000  # window_end beyond now by more than this: forged or skewed
+    # A worker closes a window only once its clock passed the end, so a real end is behind
+    # the worker's clock; beyond the planner's by more than the clock skew the stream
+    # tolerates (StreamConfig.max_future_ms) it is forged or the clocks are broken.
+    max_ahead_ms: int = 10_000
     max_behind_ms: int = 3_600_000  # older than this: not worth planning on
     window_ms: int = 0  # the stream's window length
     hop_ms: int = 0  # window ends lie on this grid

@@ -31,6 +31,10 @@ class Settings:
     web_bind: str = "127.0.0.1"  # the metrics/web server's address (loopback unless set)
     data_dir: Path = Path(".cacheroute/streams")
     worker_id: str = ""
+    # Ed25519 PEM the worker signs its snapshots with (streams.snapshot_signing); when
+    # empty, data_dir/snapshot-signing-key.pem, created on first start with its public half
+    # (snapshot-signing-key.pub.pem) beside it for the planner's `snapshot_keys`.
+    signing_key_path: str = ""
     window_s: float = 60.0
     hop_s: float = 10.0
     grace_s: float = 0.5
@@ -71,6 +75,10 @@ class Settings:
         )
 
     @property
+    def resolved_signing_key_path(self) -> Path:
+        return Path(self.signing_key_path or self.data_dir / "snapshot-signing-key.pem")
+
+    @property
     def resolved_worker_id(self) -> str:
         return self.worker_id or f"{socket.gethostname()}-{os.getpid()}"
 
@@ -78,7 +86,7 @@ class Settings:
 _OPTIONS: tuple[tuple[str, type], ...] = (
     ("bootstrap", str), ("events_topic", str), ("snapshots_topic", str),
     ("deadletter_topic", str), ("app_id", str), ("web_port", int), ("web_bind", str),
-    ("data_dir", Path),
+    ("data_dir", Path), ("signing_key_path", str),
     ("worker_id", str), ("window_s", float), ("hop_s", float), ("grace_s", float),
     ("idle_s", float), ("eviction_s", float), ("ewma_alpha", float),
     ("max_tracked_keys", int), ("max_past_s", float), ("max_future_s", float),

@@ -3,6 +3,11 @@
 The only module of the planner that talks to Kafka. It assigns every partition of the
 snapshots topic directly (no consumer group: a planner wants every window, and a group
 join would delay start-up by seconds) starting at the end, since only fresh rates matter.
+
+Anyone who may produce to the topic could write a part, so the planner's consumer is given
+the stream workers' public keys and refuses every part they did not sign
+(`streams.snapshot_signing`); only with no key paths at all (None: tools reading a topic
+they trust) are parts taken unverified.
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from confluent_kafka import OFFSET_END, Consumer, KafkaException, TopicPartition
@@ -21,6 +26,7 @@ from google.protobuf.message import DecodeError
 from cacheroute.v1 import snapshot_pb2
 from streams.assembly import CompleteWindow, SnapshotLimits, WindowAssembler
 from streams.errors import SnapshotError
+from streams.snapshot_signing import SnapshotVerifier, load_public_keys
 
 log = logging.getLogger("cacheroute.planner.snapshots")
 
@@ -36,6 +42,7 @@ class SnapshotConsumer:
         *,
         limits: SnapshotLimits | None = None,
         events_topic: str = "",
+        worker_key_paths: Sequence[str] | None = None,
         **kafka_config: Any,
     ) -> None:
         self._topic = topic
@@ -44,6 +51,11 @@ class SnapshotConsumer:
         self._on_window = on_window
         self._limits = limits or SnapshotLimits()
         self._assembler = WindowAssembler(limits=self._limits)
+        self._verifier = (None if worker_key_paths is None
+                          else SnapshotVerifier(load_public_keys(worker_key_paths)))
+        if self._verifier is not None and not self._verifier.keys:
+            log.error("no stream worker keys configured (snapshot_keys): every snapshot "
+                      "will be refused")
         self.refused = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="snapshots", daemon=True)
@@ -104,9 +116,9 @@ class SnapshotConsumer:
             self._handle(msg.value() or b"")
 
     def _handle(self, raw: bytes) -> None:
-        snap = snapshot_pb2.RateSnapshot()
         try:
-            snap.ParseFromString(raw)
+            snap = (snapshot_pb2.RateSnapshot.FromString(raw) if self._verifier is None
+                    else self._verifier.verify(raw))
             window = self._assembler.add(snap, int(time.time() * 1000))
         except SnapshotError as exc:
             self.refused += 1

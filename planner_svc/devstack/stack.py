@@ -39,6 +39,7 @@ from planner_svc.devstack.processes import (
 )
 from planner_svc.settings import PlannerSettings
 from router_client.plan import parse_destinations
+from streams.snapshot_signing import load_or_create_private_key, public_key_path
 
 
 @dataclass(frozen=True)
@@ -129,6 +130,12 @@ class LocalStack:
     @property
     def public_key_path(self) -> Path:
         return self.workdir / "planner" / "planner-signing-key.pub.pem"
+
+    @property
+    def worker_key_path(self) -> Path:
+        """The key every worker of the stack signs its snapshots with; the planner is given
+        its public half (streams.snapshot_signing)."""
+        return self.workdir / "streams-signing-key.pem"
 
     def clients(self) -> list[ManagedProcess]:
         return [p for p in (self.gateway, self.planner, self.watcher, *self.workers)
@@ -229,7 +236,10 @@ def start_worker(stack: LocalStack, index: int) -> ManagedProcess:
         str(o.hop_s),
         "--data-dir",
         str(stack.workdir / f"worker-{index}"),
+        "--signing-key-path",
+        str(stack.worker_key_path),
     ]
+    load_or_create_private_key(stack.worker_key_path)  # once, before workers share it
     proc = ManagedProcess(f"worker-{index}", argv, stack.workdir / f"worker-{index}.log")
     proc.start()
     return proc
@@ -253,6 +263,8 @@ def start_planner(stack: LocalStack) -> ManagedProcess:
         str(o.window_s),
         "--stream-hop-s",
         str(o.hop_s),
+        "--snapshot-keys",
+        str(public_key_path(stack.worker_key_path)),
         "--redis-url",
         stack.redis_url,
         "--grpc-port",

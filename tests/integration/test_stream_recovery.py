@@ -16,6 +16,7 @@ from collections import Counter
 
 import pytest
 from confluent_kafka import Producer
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from test_stream_support import SnapshotLog, make_topics, start_worker
 
 from cacheroute.v1 import events_pb2
@@ -83,6 +84,7 @@ def test_a_consumer_that_resumes_past_the_state_has_the_gap_replayed(broker, tmp
     from streams.app import create_app
     from streams.processor import PartitionProcessor
     from streams.settings import Settings
+    from streams.snapshot_signing import SnapshotSigner
 
     topics = make_topics(broker.bootstrap, partitions=1)
     producer = Producer({"bootstrap.servers": broker.bootstrap})
@@ -94,7 +96,7 @@ def test_a_consumer_that_resumes_past_the_state_has_the_gap_replayed(broker, tmp
     settings = Settings(bootstrap=broker.bootstrap, events_topic=topics.events,
                         snapshots_topic=topics.snapshots, deadletter_topic=topics.deadletter,
                         window_s=600, hop_s=2, data_dir=tmp_path)
-    _, worker = create_app(settings)
+    _, worker = create_app(settings, SnapshotSigner(Ed25519PrivateKey.generate()))
     proc = PartitionProcessor(0, worker.config, worker.counters)
     proc.next_offset = 3
     worker.processors[0] = proc

@@ -49,7 +49,7 @@ class DestinationStats(_message.Message):
     def __init__(self, destination: _Optional[str] = ..., arrival_rate_per_s: _Optional[float] = ..., prompt_tokens: _Optional[float] = ..., cached_tokens: _Optional[float] = ..., mean_queue_depth: _Optional[float] = ..., p99_e2e_ms: _Optional[float] = ...) -> None: ...
 
 class RateSnapshot(_message.Message):
-    __slots__ = ("window_start_ms", "window_end_ms", "source_partition", "partition_count", "part_index", "part_count", "worker_id", "recovering", "keys", "destinations", "overflow_keys", "overflow_rate_per_s", "active_keys", "dead_letters", "duplicates_dropped", "published_at_ms")
+    __slots__ = ("window_start_ms", "window_end_ms", "source_partition", "partition_count", "part_index", "part_count", "worker_id", "recovering", "keys", "destinations", "overflow_keys", "overflow_rate_per_s", "active_keys", "dead_letters", "duplicates_dropped", "published_at_ms", "key_id", "signature")
     WINDOW_START_MS_FIELD_NUMBER: _ClassVar[int]
     WINDOW_END_MS_FIELD_NUMBER: _ClassVar[int]
     SOURCE_PARTITION_FIELD_NUMBER: _ClassVar[int]
@@ -66,6 +66,8 @@ class RateSnapshot(_message.Message):
     DEAD_LETTERS_FIELD_NUMBER: _ClassVar[int]
     DUPLICATES_DROPPED_FIELD_NUMBER: _ClassVar[int]
     PUBLISHED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    KEY_ID_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
     window_start_ms: int
     window_end_ms: int
     source_partition: int
@@ -82,4 +84,6 @@ class RateSnapshot(_message.Message):
     dead_letters: int
     duplicates_dropped: int
     published_at_ms: int
-    def __init__(self, window_start_ms: _Optional[int] = ..., window_end_ms: _Optional[int] = ..., source_partition: _Optional[int] = ..., partition_count: _Optional[int] = ..., part_index: _Optional[int] = ..., part_count: _Optional[int] = ..., worker_id: _Optional[str] = ..., recovering: _Optional[bool] = ..., keys: _Optional[_Union[KeyColumns, _Mapping]] = ..., destinations: _Optional[_Iterable[_Union[DestinationStats, _Mapping]]] = ..., overflow_keys: _Optional[int] = ..., overflow_rate_per_s: _Optional[float] = ..., active_keys: _Optional[int] = ..., dead_letters: _Optional[int] = ..., duplicates_dropped: _Optional[int] = ..., published_at_ms: _Optional[int] = ...) -> None: ...
+    key_id: str
+    signature: bytes
+    def __init__(self, window_start_ms: _Optional[int] = ..., window_end_ms: _Optional[int] = ..., source_partition: _Optional[int] = ..., partition_count: _Optional[int] = ..., part_index: _Optional[int] = ..., part_count: _Optional[int] = ..., worker_id: _Optional[str] = ..., recovering: _Optional[bool] = ..., keys: _Optional[_Union[KeyColumns, _Mapping]] = ..., destinations: _Optional[_Iterable[_Union[DestinationStats, _Mapping]]] = ..., overflow_keys: _Optional[int] = ..., overflow_rate_per_s: _Optional[float] = ..., active_keys: _Optional[int] = ..., dead_letters: _Optional[int] = ..., duplicates_dropped: _Optional[int] = ..., published_at_ms: _Optional[int] = ..., key_id: _Optional[str] = ..., signature: _Optional[bytes] = ...) -> None: ...
