@@ -28,7 +28,7 @@ class Refusal:
 
 class ClientLedger:
     __slots__ = ("_bodies_of", "_connections_of", "body_limit", "client_body_limit",
-                 "client_connection_limit", "held")
+                 "client_connection_limit", "held", "released")
 
     def __init__(self, *, body_limit: int, client_body_limit: int = 0,
                  client_connection_limit: int = 0) -> None:
@@ -39,6 +39,7 @@ class ClientLedger:
         self.client_body_limit = client_body_limit
         self.client_connection_limit = client_connection_limit
         self.held = 0  # body bytes held by every client
+        self.released = 0  # body bytes given back, ever
         self._bodies_of: dict[str, int] = {}
         self._connections_of: dict[str, int] = {}
 
@@ -88,6 +89,7 @@ class ClientLedger:
         mine = self._bodies_of.get(client, 0)
         n = min(n, mine)
         self.held -= n
+        self.released += n
         if mine - n > 0:
             self._bodies_of[client] = mine - n
         else:

@@ -24,7 +24,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import ctypes.util
 import errno
+import functools
 import resource
 import time
 from collections import deque
@@ -57,6 +60,8 @@ HIGH_WATER = 1 << 20  # buffered upstream bytes before reading pauses
 LOCAL_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM,
                           errno.EADDRNOTAVAIL})
 LOW_WATER = 256 << 10
+# Request-body bytes given back between two returns of freed memory to the OS (`_trim`).
+TRIM_AFTER_BYTES = 64 << 20
 
 
 class ClientGone(ConnectionError):
@@ -493,6 +498,23 @@ def _error_response(status: int, message: str, kind: str) -> bytes:
             b"Connection: close\r\n\r\n%s" % (status, _REASONS.get(status, b""), len(body), body))
 
 
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        return None
+
+
+def _trim() -> None:
+    """Give freed memory back to the OS. Bodies arrive in reads of up to 256 KiB, which
+    glibc serves from its heap (not mmap) once a freed block has raised its threshold; freed,
+    that heap stays mapped to the process however many bodies it held at once."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
 def _half_the_descriptors() -> int:
     soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     return max(16, soft // 2) if soft != resource.RLIM_INFINITY else 1 << 20
@@ -518,6 +540,7 @@ class HttpServer:
         self.refused_bodies = 0  # 413 / 503: past the client's or the total body budget
         self.late_heads = 0  # closed: the first head did not come within header_timeout_s
         limits = self.limits
+        self._trimmed_at = 0  # the ledger's `released` at the last `_trim`
         self.ledger = ClientLedger(
             body_limit=limits.max_buffered_bytes,
             client_body_limit=limits.max_buffered_bytes_per_client,
@@ -550,6 +573,10 @@ class HttpServer:
             elif c.reading_since is not None and c.reading_since < slow:
                 self.slow_requests += 1
                 c.refuse_slow_request()
+        released = self.ledger.released
+        if released - self._trimmed_at >= TRIM_AFTER_BYTES:
+            self._trimmed_at = released
+            _trim()
         if not self.killed:
             self._sweep = asyncio.get_running_loop().call_later(1.0, self._sweep_idle)
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import socket
 import socketserver
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -237,6 +239,44 @@ def test_request_bodies_held_at_once_are_bounded_in_total_and_per_client(engines
         for s in holders:
             s.close()
         g.stop()
+
+
+def _rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as status:
+        line = next(x for x in status if x.startswith("VmRSS:"))
+    return int(line.split()[1]) / 1024
+
+
+def test_body_memory_goes_back_to_the_os_once_the_holders_close(engines) -> None:
+    """Item 12, the memory: after the holders of the bodies closed, the gateway process kept
+    the 2.4 GB they had taken. Freed bodies are now returned to the OS, so the process's RSS
+    falls back to about where it started."""
+    size, holders = 8 * MIB, 12
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "planner_svc.cli.main", "gateway", "--port", "0",
+         "--destinations", engines.destinations(), "--probe-path", "",
+         "--max-buffered-bytes", str(holders * size), "--max-buffered-bytes-per-client", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    held: list[socket.socket] = []
+    try:
+        assert proc.stdout is not None
+        url = proc.stdout.readline().strip().split("=", 1)[1]
+        host, port = url.removeprefix("http://").split(":")
+        base = _rss_mb(proc.pid)
+        for _ in range(holders):
+            s = socket.create_connection((host, int(port)), timeout=10)
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                      b"Content-Length: %d\r\n\r\n" % size + b"x" * (size - 1))
+            held.append(s)
+        assert eventually(lambda: _rss_mb(proc.pid) > base + 0.8 * holders * size / MIB, 10)
+        for s in held:
+            s.close()
+        assert eventually(lambda: _rss_mb(proc.pid) < base + 32, 10), _rss_mb(proc.pid)
+    finally:
+        for s in held:
+            s.close()
+        proc.terminate()
+        proc.wait(15)
 
 
 def test_idle_connections_of_one_client_neither_starve_others_nor_stay(engines) -> None:
