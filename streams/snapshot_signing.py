@@ -89,31 +89,36 @@ def public_key_path(private_key_path: Path) -> Path:
 
 
 def load_or_create_private_key(path: Path) -> Ed25519PrivateKey:
-    """The worker key at `path`; created (0600, never over an existing file) when missing,
-    with its public half beside it for the planner."""
+    """The worker key at `path`; when missing, created (0600) with its public half beside
+    it for the planner (`public_key_path`). A key given read-only (a mounted secret) is only
+    read: its public half is the operator's to hand to the planner."""
     if not path.exists():
-        _create_private_key(path)
+        _create(path)
     key = serialization.load_pem_private_key(path.read_bytes(), password=None)
     if not isinstance(key, Ed25519PrivateKey):
         raise ValueError(f"{path} does not hold an Ed25519 private key")
-    pub = public_key_path(path)
-    if not pub.exists():
-        pub.write_bytes(key.public_key().public_bytes(
-            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
     return key
 
 
-def _create_private_key(path: Path) -> None:
-    pem = Ed25519PrivateKey.generate().private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption())
+def _create(path: Path) -> None:
+    """Write a new key pair. The private file appears whole or not at all (written aside,
+    then linked, never over an existing file), so workers sharing the path all end up
+    with the first one made."""
+    key = Ed25519PrivateKey.generate()
     path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        return  # another worker sharing the path made it first: use that one
+    aside = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "wb") as f:
-        f.write(pem)
+        f.write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                  serialization.NoEncryption()))
+    try:
+        os.link(aside, path)
+    except FileExistsError:
+        return  # another worker made it first: its key is the one
+    finally:
+        aside.unlink()
+    public_key_path(path).write_bytes(key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
 
 
 def load_public_keys(paths: Iterable[str | Path]) -> list[Ed25519PublicKey]:

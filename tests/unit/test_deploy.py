@@ -96,10 +96,29 @@ def cacheroute_names(env: dict[str, Any]) -> set[str]:
 def test_compose_services_share_one_image_of_the_project_version():
     services = compose()["services"]
     ours = {name: s for name, s in services.items() if "cacheroute" in str(s.get("image", ""))}
-    assert set(ours) == {"planner", "streams", "demo", "gateway"}
+    assert set(ours) == {"planner", "streams", "demo", "gateway", "streams-keys"}
     assert {s["image"] for s in ours.values()} == {IMAGE}
     assert {s["build"]["dockerfile"] for s in ours.values()} == {"deploy/docker/Dockerfile"}
     assert services["kafka"]["environment"]["KAFKA_PROCESS_ROLES"] == "broker,controller"
+
+
+def _volume_path(service: dict[str, Any], file: str) -> str:
+    """The named volume and the path inside it where `file` lies for `service`."""
+    for mount in service.get("volumes", []):
+        volume, target = mount.split(":")[:2]
+        if file.startswith(target + "/"):
+            return f"{volume}:{file[len(target) + 1:]}"
+    raise AssertionError(f"{file} is on no volume")
+
+
+def test_compose_planner_pins_the_public_half_of_the_key_the_workers_sign_with():
+    services = compose()["services"]
+    signing = services["streams"]["environment"]["CACHEROUTE_SIGNING_KEY_PATH"]
+    pinned = services["planner"]["environment"]["CACHEROUTE_SNAPSHOT_KEYS"]
+    made = services["streams-keys"]["command"][-1].split("'")[1]
+    assert _volume_path(services["streams-keys"], made) == _volume_path(
+        services["streams"], signing) == "streams-keys:streams-signing-key.pem"
+    assert _volume_path(services["planner"], pinned) == "streams-keys:streams-signing-key.pub.pem"
 
 
 def test_compose_env_names_and_values_are_what_the_code_reads():
