@@ -57,7 +57,8 @@ FLAGS: Flags = {
     "max-connections": (int, 0, "client connections open at once; past it new ones are "
                         "closed (0: half the process's file-descriptor limit)"),
     "max-connections-per-client": (int, 0, "connections one client address may hold at once; "
-                                   "past it 503 and closed (0: a quarter of --max-connections)"),
+                                   "past it 503 and closed (0: a quarter of --max-connections, "
+                                   "at least 1,024)"),
     "header-timeout-s": (float, HEADER_TIMEOUT_S, "a new connection's first request head "
                          "must arrive within this, else it is closed (408 if part of it came)"),
     "max-buffered-bytes": (int, BUFFERED_BODY_BYTES, "request-body bytes all clients may hold "

@@ -26,8 +26,16 @@ from typing import Any
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from router_client.aio import AsyncRouterClient
+from router_client.gateway.client_limits import connections_per_client
 from router_client.gateway.engine_load import EngineLoadPoller
-from router_client.gateway.http11 import HttpServer, Request, Responder, ServerLimits, UpstreamError
+from router_client.gateway.http11 import (
+    HttpServer,
+    Request,
+    Responder,
+    ServerLimits,
+    UpstreamError,
+    default_max_connections,
+)
 from router_client.gateway.metrics import GatewayMetrics
 from router_client.gateway.paths import normal_target
 from router_client.gateway.proxy import JSON, Proxy, send_error
@@ -66,14 +74,17 @@ class Gateway:
         self.proxy = Proxy(self.clients, routes, self.upstreams, self.settings,
                            sink or NoSink(), self.metrics)
         self.stopping = False
+        connections = self.settings.max_connections or default_max_connections()
         limits = ServerLimits(max_body_bytes=self.settings.max_body_bytes,
                               request_timeout_s=self.settings.request_timeout_s,
-                              max_connections=self.settings.max_connections,
+                              max_connections=connections,
                               write_timeout_s=self.settings.idle_timeout_s,
                               max_buffered_bytes=self.settings.max_buffered_bytes,
                               max_buffered_bytes_per_client=(
                                   self.settings.max_buffered_bytes_per_client),
-                              max_connections_per_client=self.settings.max_connections_per_client,
+                              max_connections_per_client=(
+                                  self.settings.max_connections_per_client
+                                  or connections_per_client(connections)),
                               header_timeout_s=self.settings.header_timeout_s)
         self.server = HttpServer(self.handle, limits, on_exception=self._log_exception)
         self.metrics.watch_server(self.server)

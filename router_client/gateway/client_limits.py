@@ -20,6 +20,13 @@ CLIENT_BUFFERED_BODY_BYTES = 128 << 20
 HEADER_TIMEOUT_S = 10.0
 
 
+def connections_per_client(max_connections: int) -> int:
+    """The gateway's default share of its connections for one client address: a quarter,
+    and at least 1,024 (below that, one load generator or proxy would be refused while the
+    header timeout already closes idle sockets)."""
+    return max(1024, max_connections // 4)
+
+
 @dataclass(frozen=True, slots=True)
 class Refusal:
     status: int  # 503: the gateway's total; 413: this client's share

@@ -164,12 +164,13 @@ class ServerLimits:
     # stops reading a stream would otherwise hold its in-flight slot, and the engine's, for
     # as long as it liked.
     write_timeout_s: float = 60.0
-    # Request-body bytes all connections hold at once, and one client address's share (0:
-    # none), from a body's first byte until its request is answered (client_limits).
+    # Request-body bytes all connections hold at once, and one client address's share,
+    # from a body's first byte until its request is answered (client_limits); and the
+    # connections one client address may hold (past it a new one is answered 503 and
+    # closed). The per-client limits are 0 (off) unless set: the gateway sets them (for an
+    # engine's server, the gateway is its only client).
     max_buffered_bytes: int = client_limits.BUFFERED_BODY_BYTES
-    max_buffered_bytes_per_client: int = client_limits.CLIENT_BUFFERED_BODY_BYTES
-    # Connections one client address may hold at once; 0: a quarter of max_connections.
-    # Past it a new one is answered 503 and closed.
+    max_buffered_bytes_per_client: int = 0
     max_connections_per_client: int = 0
     # A new connection's first request head must be complete within this of its opening,
     # else it is closed (408 if part of the head came): idle sockets that never send held
@@ -515,6 +516,11 @@ def _trim() -> None:
         trim(0)
 
 
+def default_max_connections() -> int:
+    """`ServerLimits.max_connections` when it is 0: half the file-descriptor limit."""
+    return _half_the_descriptors()
+
+
 def _half_the_descriptors() -> int:
     soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     return max(16, soft // 2) if soft != resource.RLIM_INFINITY else 1 << 20
@@ -544,8 +550,7 @@ class HttpServer:
         self.ledger = ClientLedger(
             body_limit=limits.max_buffered_bytes,
             client_body_limit=limits.max_buffered_bytes_per_client,
-            client_connection_limit=(limits.max_connections_per_client
-                                     or max(1, self.max_connections // 4)))
+            client_connection_limit=limits.max_connections_per_client)
 
     async def start(self, host: str, port: int, backlog: int = 4096) -> HttpServer:
         self.closing = False

@@ -29,7 +29,7 @@ class GatewaySettings:
     # a client that trickles one holds a connection and a socket while it does.
     request_timeout_s: float = 30.0
     # Client connections open at once (0: half the process's file-descriptor limit), and
-    # from one client address (0: a quarter of max_connections; past it 503 and closed).
+    # from one client address (0: client_limits.connections_per_client; past it 503).
     max_connections: int = 0
     max_connections_per_client: int = 0
     # A new connection's first request head must be complete within this of its opening.
