@@ -71,7 +71,7 @@ def add_up_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engines", default=os.environ.get("CACHEROUTE_ENGINES", ""),
                    metavar="URLS",
                    help="engines to put a gateway in front of: comma-separated "
-                   "[id=]http://host:port[*weight] (the id defaults to host:port; env "
+                   "\\[id=]http://host:port\\[*weight] (the id defaults to host:port; env "
                    "CACHEROUTE_ENGINES); the planner plans over exactly these")
     p.add_argument("--host", default="127.0.0.1", help="the gateway's listen address")
     p.add_argument("--port", type=int, default=8000,
@@ -79,9 +79,10 @@ def add_up_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ports-from", type=int, default=0, metavar="BASE",
                    help="fixed ports: broker BASE, Redis BASE+1, planner gRPC BASE+2, "
                    "planner metrics BASE+3 (0: any free ones)")
-    for name in ("broker", "redis", "planner", "metrics"):
+    for name, what in (("broker", "the broker's"), ("redis", "Redis's"),
+                       ("planner", "the planner's gRPC"), ("metrics", "the planner's metrics")):
         p.add_argument(f"--{name}-port", type=int, default=0,
-                       help=f"the {name} port (overrides --ports-from; 0: any free one)")
+                       help=f"{what} port (over --ports-from; 0: any free one)")
     p.add_argument("--json", action="store_true",
                    help="print every address as one JSON object (one line) instead of text")
 
