@@ -5,7 +5,9 @@ real servers (the picker's gRPC server, the gateway's HTTP server) and raw socke
 
 from __future__ import annotations
 
+import contextlib
 import json
+import random
 import socket
 import socketserver
 import subprocess
@@ -16,6 +18,7 @@ from typing import Any
 
 import grpc
 import pytest
+from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from planner_svc.devstack.engines import EngineFleet, start_engines
@@ -23,11 +26,14 @@ from router_client.epp.exchange import EppSettings
 from router_client.gateway import GatewaySettings
 from router_client.plan import DestinationSpec
 from tests.epp_harness import (
+    BUFFERED,
     EppThread,
     ExtProcStream,
     destinations,
     request_body,
     request_headers,
+    response_body,
+    response_headers,
 )
 from tests.gateway_harness import GatewayThread
 from tests.waiting import eventually
@@ -90,6 +96,42 @@ def test_request_headers_sent_again_open_one_request_per_stream(channel_to) -> N
         for h in held:
             h.cancel()
         assert eventually(lambda: _inflight(e) == 0, 5)
+    finally:
+        e.stop()
+
+
+def _frames(rng: random.Random) -> list[ep.ProcessingRequest]:
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
+    choices = [
+        lambda: request_headers(end=True), lambda: request_headers(),
+        lambda: request_headers(mode=BUFFERED, response_mode=BUFFERED),
+        lambda: request_body(body, end=True), lambda: request_body(body[:9], end=False),
+        lambda: response_headers(200, "text/event-stream"),
+        lambda: response_headers(200, "application/json", end=True),
+        lambda: response_body(b'data: {"choices": []}\n\n', end=False),
+        lambda: response_body(b"{}", end=True),
+        lambda: ep.ProcessingRequest(response_trailers=ep.HttpTrailers()),
+    ]
+    return [rng.choice(choices)() for _ in range(rng.randint(1, 8))]
+
+
+def test_no_sequence_of_frames_leaves_a_request_in_flight(channel_to) -> None:
+    """Item 10, whatever frames arrive: streams of random ext_proc frames (headers, bodies
+    and response phases, repeated and out of order), each ended by the gateway, leave
+    nothing in flight and no body held."""
+    rng = random.Random(55)
+    e = EppThread(destinations(2), EppSettings(router_id="epp-frames")).start()
+    try:
+        ch = _channel(e, channel_to)
+        for _ in range(30):
+            s = ExtProcStream(ch)
+            s.send(*_frames(rng))
+            s.close()
+            with contextlib.suppress(grpc.RpcError):
+                for _answer in s._answers:
+                    pass
+            assert eventually(lambda: _inflight(e) == 0, 5)
+            assert e.server is not None and e.server.bodies.held == 0
     finally:
         e.stop()
 
