@@ -53,6 +53,7 @@ from planner_svc.control.saturation import (
     effective_weight,
     observe,
 )
+from planner_svc.control.step import Install, Step, control_step, first_plan, pinned_step
 from planner_svc.control.telemetry import Telemetry
 from planner_svc.control.traffic import Traffic, hold_noise
 from planner_svc.control.warm_slots import (
@@ -624,17 +625,12 @@ class Planner:
             return self._control_step(now)
 
     def _guard_while_pinned(self, now: float) -> Decision | None:
-        """A pinned plan is not replanned, but the guard still falls back and resumes
-        (to the pinned plan)."""
         assert self.installed is not None
-        decision = self._loop.guard_only(now, self.telemetry, self._serving_delivery())
-        if decision is None:
+        step = pinned_step(self._loop, now, self.telemetry, self._serving_delivery())
+        if step.decision is None:
             return None
-        if decision.action is Action.FALLBACK:
-            self._install(self._fallback_plan(self.installed.plan), now, forced=False)
-        elif decision.action is Action.RESUME:
-            self._install(self._serving_plan(), now, forced=False)
-        return self._log(decision)
+        self._carry_out(step, now, self.installed.plan, self._serving_plan)
+        return self._log(step.decision)
 
     def _rates_cover_a_window(self) -> bool:
         if not self._window_ms:
@@ -644,57 +640,48 @@ class Planner:
         return self.rates_window_end_ms - self._first_window_end_ms >= self._window_ms
 
     def _install_first(self, now: float) -> Decision | None:
-        """The first plan, once the guard has judged the traffic. Its predicted affinity
-        gain needs a few windows to send a planned fleet to Flat-LB, and after an install
-        it waits out the rewarm dip as well: judged only after the first plan, low-reuse
-        traffic was routed by a plan for 65 s of the arena's 100-s runs before the guard's
-        fallback (docs/arena.md). So while a run of low predicted gains is under way the
-        first plan waits (for at most that run's length in windows, then plans), and a
-        fallback verdict installs Flat-LB instead of a plan."""
+        """The first plan, gated by the guard (`control.step.first_plan`)."""
         assert self.traffic is not None
         if self._first_ready_s is None:
             self._first_ready_s = now
-        decision = self._loop.guard_only(now, self.telemetry)
-        if decision is None and self._loop.guard.gain_low_windows > 0:
-            window_s = (self._window_ms / 1000.0) or self.tunables.interval_s
-            patience = (self._loop.settings.guard.gain_low_windows + 1) * window_s
-            if now - self._first_ready_s < patience:
-                return None  # the guard's verdict on a low gain is a window or two away
+        window_s = (self._window_ms / 1000.0) or self.tunables.interval_s
+        step = first_plan(self._loop, now, self.telemetry, ready_since_s=self._first_ready_s,
+                          window_s=window_s)
+        if step.install is Install.WAIT:
+            return None
         self._epoch_above_the_fleet()
         plan = self._candidate(fresh=True)
         self._last_tick_s = now
-        if decision is not None and decision.action is Action.FALLBACK:
-            self._install(self._fallback_plan(plan), now, forced=False)
-            return self._log(decision)
-        self._install(plan, now, forced=False)
-        return self._record(now, Action.INSTALL, "first plan: nothing was installed", None)
+        self._carry_out(step, now, plan, lambda: plan)
+        if step.decision is not None:
+            return self._log(step.decision)
+        return self._record(now, Action.INSTALL, step.reason, None)
 
     def _control_step(self, now: float) -> Decision:
         assert self.installed is not None and self.traffic is not None
         installed = self.installed.plan
         candidate = None if self.mode == Mode.FALLBACK else self._candidate(fresh=False)
-        moved = self._drain_changed()
-        if moved and candidate is not None:
-            # A destination left (drained, or reported down by most routers) or came back:
-            # its keys must move now, whatever the staleness account says.
-            self._install(candidate, now, forced=False)
-            return self._record(now, Action.INSTALL, moved, None)
-        decision = self._loop.step(
-            now,
-            installed=self._serving_plan(),
-            traffic=self.traffic,
-            candidate=candidate,
-            telemetry=self.telemetry,
-            fleet=self._fleet(),
-            delivery=self._serving_delivery(),
-        )
-        if decision.action is Action.INSTALL and candidate is not None:
-            self._install(candidate, now, forced=False)
-        elif decision.action is Action.FALLBACK:
-            self._install(self._fallback_plan(installed), now, forced=False)
-        elif decision.action is Action.RESUME:
-            self._install(self._candidate(fresh=False), now, forced=False)
-        return self._log(decision)
+        step = control_step(self._loop, now, installed=self._serving_plan(),
+                            traffic=self.traffic, candidate=candidate,
+                            telemetry=self.telemetry, fleet=self._fleet(),
+                            delivery=self._serving_delivery(),
+                            fleet_change=self._drain_changed())
+        self._carry_out(step, now, candidate if step.install is Install.CANDIDATE
+                        else installed, lambda: self._candidate(fresh=False))
+        if step.decision is None:
+            return self._record(now, Action.INSTALL, step.reason, None)
+        return self._log(step.decision)
+
+    def _carry_out(self, step: Step, now: float, plan: RoutingPlan | None,
+                   resumed: Callable[[], RoutingPlan]) -> None:
+        """Publish what `step` installs: `plan` itself, its fallback table, or on resume
+        the plan `resumed` gives."""
+        if step.install is Install.CANDIDATE and plan is not None:
+            self._install(plan, now, forced=False)
+        elif step.install is Install.FALLBACK and plan is not None:
+            self._install(self._fallback_plan(plan), now, forced=False)
+        elif step.install is Install.RESUME:
+            self._install(resumed(), now, forced=False)
 
     def _drain_changed(self) -> str:
         """Why the serving plan's draining destinations are not the fleet's ("" if they are)."""

@@ -28,9 +28,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner_svc.control.decision import Action
 from planner_svc.control.guard import DEFAULT_AFFINITY_GAIN_MIN, ValidatedRange
 from planner_svc.control.loop import ControlLoop
+from planner_svc.control.step import Install, Step, control_step, first_plan, pinned_step
 from planner_svc.control.telemetry import Telemetry
 from planner_svc.control.traffic import Traffic
 from planner_svc.planning import PlanningConfig, admit, build_plan, repack
@@ -245,6 +245,7 @@ class CacheRoutePolicy:
         self.guard = self.loop or (ControlLoop(validated=validated)
                                    if settings.affinity_gain_min is not None else None)
         self._published: tuple[float, RoutingPlan] | None = None
+        self._first_ready_s: float | None = None
         self.decisions: dict[str, int] = {}
         # Reusable prefix and prompt tokens per key in the current window (the stream's
         # token columns; lists: cheaper per request than numpy item updates).
@@ -389,25 +390,26 @@ class CacheRoutePolicy:
         # engines served per request (a conversation's history). On the reported prefix alone
         # the simulated guard judged paper-like conversations by their system prompts,
         # predicted 8-11 pp against a measured 19 pp and fell back to Flat-LB mid-run.
-        self._guard_step(now, counts, window_s, reusable_prefix(tokens, cached, served),
-                         prompts, tokens if shared is None else shared)
+        gain = self._judged_gain(counts, window_s, reusable_prefix(tokens, cached, served),
+                                 prompts, tokens if shared is None else shared)
+        telemetry = self._telemetry(now, window_s, counts, prompt_tokens, sum(cached), gain)
         s = self.settings
         if s.rates == "known":
             if s.replan != "once" and isinstance(self._known, np.ndarray):
                 row = self._known[min(len(self._known) - 1, int(now // max(window_s, 1e-9)))]
                 self._install(now, row)
+            self._pinned(now, telemetry)
             return
         self._count(counts, window_s)
         if self.plan is None:  # no warm-up window given: plan once enough has been counted
             if now >= s.plan_at_s:
-                self._install(now, self.counts / self.counted_s)
-        elif s.replan != "once" and now > self.warmup_s:
-            if self.loop is None:
+                self._first(now, window_s, telemetry)
+        elif self.loop is not None and s.replan != "once" and now > self.warmup_s:
+            self._decide(now, counts / window_s, tokens, telemetry)
+        else:
+            if s.replan != "once" and now > self.warmup_s:
                 self._install(now, self._rates())
-            else:
-                self._decide(now, counts / window_s, tokens,
-                             self._telemetry(now, window_s, counts, prompt_tokens,
-                                             sum(cached)))
+            self._pinned(now, telemetry)
         self._win_prompt = 0.0
         self._win_arrivals = [0] * len(self._win_arrivals)
 
@@ -441,10 +443,12 @@ class CacheRoutePolicy:
                 shared)
 
     def _telemetry(self, now: float, window_s: float, counts: np.ndarray,
-                   prompt_tokens: float, cached_tokens: float) -> Telemetry:
-        """The window as the stream reports it to the planner. Without it the loop never
+                   prompt_tokens: float, cached_tokens: float,
+                   affinity_gain: float | None) -> Telemetry:
+        """The window as the stream reports it to the planner, with the affinity gain the
+        planner derives from it (orchestration.window_view). Without it the loop never
         saw an install settle and skipped every step after its first install ("still
-        rewarming"): on the drifting replay the gateway installed once in 16 intervals."""
+        rewarming")."""
         ids = self.core.destination_ids
         return Telemetry(
             window_end_s=now, window_s=window_s,
@@ -452,14 +456,14 @@ class CacheRoutePolicy:
             prompt_tokens_per_s=prompt_tokens / window_s, requests=int(counts.sum()),
             active_keys=int((counts > 0).sum()),
             destination_loads_per_s={d: n / window_s
-                                     for d, n in zip(ids, self._win_arrivals, strict=True)})
+                                     for d, n in zip(ids, self._win_arrivals, strict=True)},
+            affinity_gain=affinity_gain)
 
     def _judge_warmup(self, extra: dict[str, object]) -> None:
-        """The production planner judges the predicted gain before its first plan (a run of
-        low-gain windows sends the first table to Flat-LB: orchestration.planner): the
-        warm-up's requests, as that many windows as the guard needs in a row plus one,
-        go through the same guard before the warm-up plan is installed. Without this the
-        guard first saw a whole control interval (300 s) of planned routing per window."""
+        """The warm-up's requests, as that many windows as the guard needs in a row plus
+        one, pass the production's first-plan gate (`control.step.first_plan`) before the
+        warm-up plan is installed at the run's start: a fallback verdict starts the run in
+        Flat-LB, as the planner would install a fallback table."""
         if self.guard is None:
             return
         t, prefix, prompt = (extra.get("warmup_t"), extra.get("warmup_prefix"),
@@ -473,6 +477,7 @@ class CacheRoutePolicy:
         parts = self.guard.settings.guard.gain_low_windows + 1
         edges = np.linspace(float(t[0]), float(t[-1]), parts + 1)
         system = self._system_tokens
+        window_s = max(float(edges[1] - edges[0]), 1e-9)
         for lo, hi in itertools.pairwise(edges.tolist()):
             part = (t >= lo) & (t <= hi) if hi == edges[-1] else (t >= lo) & (t < hi)
             k = keys[part]
@@ -484,46 +489,79 @@ class CacheRoutePolicy:
                 None if system is None else
                 np.bincount(k, weights=np.minimum(system[k], pre), minlength=n))
             # (its clock ends at 0, where the run's begins: the verdict comes first)
-            self._guard_step(float(hi - edges[-1]), counts, max(float(hi - lo), 1e-9), *means)
+            now = float(hi - edges[-1])
+            gain = self._judged_gain(counts, window_s, *means)
+            telemetry = self._gain_telemetry(now, window_s, counts, means[1], gain)
+            step = first_plan(self.guard, now, telemetry,
+                              ready_since_s=float(edges[1] - edges[-1]), window_s=window_s)
+            if step.install is not Install.WAIT:
+                self._carry_out(step)
+                return
 
-    def _guard_step(self, now: float, counts: np.ndarray, window_s: float,
-                    prefix: np.ndarray, prompt: np.ndarray,
-                    shared: np.ndarray | None = None) -> None:
-        """The production guard on what this window predicts affinity can win (the only
-        range it is given here); its fallback routes everything by P2C, as a fallback plan
-        makes the routers do."""
+    def _judged_gain(self, counts: np.ndarray, window_s: float, prefix: np.ndarray,
+                     prompt: np.ndarray, shared: np.ndarray | None = None) -> float | None:
+        """What the window predicts affinity can win, as the planner judges it."""
         if self.guard is None:
-            return
+            return None
         gain = fleet_gain(counts / window_s, prefix, prompt, counts, self.config.n_active,
                           self.settings.warm_slots_per_destination, shared_tokens=shared)
         if gain is None:
-            return
+            return None
         self.gains.append(gain.judged_gain)
-        telemetry = Telemetry(window_end_s=now, window_s=window_s, hit_rate=0.0,
-                              prompt_tokens_per_s=float(np.dot(prompt, counts)) / window_s,
-                              requests=int(counts.sum()), active_keys=int((counts > 0).sum()),
-                              affinity_gain=gain.judged_gain)
-        decision = self.guard.guard_only(now, telemetry)
-        if decision is None:
-            return
-        self.decisions[decision.action.value] = self.decisions.get(decision.action.value, 0) + 1
-        self.core.set_fallback(decision.action is Action.FALLBACK)
+        return gain.judged_gain
+
+    @staticmethod
+    def _gain_telemetry(now: float, window_s: float, counts: np.ndarray, prompt: np.ndarray,
+                        gain: float | None) -> Telemetry:
+        return Telemetry(window_end_s=now, window_s=window_s, hit_rate=0.0,
+                         prompt_tokens_per_s=float(np.dot(prompt, counts)) / window_s,
+                         requests=int(counts.sum()), active_keys=int((counts > 0).sum()),
+                         affinity_gain=gain)
+
+    def _pinned(self, now: float, telemetry: Telemetry) -> None:
+        """A plan the loop does not replan still has the guard (`control.step.pinned_step`)."""
+        if self.guard is not None and telemetry.affinity_gain is not None:
+            self._carry_out(pinned_step(self.guard, now, telemetry))
+
+    def _first(self, now: float, window_s: float, telemetry: Telemetry) -> None:
+        if self._first_ready_s is None:
+            self._first_ready_s = now
+        if self.guard is not None:
+            step = first_plan(self.guard, now, telemetry, ready_since_s=self._first_ready_s,
+                              window_s=window_s)
+            if step.install is Install.WAIT:
+                return
+            self._carry_out(step)
+        self._install(now, self.counts / self.counted_s)
+
+    def _carry_out(self, step: Step, now: float = 0.0,
+                   candidate: RoutingPlan | None = None) -> None:
+        """What a step installs, as the simulated routers see it: a fallback table makes
+        them route by P2C, a resume or a candidate brings planned routing back (published
+        after the planner's delay)."""
+        if step.decision is not None:
+            action = step.decision.action.value
+            self.decisions[action] = self.decisions.get(action, 0) + 1
+        if step.install is Install.FALLBACK:
+            self.core.set_fallback(True)
+        elif step.install is Install.RESUME:
+            self.core.set_fallback(False)
+        if step.install in (Install.CANDIDATE, Install.RESUME) and candidate is not None:
+            if self.loop is not None:
+                self.loop.record_install(now)
+            self._published = (now + self.settings.publish_delay_s, candidate)
 
     def _decide(self, now: float, window_rates: np.ndarray, tokens: np.ndarray,
-                telemetry: Telemetry | None = None) -> None:
-        """One production control step on the window's counts: price the repack against
-        the installed plan, install only if the loop decides to."""
+                telemetry: Telemetry) -> None:
+        """One production control step on the window's counts (`control.step`): price the
+        repack against the installed plan, install only if the loop decides to."""
         assert self.loop is not None and self.plan is not None
         installed = self._published[1] if self._published is not None else self.plan
-        rates = self._rates()
-        candidate = self._plan(rates)
+        candidate = self._plan(self._rates())
         traffic = Traffic(self.keys, window_rates, prefix_tokens=tokens, window_end_s=now)
-        decision = self.loop.step(now, installed=installed, traffic=traffic,
-                                  candidate=candidate, telemetry=telemetry)
-        self.decisions[decision.action.value] = self.decisions.get(decision.action.value, 0) + 1
-        if decision.action is Action.INSTALL:
-            self.loop.record_install(now)
-            self._published = (now + self.settings.publish_delay_s, candidate)
+        step = control_step(self.loop, now, installed=installed, traffic=traffic,
+                            candidate=candidate, telemetry=telemetry)
+        self._carry_out(step, now, candidate)
 
     def _count(self, counts: np.ndarray, window_s: float) -> None:
         a = self.settings.ewma_alpha

@@ -452,8 +452,11 @@ class ProgressBar:
         last = f"load={part[0].load_qps:g} seed={part[0].seed}" if part else ""
         elapsed = time.monotonic() - self.started
         bar = "#" * filled + "." * (self.width - filled)
-        sys.stderr.write(f"\r{self.label} [{bar}] {self.done}/{self.total} {last} {elapsed:.0f}s ")
-        sys.stderr.flush()
+        # The redraw's carriage return is ours: past the CLI's control-character filter
+        # (planner_svc.cli.terminal), whose stream keeps the original as `raw`.
+        err = getattr(sys.stderr, "raw", sys.stderr)
+        err.write(f"\r{self.label} [{bar}] {self.done}/{self.total} {last} {elapsed:.0f}s ")
+        err.flush()
 
     def close(self) -> None:
         if self.enabled:
