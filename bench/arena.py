@@ -11,6 +11,7 @@ requests), router CPU. Then the SLO capacity sweep: the highest offered load at 
 TTFT p99 stays within the SLO, for CacheRoute and the best peer.
 
     .venv/bin/python bench/arena.py [--quick] [--seeds 3] [--scenarios paper-like,whale]
+    .venv/bin/python bench/arena.py --grid [--quick]   # the scenario grid's live sample
 
 Writes docs/results/arena/arena.md, arena.csv and PNG plots; last line one JSON object.
 A missing peer is reported, never faked. Peers run with their documented defaults
@@ -54,12 +55,25 @@ from planner_svc.devstack.llama import LlamaFleet, LlamaOptions, start_llama_fle
 from planner_svc.devstack.routers import RouterSpec, peer_versions, start_routers  # noqa: E402
 from planner_svc.devstack.stack import LocalStack, StackOptions, start_stack  # noqa: E402
 from planner_svc.devstack.traffic import Driver, Record  # noqa: E402
-from planner_svc.simulator.sessions import SCENARIOS, Scenario, population, sessions  # noqa: E402
+from planner_svc.simulator.sessions import (  # noqa: E402
+    SCENARIOS,
+    GridCell,
+    Scenario,
+    grid_sample,
+    population,
+    sessions,
+)
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import grid_report  # noqa: E402
 
 OUT = ROOT / "docs" / "results" / "arena"
 Fleet = EngineFleet | LlamaFleet
 ROUTERS = [
     RouterSpec("cacheroute", "cacheroute"),
+    # the SGLang model gateway as its current package (`smg`, own virtualenv; its replicas
+    # in a mesh), and as `sglang-router` 0.3.2, the package the arena measured before
+    RouterSpec("smg cache_aware", "smg", "cache_aware"),
     RouterSpec("sglang cache_aware", "sglang", "cache_aware"),
     RouterSpec("sglang round_robin", "sglang", "round_robin"),
     RouterSpec("vllm cache_aware", "vllm", "cache_aware"),
@@ -101,7 +115,8 @@ PEER_SETTINGS = OUT / "peer-sweep" / "peer-settings.json"  # where the documente
 # --quick (≤ 3 minutes on 2 cores): CacheRoute, both peers' cache_aware (the best peers in
 # every full run) and round robin, the cache-blind reference; vLLM's consistent_hash (a
 # session header hashed) runs in the full comparison only.
-QUICK_ROUTERS = ("cacheroute", "sglang cache_aware", "vllm cache_aware", "sglang round_robin")
+QUICK_ROUTERS = ("cacheroute", "smg cache_aware", "sglang cache_aware", "vllm cache_aware",
+                 "sglang round_robin")
 # ... of which these also run with 4 replicas (the JSON's *_4r figures need no more)
 QUICK_REPLICATED = ("cacheroute", "sglang cache_aware")
 
@@ -109,6 +124,18 @@ QUICK_REPLICATED = ("cacheroute", "sglang cache_aware")
 # Where the arena issue sets a capacity target: ≥ 1.3x the best peer on paper-like and
 # whale, within 5 % of it on low reuse.
 CAPACITY_SCENARIOS = ("paper-like", "whale", "low-reuse")
+
+
+# --grid: per cell, CacheRoute and the peers at one gateway, and CacheRoute and the SGLang
+# model gateway (replicas in a mesh, sharing their trees: the peer's own answer to many
+# gateways) at four and eight. CacheRoute's runs first, one after another (each next
+# stack starts during the run before it).
+GRID_RUNS: tuple[tuple[str, int], ...] = (
+    ("cacheroute", 1), ("cacheroute", 4), ("cacheroute", 8),
+    ("smg cache_aware", 1), ("smg cache_aware", 4), ("smg cache_aware", 8),
+    ("sglang cache_aware", 1), ("vllm cache_aware", 1))
+# --grid --quick: one cell, every run of it (the machinery checked end to end)
+GRID_QUICK_CELLS = 1
 
 
 def replicated(spec: RouterSpec) -> bool:
@@ -545,8 +572,10 @@ def main() -> int:
     ap.add_argument("--engine-kind", choices=("emulator", "llama"), default="emulator",
                     help="emulated engines, or real llama.cpp llama-server processes on a "
                     "tiny random model (built on first use; see planner_svc/devstack/llama.py)")
-    ap.add_argument("--time-scale", type=float, default=1.0,
-                    help="engine model durations x this (1 = a 70B-class replica)")
+    ap.add_argument("--time-scale", type=float, default=None,
+                    help="engine model durations x this (1 = a 70B-class replica; "
+                    "default 1, with --grid 2: its knee cells offer up to ~80 requests/s "
+                    "at 1, more than the driver sends on two cores)")
     ap.add_argument("--kv-tokens", type=int, default=60_000, help="KV cache per engine")
     ap.add_argument("--rate-scale", type=float, default=1.0, help="offered load x this")
     ap.add_argument("--warmup-s", type=float, default=0.0, help="0: 15 (x the time scale above 1)")
@@ -597,8 +626,17 @@ def main() -> int:
     ap.add_argument("--peer-settings", default=str(PEER_SETTINGS),
                     help="without --peer-sweep: the tuned peers of an earlier sweep, run beside "
                     "the defaults ('' or a missing file: defaults only)")
+    ap.add_argument("--grid", action="store_true",
+                    help="the scenario grid's fixed sample of cells (sessions.grid_sample) "
+                    "instead of --scenarios: CacheRoute and the peers at 1 gateway, "
+                    "CacheRoute and smg (a mesh) at 4 and 8; heat maps, a table, a CSV "
+                    "(with --quick: its first cell only)")
+    ap.add_argument("--grid-cells", type=int, default=0,
+                    help="with --grid: how many cells of the sample (0: all)")
     ap.add_argument("--out", default=str(OUT))
     args = ap.parse_args()
+    if args.time_scale is None:
+        args.time_scale = 2.0 if args.grid else 1.0
     # checked before any run: a typo found after an hour of runs would lose them all
     capacity_scenarios = list(dict.fromkeys(
         x.strip() for x in args.capacity_scenarios.split(",") if x.strip()))
@@ -617,6 +655,8 @@ def main() -> int:
     # interval and the warm-up that covers its learning stretch by the same factor, as q_cap
     # shrinks by it. (Every router gets the same warm-up; peers learn from each request.)
     slow = 1.0 if args.engine_kind == "llama" else max(1.0, args.time_scale)
+    if args.grid:  # its loads are per cell: a 6-s window holds >= 100 requests at light
+        slow = 1.0
     setup = Setup(engine_kind=args.engine_kind, engines=args.engines,
                   # llama-server runs at its own speed: no time scale
                   time_scale=1.0 if llama else args.time_scale, kv_tokens=args.kv_tokens,
@@ -657,6 +697,13 @@ def main() -> int:
     rows: list[dict[str, Any]] = []
     cap_rows: list[dict[str, Any]] = []
     tunable = [r for r in routers if r.kind != "cacheroute" and r.policy == "cache_aware"]
+    if args.grid:
+        try:
+            return grid_main(args, setup, fleet, stacks, work, routers, missing, t_start)
+        finally:
+            stacks.stop()
+            fleet.stop()
+            shutil.rmtree(work, ignore_errors=True)
     try:
         if args.peer_sweep:
             tuned, _ = peer_sweep(tunable, scaled(args.peer_sweep), setup, fleet, stacks, work,
@@ -730,6 +777,71 @@ def main() -> int:
     else:
         print(f"kept {work}", file=sys.stderr)
     return 0
+
+
+def grid_cells_for(args: argparse.Namespace) -> list[GridCell]:
+    """The cells a --grid run measures: the fixed sample, or its first few."""
+    cells = grid_sample()
+    n = GRID_QUICK_CELLS if args.quick else args.grid_cells or len(cells)
+    return cells[:n]
+
+
+def grid_main(args: argparse.Namespace, setup: Setup, fleet: Fleet, stacks: CacheRouteStack,
+              work: Path, routers: list[RouterSpec], missing: list[str],
+              t_start: float) -> int:
+    """--grid: every cell of the sample, every run of GRID_RUNS on it (one seed), then the
+    grid's table, CSVs and heat maps under --out and the last-line JSON."""
+    by_name = {r.name: r for r in routers}
+    runs = [(cell, by_name[name], n) for cell in grid_cells_for(args)
+            for name, n in GRID_RUNS if name in by_name]
+    rows: list[dict[str, Any]] = []
+    for i, (cell, spec, n) in enumerate(runs):
+        stacks.next_is_cacheroute = i + 1 < len(runs) and runs[i + 1][1].kind == "cacheroute"
+        scenario = cell.scenario(setup.engines).offered(args.rate_scale, setup.time_scale)
+        label = f"[{i + 1}/{len(runs)}] {cell.name} {spec.name} x{n}"
+        rows.append(run_one(spec, n, scenario, 1, setup, fleet, stacks, work, 1.0, label))
+    stacks.next_is_cacheroute = False
+    summary = grid_outputs(rows, setup, Path(args.out), missing,
+                           time.monotonic() - t_start)
+    print(json.dumps(summary))
+    return 0
+
+
+def grid_outputs(rows: list[dict[str, Any]], setup: Setup, out: Path, missing: list[str],
+                 elapsed_s: float) -> dict[str, Any]:
+    """grid-live.md, grid-live.csv (every run), grid-live-deltas.csv (CacheRoute against the
+    best peer per cell and gateway count) and grid-live-heatmap.png under `out`; returns
+    the summary JSON."""
+    out.mkdir(parents=True, exist_ok=True)
+    deltas = grid_report.cell_deltas(rows)
+    grid_report.write_rows_csv(rows, out / "grid-live.csv")
+    grid_report.write_deltas_csv(deltas, out / "grid-live-deltas.csv")
+    grid_report.plot_live(deltas, out / "grid-live-heatmap.png", "live grid")
+    summary = grid_report.grid_summary(deltas)
+    lines = ["# The scenario grid, live", "",
+             "Command: `" + " ".join([".venv/bin/python bench/arena.py", *sys.argv[1:]])
+             + f"`; {setup.engines} emulated engines (time scale {setup.time_scale:g}, "
+             f"{setup.kv_tokens:,} KV tokens each), warm-up {setup.warmup_s:.0f} s then "
+             f"{setup.measure_s:.0f} s measured per run, seed 1; peers "
+             f"{json.dumps(peer_versions())}; whole run {elapsed_s / 60:.1f} min.", ""]
+    if missing:
+        lines += [f"Not installed, not measured: {', '.join(missing)}.", ""]
+    lines += ["CacheRoute against the best peer (by served hit rate) of each cell and gateway "
+              "count, worst one-gateway cell first:", "", *grid_report.delta_lines(deltas),
+              "", "Every run:", "",
+              "| cell | router | gateways | hit | first / later turns | TTFT p50 s | "
+              "TTFT p99 s | imbalance | errors | requests |", "|---" * 10 + "|"]
+    for r in rows:
+        lines.append(f"| {r['scenario']} | {r['router']} | {r['replicas']} | {r['hit']:.1%} | "
+                     f"{r['first_turn_hit']:.1%} / {r['later_turn_hit']:.1%} | "
+                     f"{r['ttft_p50_s']:.3f} | {r['ttft_p99_s']:.3f} | {r['imbalance']:.2f} | "
+                     f"{r['errors']} | {r['requests']} |")
+    (out / "grid-live.md").write_text("\n".join(lines) + "\n")
+    grid_report.print_table(deltas)
+    summary = {k: None if isinstance(v, float) and math.isnan(v) else v
+               for k, v in summary.items()}
+    return {**summary, "peer_versions": peer_versions(), "elapsed_min": round(elapsed_s / 60, 2),
+            "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
 
 
 def _ratio_4r(cap: dict[str, float], scenario: str, best4: str) -> dict[str, float | None]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
@@ -208,3 +209,110 @@ class Transcript:
     def answered(self, text: str) -> None:
         self.messages.append({"role": "assistant", "content": text})
 
+
+
+# --- the scenario grid --------------------------------------------------------------------
+# Workloads users run, as axes instead of hand-picked scenarios: how many tenants, how long
+# their system prompts, how skewed their popularity, how many turns a conversation has, and
+# how hard the engines are driven. One `GridCell` is one point; the simulator runs every
+# cell (bench/sim_grid.py), the live arena a fixed sample of them (bench/arena.py --grid).
+
+GRID_TENANTS = (30, 300, 3_000)
+GRID_SYSTEM_TOKENS = (256, 1_024, 4_096)
+GRID_ZIPF = (0.8, 1.0, 1.3)
+# turns per conversation: (fewest, most), drawn uniformly
+GRID_TURNS: dict[str, tuple[int, int]] = {"short": (1, 3), "long": (4, 8)}
+# offered load as a share of the engines' knee (`knee_requests_per_s`)
+GRID_LOADS: dict[str, float] = {"light": 0.25, "knee": 0.8}
+# The knee the arena measured on paper-like (12 requests/s per emulated engine at time scale
+# 1, CacheRoute's q_cap) holds for requests of paper-like's cost; a cell's knee is scaled by
+# its requests' cost against paper-like's (`request_cost_s`).
+KNEE_REQUESTS_PER_ENGINE_S = 12.0
+GRID_SAMPLE_SEED = 54
+GRID_SAMPLE_SIZE = 12
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GridCell:
+    """One point of the scenario grid; `scenario` is the workload it stands for."""
+
+    tenants: int
+    system_tokens: int
+    zipf_s: float
+    turns: str  # a key of GRID_TURNS
+    load: str  # a key of GRID_LOADS
+
+    @property
+    def name(self) -> str:
+        return (f"grid-t{self.tenants}-p{self.system_tokens}-z{self.zipf_s:g}-"
+                f"{self.turns}-{self.load}")
+
+    def scenario(self, engines: int = 4) -> Scenario:
+        """The cell's workload at time scale 1 (`Scenario.offered` slows it as for the
+        other scenarios): system prompts within ±25 % of the cell's length, conversations
+        started at the rate that offers `GRID_LOADS[load]` of the engines' knee."""
+        lo, hi = GRID_TURNS[self.turns]
+        base = Scenario(name=self.name, tenants=self.tenants, zipf_s=self.zipf_s,
+                        system_tokens=(self.system_tokens * 3 // 4,
+                                       self.system_tokens * 5 // 4),
+                        turns=(lo, hi), sessions_per_s=1.0,
+                        notes=(f"{self.tenants} tenants, ~{self.system_tokens}-token system "
+                               f"prompts, Zipf {self.zipf_s:g}, {lo}-{hi} turns, "
+                               f"{self.load} load"))
+        requests_per_s = GRID_LOADS[self.load] * knee_requests_per_s(base, engines)
+        return replace(base, sessions_per_s=requests_per_s / ((lo + hi) / 2))
+
+
+def request_cost_s(s: Scenario) -> float:
+    """Engine seconds (at time scale 1) a request of `s` costs when its conversation's
+    history is cached and its tenant's system prompt is computed once per conversation:
+    the prefill overhead, the turn's question and the previous answer, a share of the
+    system prompt. A fixed price per request, blind to the routing: the grid's loads are
+    the same for every router."""
+    from planner_svc.simulator.replica import ReplicaModel
+
+    m = ReplicaModel()
+    turns = (s.turns[0] + s.turns[1]) / 2
+    new = (sum(s.user_tokens) + sum(s.output_tokens)) / 2 + sum(s.system_tokens) / 2 / turns
+    return m.prefill_overhead_s + new * m.prefill_s_per_token
+
+
+def knee_requests_per_s(s: Scenario, engines: int = 4) -> float:
+    """The engines' knee for requests of `s` (all engines, time scale 1): the measured knee
+    of paper-like's requests, scaled by their cost against `s`'s."""
+    return (KNEE_REQUESTS_PER_ENGINE_S * engines * request_cost_s(SCENARIOS["paper-like"])
+            / request_cost_s(s))
+
+
+def grid_cells() -> list[GridCell]:
+    """Every cell of the grid, in a fixed order (tenants, prompt, skew, turns, load)."""
+    return [GridCell(tenants=t, system_tokens=p, zipf_s=z, turns=n, load=load)
+            for t in GRID_TENANTS for p in GRID_SYSTEM_TOKENS for z in GRID_ZIPF
+            for n in GRID_TURNS for load in GRID_LOADS]
+
+
+def grid_sample(size: int = GRID_SAMPLE_SIZE, seed: int = GRID_SAMPLE_SEED) -> list[GridCell]:
+    """The live arena's cells: a seeded Latin-hypercube sample, so every value of every axis
+    appears as evenly as `size` allows (each tenant count, prompt length and skew 4 times
+    in 12, each turn count and load 6 times); no cell twice."""
+    rng = random.Random(seed)
+    axes: list[list[Any]] = [list(GRID_TENANTS), list(GRID_SYSTEM_TOKENS), list(GRID_ZIPF),
+                             list(GRID_TURNS), list(GRID_LOADS)]
+    while True:
+        columns = []
+        for values in axes:
+            column = [values[i % len(values)] for i in range(size)]
+            rng.shuffle(column)
+            columns.append(column)
+        cells = [GridCell(tenants=t, system_tokens=p, zipf_s=z, turns=n, load=load)
+                 for t, p, z, n, load in zip(*columns, strict=True)]
+        if len(set(cells)) == size:
+            return cells
+
+
+def grid_scenario(name: str, engines: int = 4) -> Scenario:
+    """The scenario of a grid cell by its name (`GridCell.name`)."""
+    for cell in grid_cells():
+        if cell.name == name:
+            return cell.scenario(engines)
+    raise KeyError(name)
