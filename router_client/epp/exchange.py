@@ -34,7 +34,6 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from router_client.epp import protocol as proto
 from router_client.epp.metrics import EppMetrics
 from router_client.epp.picker import EndpointPicker, Pick
-from router_client.eviction_window import prefix_hit
 from router_client.gateway import jsonio, sse
 from router_client.gateway.telemetry import EventSink
 from router_client.health import Outcome
@@ -66,8 +65,8 @@ class EppSettings:
     max_buffered_bytes: int = 256 << 20
     # A stream's request (headers and body) must be routed within request_timeout_s of the
     # stream's start, and the whole stream end within stream_timeout_s; past either the
-    # picker ends it (DEADLINE_EXCEEDED) and counts its request out. Without them, streams
-    # that never end held every in-flight slot until a restart. The stream lasts as long
+    # picker ends it (DEADLINE_EXCEEDED) and counts its request out; streams that never end
+    # would otherwise hold in-flight slots for good. The stream lasts as long
     # as the HTTP request, streamed answer included: stream_timeout_s is the longest
     # generation the picker follows (with failureMode FailOpen the gateway carries on
     # without it; with FailClose the request is cut there).
@@ -106,7 +105,7 @@ class BodyBudget:
 
 
 class Exchange:
-    __slots__ = ("_answered", "_body", "_budget", "_decided_at", "_finished",
+    __slots__ = ("_body", "_budget", "_decided_at", "_finished",
                  "_headers_seen", "_injected", "_pick", "_resp_copy",
                  "_splitter", "_status", "_ttft_s", "_usage", "affinity", "done", "headers",
                  "key", "metrics", "picker", "prefix_chars", "req_mode", "resp_mode",
@@ -138,7 +137,6 @@ class Exchange:
         self._resp_copy = bytearray()
         self._status = 0
         self._ttft_s: float | None = None
-        self._answered = False  # a streamed answer's first chunk came (RouterCore.first_token)
         self._usage: dict[str, Any] | None = None
 
     # --- the message loop ------------------------------------------------------------
@@ -264,7 +262,7 @@ class Exchange:
             return self._refuse(503, why, "overloaded", counted=False)
         self._pick, self._decided_at = pick, time.perf_counter()
         primary = pick.slots[0]
-        self.picker.started(primary, pick.owed)
+        pick.request.started()
         self.sink.emit_request(
             self.key, self.picker.destination(primary), prompt_tokens=0,
             reusable_prefix_tokens=self.prefix_chars // 4,
@@ -319,8 +317,7 @@ class Exchange:
             self._ttft_s = time.perf_counter() - self._decided_at
             if self._splitter is not None and self._pick is not None and not self._finished:
                 # A stream's first chunk: the request no longer waits for its prefill.
-                self.picker.first_token(self._pick.slots[0], self._pick.owed)
-                self._answered = True
+                self._pick.request.first_token()
         data = self._observe(body.body)
         if body.end_of_stream:
             if self._injected and self._splitter is not None:
@@ -368,14 +365,10 @@ class Exchange:
             return
         self._finished = True
         slot = self.served_slot if self.served_slot is not None else self._pick.slots[0]
-        primary = self._pick.slots[0]
         status = self._status
         outcome = (None if status == 0 else Outcome.SUCCESS if status < 400
                    else Outcome.CLIENT_ERROR if status < 500 else Outcome.HTTP_5XX)
-        self.picker.finished(primary, None, answered=self._answered, owed=self._pick.owed)
-        core = self.picker.core
-        if self._pick.counted:
-            core.key_finished(self.key, primary, time.monotonic())
+        self._pick.request.finished(time.monotonic())
         dest = self.picker.destination(slot)
         if outcome is not None:
             self.picker.client.report(dest, outcome)
@@ -389,9 +382,7 @@ class Exchange:
         e2e_ms = (time.perf_counter() - self._decided_at) * 1000
         if isinstance(usage, dict) and outcome is Outcome.SUCCESS:
             counts = from_openai_usage(usage)
-            self.picker.core.observe_return(
-                self._pick.returned, slot, prefix_hit(counts.cached_tokens,
-                                                      self.prefix_chars // 4))
+            self._pick.request.served(counts.cached_tokens, self.prefix_chars // 4, at=slot)
             ttft_ms = self._ttft_s * 1000 if self._ttft_s is not None else e2e_ms
             self.sink.emit_cache_hit(
                 self.key, dest, prompt_tokens=counts.prompt_tokens,

@@ -5,7 +5,8 @@ address, and connections per client address (pure; one ledger per server, driven
 A body counts from its first byte until its request is answered (the proxy forwards it
 whole, so it is held that long). Past the total a request is refused 503 (the gateway is
 full: retry); past one client's share, 413 (that client holds too much at once). Without
-these, 250 connections each holding a body 1 byte short of the 8 MiB cap took 2.4 GB.
+them, bodies held one byte short of their end would be bounded only by the connection count
+times the body cap.
 A client is its IP address: behind a proxy that hides the addresses every request is one
 client, so the per-client limits are 0 (off) there.
 """

@@ -173,8 +173,8 @@ class ServerLimits:
     max_buffered_bytes_per_client: int = 0
     max_connections_per_client: int = 0
     # A new connection's first request head must be complete within this of its opening,
-    # else it is closed (408 if part of the head came): idle sockets that never send held
-    # every connection slot for the idle timeout.
+    # else it is closed (408 if part of the head came): sockets that never send would hold
+    # connection slots for the whole idle timeout.
     header_timeout_s: float = client_limits.HEADER_TIMEOUT_S
 
 

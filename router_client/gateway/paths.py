@@ -3,9 +3,9 @@
 A target is forwarded to an engine only in its normal form: empty segments collapsed
 (`//v1//models` is `/v1/models`) and no dot segment (`.` or `..`), also none spelled with
 percent-escapes (`%2e%2e`, `.%2E`), with an escaped slash (`..%2f`) or a backslash (which
-some servers take for a slash), however often escaped. Unrefused, `/v1/../metrics` reached
-an engine's own `/metrics`, and `/v1/../../etc/passwd` whatever a server behind it makes
-of that path. The query is forwarded as it came.
+some servers take for a slash), however often escaped: a dot segment would take a client
+outside `/v1/` on the engine (`/v1/../metrics` is the engine's own `/metrics`), or wherever
+a server behind it resolves `/v1/../../etc/passwd`. The query is forwarded as it came.
 """
 
 from __future__ import annotations
