@@ -1,8 +1,9 @@
 """Drop events already counted, by (producer_id, sequence), in bounded memory (pure).
 
 Contract with producers (the emitter keeps it): within one source partition a producer
-numbers its events 1, 2, 3, ... (each partition on its own), so a run of consecutive
-sequences is what one producer sends there; gaps appear only where it lost events.
+numbers its events consecutively (n, n + 1, n + 2, ...; each partition on its own), so a
+run of consecutive sequences is what one producer sends there; gaps appear only where it
+lost events.
 
 For each producer the deduplicator remembers a few *runs*: ranges [first, last] of the
 sequences it counted. An event inside a run is a repeat (a producer's retried batch, or a
@@ -100,7 +101,9 @@ class Deduplicator:
         n = len(producers)
         mask = np.zeros(n, dtype=bool)
         self._jumped = []
-        if n:
+        if n and int(producers.codes.min()) == int(producers.codes.max()):
+            mask[:] = self._keep_one(producers[0], sequences, np.arange(n))
+        elif n:
             # Producers are independent: one pass per producer over its rows, in order.
             order = np.argsort(producers.codes, kind="stable")
             sorted_codes = producers.codes[order]
@@ -124,26 +127,38 @@ class Deduplicator:
             runs = self._runs[producer] = _Runs()
         self._runs.move_to_end(producer)
         self._tick += 1
-        if self._extends_at_once(runs, sequences):  # the usual batch: the next ones, in order
-            runs.extend(runs.below(int(sequences[0]), self.max_gap), int(sequences[-1]),
-                        self._tick)
+        if self._at_once(runs, sequences):  # the usual batch: the next ones, in order
             return np.ones(sequences.size, dtype=bool)
         mask = np.zeros(sequences.size, dtype=bool)
         for i, s in enumerate(sequences.tolist()):
             mask[i] = self._one(runs, s, int(rows[i]))
         return mask
 
-    def _extends_at_once(self, runs: _Runs, seqs: np.ndarray) -> bool:
-        if not seqs.size or not runs.first:
+    def _at_once(self, runs: _Runs, seqs: np.ndarray) -> bool:
+        """Count `seqs` in one step when they are in order, within max_gap of each other,
+        overlap no run, and either continue one or open one (not beyond max_jump)."""
+        if not seqs.size or int(seqs[-1]) >= 1 << 63:
             return False
-        i = runs.below(int(seqs[0]), self.max_gap)
-        if i < 0 or runs.find(int(seqs[0])) >= 0:
-            return False
-        steps = np.diff(seqs.astype(np.int64)) if seqs.size > 1 else np.ones(1, np.int64)
-        if not (bool(np.all(steps >= 1)) and int(steps.max()) <= self.max_gap):
+        steps = np.diff(seqs.astype(np.int64))
+        if steps.size and not (int(steps.min()) >= 1 and int(steps.max()) <= self.max_gap):
             return False
         lo, hi = int(seqs[0]), int(seqs[-1])
-        return not any(lo <= f <= hi for f in runs.first)  # crosses no other run
+        if not runs.first:
+            runs.open(lo, self._tick, self.max_runs)
+            runs.extend(0, hi, self._tick)
+            return True
+        if any(f <= hi and e >= lo for f, e in zip(runs.first, runs.last, strict=True)):
+            return False  # (overlaps a run: some of these may be repeats)
+        i = runs.below(lo, self.max_gap)
+        if i >= 0:
+            runs.extend(i, hi, self._tick)
+            return True
+        if hi - max(runs.last) > self.max_jump:
+            return False
+        self.runs_opened += 1
+        runs.open(lo, self._tick, self.max_runs)
+        runs.extend(len(runs.first) - 1, hi, self._tick)
+        return True
 
     def _one(self, runs: _Runs, s: int, row: int) -> bool:
         if runs.find(s) >= 0:

@@ -10,10 +10,12 @@ and counted in `.dropped`. A background thread groups buffered events by the
 partition of their routing key (`streams.partitioning`), packs up to
 `batch_max_events` of them into one `EventBatch` message per partition, and
 produces it with an idempotent producer (acks=all). Each event carries this
-emitter's producer id and a sequence number, counted per partition: 1, 2, 3, ... for the
-events of each partition, with a gap only where a message that was handed to the producer
-failed delivery. That is the contract `streams.dedup` relies on: it can then tell the
-producer's next events from any sequence forged under its id.
+emitter's producer id and a sequence number counted per partition: partition p's events
+are numbered p * 2^40 + 1, + 2, + 3, ..., with a gap only where a message that was handed to
+the producer failed delivery. That is the contract `streams.dedup` relies on (consecutive
+within a partition, so it can tell the producer's next events from any sequence forged
+under its id), and (producer, sequence) stays unique across partitions for anything that
+recounts the topic.
 
 The producer id on the wire is the given `producer_id` plus a random incarnation
 suffix (`gateway` -> `gateway.3fa2b1c0`): sequences start at 1 in every process, so
@@ -40,6 +42,7 @@ from streams.producer import RenewingProducer
 
 log = logging.getLogger(__name__)
 _REQUEST, _CACHE_HIT, _ERROR = 1, 2, 3
+PARTITION_SHIFT = 40  # sequences of partition p start above p << 40 (see the docstring)
 
 
 def _property(name: str) -> str:
@@ -164,7 +167,7 @@ class EventEmitter:
 
     def _produce(self, partition: int, rows: list[tuple]) -> None:
         # Sequences are taken only once the message is queued: rows dropped here leave no gap.
-        first = self._sequences.get(partition, 0) + 1
+        first = self._sequences.get(partition, partition << PARTITION_SHIFT) + 1
         value = self._batch(rows, first).SerializeToString()
         for _ in range(50):
             try:

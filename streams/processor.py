@@ -28,7 +28,7 @@ from streams.decoding import (
 )
 from streams.dedup import Deduplicator
 from streams.metrics import StreamCounters
-from streams.validation import CODE, OK, REASONS, validate
+from streams.validation import CODE, OK, REASONS, identified, validate
 from streams.windows import PartitionWindows, WindowResult
 from streams.wire import fast_columns
 
@@ -157,17 +157,7 @@ class PartitionProcessor:
         reasons = validate(cols, now_ms, self.config)
         bad = np.flatnonzero(reasons != OK)
         out.rejected.extend(_rejects(cols, bad, reasons[bad]))
-        good = cols if not bad.size else take(cols, np.flatnonzero(reasons == OK))
-        opened = self.dedup.runs_opened
-        keep = self.dedup.keep(good.producer, good.sequence)
-        self.counters.sequence_runs_opened += self.dedup.runs_opened - opened
-        jumped = np.asarray(self.dedup.last_jumps, dtype=np.int64)
-        if jumped.size:  # forged or corrupt sequences: dead letters, not silent repeats
-            out.rejected.extend(_rejects(good, jumped, np.full(jumped.size, CODE["sequence_jump"])))
-        dups = int(keep.size - np.count_nonzero(keep)) - int(jumped.size)
-        self.counters.duplicates += dups
-        if dups or jumped.size:
-            good = take(good, np.flatnonzero(keep))
+        good = self._new_events(cols, reasons == OK, out)
         # An event a little ahead of this worker's clock (within max_future) counts as now:
         # event time must not move the windows' watermark past the wall clock, or a few
         # events stamped in the future would make every real event "late".
@@ -184,6 +174,26 @@ class PartitionProcessor:
         self.counters.overflow_events = self.windows.overflow_events
         self.counters.windows_closed += len(closed)
         out.windows.extend(closed)
+
+    def _new_events(self, cols: EventColumns, valid: np.ndarray, out: Outcome) -> EventColumns:
+        """The valid events not counted before. Every event that names its producer and
+        sequence passes through dedup, rejected or not, so a producer's sequences stay
+        consecutive there where some of its events were dead-lettered (a gap would open a
+        run of its own, and too many runs forget the older ones)."""
+        named = identified(cols, self.config)
+        rows = None if bool(named.all()) else np.flatnonzero(named)
+        seen = cols if rows is None else take(cols, rows)
+        ok = valid if rows is None else valid[rows]
+        opened = self.dedup.runs_opened
+        keep = self.dedup.keep(seen.producer, seen.sequence)
+        self.counters.sequence_runs_opened += self.dedup.runs_opened - opened
+        jumped = np.asarray(self.dedup.last_jumps, dtype=np.int64)
+        jumped = jumped[ok[jumped]]  # an invalid event has its dead letter already
+        if jumped.size:  # forged or corrupt sequences: dead letters, not silent repeats
+            out.rejected.extend(_rejects(seen, jumped, np.full(jumped.size, CODE["sequence_jump"])))
+        new = keep & ok
+        self.counters.duplicates += int(np.count_nonzero(ok & ~keep)) - int(jumped.size)
+        return seen if bool(new.all()) else take(seen, np.flatnonzero(new))
 
     def _tally(self, rejected: list[Rejected]) -> None:
         for r in rejected:

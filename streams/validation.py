@@ -96,6 +96,13 @@ def _missing(cols: EventColumns, key_len: np.ndarray, dest_len: np.ndarray) -> n
     )
 
 
+def identified(cols: EventColumns, config: StreamConfig) -> np.ndarray:
+    """Per row: the event names its producer and sequence as every valid event must (both
+    set, the id within `max_key_bytes` and without NUL), whatever else is wrong with it."""
+    named = cols.producer.per_row(cols.producer.name_lengths()) > 0
+    return named & (cols.sequence != 0) & ~_bad_strings(cols.producer, config.max_key_bytes)
+
+
 def _bad_names(cols: EventColumns, max_bytes: int) -> np.ndarray:
     # The producer id too: a megabyte of id per event would grow the dedup state for good.
     return (_bad_strings(cols.key, max_bytes) | _bad_strings(cols.destination, max_bytes)

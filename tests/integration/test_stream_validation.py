@@ -52,15 +52,23 @@ class Batches:
 
     def __init__(self, now_ms: int) -> None:
         self.now = now_ms
-        self.seq = 0
+        self.seqs = {p: p << 40 for p in range(PARTITIONS)}  # numbered as the emitter does
         self.raw: dict[int, list[bytes]] = {p: [] for p in range(PARTITIONS)}
         self.expected_bad: Counter[str] = Counter()
         self.good_requests: Counter[str] = Counter()
         self.good_prompt: Counter[str] = Counter()
 
+    def _next(self, key: str) -> int:
+        """The producer's next sequence in `key`'s partition (consecutive there)."""
+        p = partition_for_key(key, PARTITIONS)
+        self.seqs[p] += 1
+        return self.seqs[p]
+
     def _event(self, key: str, **fields) -> events_pb2.Event:
-        self.seq += 1
-        base = dict(producer_id="validation", sequence=self.seq, timestamp_ms=self.now)
+        # (an event with another producer id is not this producer's: it takes no number)
+        mine = fields.get("producer_id", "validation") == "validation"
+        base = dict(producer_id="validation", sequence=self._next(key) if mine else 1,
+                    timestamp_ms=self.now)
         base.update(fields)
         return events_pb2.Event(**base)
 
@@ -85,8 +93,7 @@ class Batches:
         req = events_pb2.RequestEvent
         hit = events_pb2.CacheHitEvent
         self.bad("unknown_type", key, self._event(key))  # no body at all
-        self.seq += 1
-        future_body = (_bytes_field(1, b"validation") + _field(2, 0, _varint(self.seq))
+        future_body = (_bytes_field(1, b"validation") + _field(2, 0, _varint(self._next(key)))
                        + _field(3, 0, _varint(self.now)) + _bytes_field(13, b"\x0a\x01x"))
         self.bad("unknown_type", key, future_body)  # a body type from a newer schema
         self.bad("missing_field", key, self._event(key, request=req(destination="d1")))
@@ -98,8 +105,7 @@ class Batches:
             routing_key="k" * 600, destination="d1")))
         self.bad("invalid_key", key, self._event(key, request=req(
             routing_key="a\0b", destination="d1")))
-        self.seq += 1
-        negative = _bytes_field(1, b"validation") + _field(2, 0, _varint(self.seq)) + _field(
+        negative = _bytes_field(1, b"validation") + _field(2, 0, _varint(self._next(key))) + _field(
             3, 0, _varint(self.now)) + _bytes_field(10, _bytes_field(1, key.encode())
                                                     + _bytes_field(2, b"d1")
                                                     + _field(3, 0, _varint(-5)))

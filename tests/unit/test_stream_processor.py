@@ -90,7 +90,25 @@ def test_dedup_keeps_exactly_the_first_time_each_sequence_is_seen(seqs):
     assert keep.tolist() == [s not in seqs[:i] for i, s in enumerate(seqs)]
 
 
-@given(st.lists(st.lists(st.integers(1, 40), max_size=12), max_size=8))
+batches_of_sequences = st.lists(
+    st.one_of(st.lists(st.integers(1, 40), max_size=12),  # anything
+              st.builds(lambda lo, n: list(range(lo, lo + n)), st.integers(1, 40),
+                        st.integers(1, 12))),  # a run in order (the one-step path)
+    max_size=8)
+
+
+@given(batches_of_sequences)
+def test_dedup_across_batches_keeps_exactly_first_occurrences(batches):
+    d = Deduplicator(max_runs=64)
+    seen: set[int] = set()
+    for seqs in batches:
+        keep = d.keep(Categorical.of(["p"] * len(seqs)), np.array(seqs, dtype=np.uint64))
+        for s, kept in zip(seqs, keep.tolist(), strict=True):
+            assert kept == (s not in seen)
+            seen.add(s)
+
+
+@given(batches_of_sequences)
 def test_dedup_never_drops_a_new_sequence_whatever_it_forgets(batches):
     d = Deduplicator(max_runs=2)
     seen: set[int] = set()
@@ -118,6 +136,15 @@ def test_a_forged_run_shadows_only_the_sequences_it_covers():
     d.keep(Categorical.of(["p"] * 2), np.array([5, 6], dtype=np.uint64))  # forged just ahead
     keep = d.keep(Categorical.of(["p"] * 6), np.arange(3, 9, dtype=np.uint64))
     assert keep.tolist() == [True, True, False, False, True, True]
+
+
+def test_a_batch_continuing_one_run_into_another_counts_only_what_is_new():
+    d = Deduplicator()
+    d.keep(Categorical.of(["p"] * 2), np.array([1, 2], dtype=np.uint64))
+    d.keep(Categorical.of(["p"] * 2), np.array([4, 5], dtype=np.uint64))
+    keep = d.keep(Categorical.of(["p"] * 3), np.array([3, 4, 5], dtype=np.uint64))
+    assert keep.tolist() == [True, False, False]
+    assert not d.keep(Categorical.of(["p"] * 2), np.array([4, 5], dtype=np.uint64)).any()
 
 
 def test_a_gap_wider_than_allowed_opens_a_run_and_loses_nothing():
@@ -210,3 +237,13 @@ def test_a_partition_that_never_saw_an_event_publishes_empty_windows_once_its_lo
     assert not out.rejected
     closed = proc.tick(NOW + 20_000, caught_up=True)
     assert sum(int(w.requests.sum()) for w in closed[:1]) == 1
+
+
+def test_dead_lettered_events_keep_their_producers_sequences_consecutive():
+    proc = PartitionProcessor(0, CFG)
+    no_body = events_pb2.Event(producer_id="p", sequence=2, timestamp_ms=NOW)
+    out = proc.process([(0, batch(req(1), no_body, req(3)))], NOW)
+    assert [r.reason for r in out.rejected] == ["unknown_type"]
+    assert proc.dedup.runs_opened == 0  # 1, 2, 3 is one run although 2 was rejected
+    proc.process([(1, batch(req(1), req(3), req(4)))], NOW)  # a retry, then the next one
+    assert total_requests(proc) == 3 and proc.counters.duplicates == 2
