@@ -10,15 +10,17 @@ sequences it counted. An event inside a run is a repeat (a producer's retried ba
 message delivered twice). One at most `max_gap` above the end of a run extends that run;
 any other opens a run of its own. A forward jump therefore never moves the mark of the run
 the producer is on: an event forged under a real producer's id, however far ahead, can
-shadow only the sequences it covers itself, and the real producer's next events extend its
-own run and count. (A producer restarted under the same id would look like repeats of its
-old run: the emitter adds a random incarnation suffix to its id for that reason.)
+shadow only the sequences it covers itself (with max_gap g, up to g of them), and the real
+producer's next events extend their own run and count. (A producer restarted under the
+same id would look like repeats of its old run: the emitter adds a random incarnation
+suffix to its id for that reason.)
 
 A sequence more than `max_jump` above every run of its producer is dead data (corrupt or
 forged, e.g. 2^64-1): it is refused (positions in `last_jumps`) and changes nothing.
 At most `max_runs` runs per producer are kept (the least recently extended is forgotten)
 and at most `max_producers` producers per partition (the least recently seen first).
-Forgetting can only let a very late repeat count again; it never drops a new event.
+Forgetting can only let a very late repeat count again; it never drops a new event (the
+gaps a run bridged when max_gap > 1 count as seen).
 """
 
 from __future__ import annotations
