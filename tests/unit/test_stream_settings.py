@@ -82,3 +82,15 @@ def test_partitioning_is_stable_and_in_range():
     assert partition_for_key("tenant-a", 8) == partition_for_key("tenant-a", 8)
     assert {partition_for_key(f"k{i}", 4) for i in range(100)} == {0, 1, 2, 3}
     assert partition_for_key("abc", 1) == 0
+
+
+def test_snapshot_key_and_dedup_bounds_come_from_settings():
+    s = parse_settings(["--data-dir", "/tmp/w1", "--max-sequence-gap", "4"],
+                       {"CACHEROUTE_MAX_SEQUENCE_JUMP": "1000"})
+    assert s.resolved_signing_key_path == Path("/tmp/w1/snapshot-signing-key.pem")
+    cfg = s.stream_config()
+    assert (cfg.max_sequence_gap, cfg.max_sequence_jump) == (4, 1000)
+    given = parse_settings([], {"CACHEROUTE_SIGNING_KEY_PATH": "/keys/w.pem"})
+    assert given.resolved_signing_key_path == Path("/keys/w.pem")
+    with pytest.raises(ConfigError, match="max_sequence_gap"):
+        parse_settings(["--max-sequence-gap", "0"], {})
