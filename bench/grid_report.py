@@ -164,7 +164,8 @@ def _panel(plt: Any, ax: Any, grid: list[list[float]], rows: list[str], cols: li
                 ax.text(j, i, f"{v:.2f}" if ratio else f"{v:+.1f}", ha="center",
                         va="center", fontsize=6)
     ax.set_title(title, fontsize=9)
-    plt.colorbar(image, ax=ax, fraction=0.04)
+    bar = plt.colorbar(image, ax=ax, fraction=0.04)
+    bar.set_label("log2 of the ratio" if ratio else "pp", fontsize=7)
 
 
 def plot_live(deltas: Sequence[CellDelta], path: Path, title: str) -> bool:

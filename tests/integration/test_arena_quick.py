@@ -42,3 +42,29 @@ def test_quick_arena_measures_every_router_on_the_same_traffic(tmp_path: Path) -
     md = (tmp_path / "arena-quick.md").read_text()
     assert "Did CacheRoute's plan deliver" in md, md
     assert (tmp_path / "arena-hit-quick.png").exists()
+
+
+GRID_KEYS = ("cells", "cells_within_1pp_1r", "cells_ahead_4r", "cells_ahead_8r",
+             "worst_cell_hit_delta_1r_pp", "worst_cell_p99_ratio_1r", "peer_versions",
+             "peak_rss_mb")
+
+
+def test_quick_grid_measures_one_cell_at_one_four_and_eight_gateways(tmp_path: Path) -> None:
+    """`--grid --quick`: the grid's first cell, CacheRoute and smg at 1, 4 and 8 gateways
+    and vllm-router at 1 (~4 minutes), its files and the JSON the issue asks for."""
+    if not RouterSpec("smg cache_aware", "smg", "cache_aware").installed:
+        pytest.skip("smg is not installed: python3 -m venv .venv-peers/smg && "
+                    ".venv-peers/smg/bin/pip install smg")
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "arena.py"), "--grid", "--quick",
+                          "--out", str(tmp_path)], capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    summary = json.loads(out.stdout.strip().splitlines()[-1])
+    assert set(GRID_KEYS) <= set(summary), summary
+    assert summary["cells"] == 1 and summary["peer_versions"]["smg"] != "not installed"
+    rows = list(csv.DictReader((tmp_path / "grid-live.csv").open()))
+    assert {(r["router"], r["replicas"]) for r in rows} >= {
+        ("cacheroute", "1"), ("cacheroute", "4"), ("cacheroute", "8"),
+        ("smg cache_aware", "1"), ("smg cache_aware", "4"), ("smg cache_aware", "8")}
+    assert all(int(r["requests"]) > 0 and int(r["errors"]) == 0 for r in rows), rows
+    assert (tmp_path / "grid-live-heatmap.png").exists()
+    assert "best peer" in (tmp_path / "grid-live.md").read_text()
