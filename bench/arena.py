@@ -52,6 +52,7 @@ from planner_svc.cli.demo import delivered_plan_report  # noqa: E402
 from planner_svc.cli.ops_client import PlannerConnection  # noqa: E402
 from planner_svc.devstack.engines import EngineFleet, start_engines  # noqa: E402
 from planner_svc.devstack.llama import LlamaFleet, LlamaOptions, start_llama_fleet  # noqa: E402
+from planner_svc.devstack.processes import stop_all  # noqa: E402
 from planner_svc.devstack.routers import RouterSpec, peer_versions, start_routers  # noqa: E402
 from planner_svc.devstack.stack import LocalStack, StackOptions, start_stack  # noqa: E402
 from planner_svc.devstack.traffic import Driver, Record  # noqa: E402
@@ -304,11 +305,47 @@ def engine_side(timings: list[dict[str, Any]], since: float) -> dict[str, float]
             "engine_late_p99_s": float(np.percentile(late, 99))}
 
 
+@dataclass(frozen=True)
+class Membership:
+    """Gateways joining and leaving during a run: the first `base` replicas take the
+    traffic from the start, every replica from `join_s` on, and the first `base` leave at
+    `leave_s` (out of the client's rotation; their processes stopped `grace_s` later, once
+    their requests have answered). All replicas start with the run, so a joining one has
+    had the plan (CacheRoute) or the mesh (smg) but none of the traffic."""
+
+    base: int
+    join_s: float
+    leave_s: float
+    grace_s: float = 2.0
+
+    def active(self, t: float, n: int) -> range:
+        if t < self.join_s:
+            return range(self.base)
+        return range(n) if t < self.leave_s else range(self.base, n)
+
+
+class _Rotation:
+    """The driver's round robin over the replicas a `Membership` has in at each moment."""
+
+    def __init__(self, membership: Membership, n: int, driver: Driver) -> None:
+        self.membership, self.n, self.driver, self.i = membership, n, driver, 0
+
+    def __iter__(self) -> _Rotation:
+        return self
+
+    def __next__(self) -> int:
+        active = self.membership.active(time.monotonic() - self.driver.started_at, self.n)
+        self.i += 1
+        return active[self.i % len(active)]
+
+
 def run_one(spec: RouterSpec, replicas: int, scenario: Scenario, seed: int, setup: Setup,
             fleet: Fleet, stacks: CacheRouteStack, work: Path, rate_scale: float,
-            label: str, fail_at_s: float | None = None) -> dict[str, Any]:
+            label: str, fail_at_s: float | None = None,
+            membership: Membership | None = None) -> dict[str, Any]:
     """One router (with `replicas` replicas) on one scenario. `fail_at_s`: the first engine
-    goes down (stops listening, connections cut) at that time and stays down to the end."""
+    goes down (stops listening, connections cut) at that time and stays down to the end.
+    `membership`: replicas join and leave the client's rotation during the run."""
     stack = stacks.for_run() if spec.kind == "cacheroute" else None
     for engine in fleet.urls:
         fleet.reset(engine)
@@ -333,6 +370,11 @@ def run_one(spec: RouterSpec, replicas: int, scenario: Scenario, seed: int, setu
         control0 = sum(p.cpu_seconds() for p in control)
         driver = Driver(routers.urls, pop, headers=headers,
                         session_affine=setup.client == "session")
+        leaving = None
+        if membership is not None:  # (the driver's rotation is its one choice of replica)
+            driver._next = _Rotation(membership, replicas, driver)  # type: ignore[assignment]
+            leaving = threading.Timer(membership.leave_s + membership.grace_s, stop_all,
+                                      [routers.processes[:membership.base]])
         done = [0.0]
 
         def progress(frac: float) -> None:
@@ -342,10 +384,14 @@ def run_one(spec: RouterSpec, replicas: int, scenario: Scenario, seed: int, setu
 
         warm: dict[str, list[Any]] = {}
         victim = next(iter(fleet.urls))
+        if leaving is not None:
+            leaving.start()
         try:
             records = asyncio.run(_drive_after(driver, plan, total, setup.warmup_s, fleet,
                                                warm, progress, fail_at_s, victim))
         finally:
+            if leaving is not None:
+                leaving.join()
             if fail_at_s is not None:
                 fleet.control(victim, "fault", {"mode": "up"})  # type: ignore[union-attr]
         after = [fleet.load(e) for e in fleet.urls]
@@ -646,6 +692,10 @@ def main() -> int:
                     "(with --quick: its first cell only)")
     ap.add_argument("--grid-cells", type=int, default=0,
                     help="with --grid: how many cells of the sample (0: all)")
+    ap.add_argument("--join-leave", action="store_true",
+                    help="with --grid: then, on its first cell, CacheRoute and smg with 8 "
+                    "gateways of which 4 take traffic, 8 from a third of the measurement "
+                    "on, the other 4 from two thirds on (the first 4 stopped)")
     ap.add_argument("--out", default=str(OUT))
     args = ap.parse_args()
     if args.peer_sweep and args.peer_sweep not in SCENARIOS:
@@ -822,20 +872,46 @@ def grid_main(args: argparse.Namespace, setup: Setup, fleet: Fleet, stacks: Cach
     runs = [(cell, by_name[name], n) for cell in grid_cells_for(args)
             for name, n in GRID_RUNS if name in by_name]
     rows: list[dict[str, Any]] = []
+    failed: list[str] = []
     for i, (cell, spec, n) in enumerate(runs):
         stacks.next_is_cacheroute = i + 1 < len(runs) and runs[i + 1][1].kind == "cacheroute"
         scenario = cell.scenario(setup.engines).offered(args.rate_scale, setup.time_scale)
         label = f"[{i + 1}/{len(runs)}] {cell.name} {spec.name} x{n}"
-        rows.append(run_one(spec, n, scenario, 1, setup, fleet, stacks, work, 1.0, label))
+        try:  # one run that cannot start does not lose the others' (it is reported)
+            rows.append(run_one(spec, n, scenario, 1, setup, fleet, stacks, work, 1.0, label))
+        except Exception as exc:
+            print(f"\n  {label} failed: {exc}", file=sys.stderr)
+            failed.append(f"{label}: {type(exc).__name__}")
     stacks.next_is_cacheroute = False
-    summary = grid_outputs(rows, setup, Path(args.out), missing,
-                           time.monotonic() - t_start)
+    out = Path(args.out)
+    summary = grid_outputs(rows, setup, out, missing, time.monotonic() - t_start)
+    moving: list[dict[str, Any]] = []
+    if args.join_leave and runs:  # on the first cell: 4 gateways, 8 from 1/3, 4 from 2/3
+        cell = runs[0][0]
+        scenario = cell.scenario(setup.engines).offered(args.rate_scale, setup.time_scale)
+        third = setup.measure_s / 3
+        membership = Membership(4, setup.warmup_s + third, setup.warmup_s + 2 * third)
+        for name in ("cacheroute", "smg cache_aware"):
+            if name not in by_name:
+                continue
+            label = f"{cell.name} {by_name[name].name}: 4 gateways, 8, then 4 others"
+            try:
+                row = run_one(by_name[name], 8, scenario, 1, setup, fleet, stacks, work, 1.0,
+                              label, membership=membership)
+            except Exception as exc:
+                print(f"\n  {label} failed: {exc}", file=sys.stderr)
+                failed.append(f"{label}: {type(exc).__name__}")
+                continue
+            moving.append({**row, "scenario": f"{cell.name} + join/leave"})
+        summary = grid_outputs(rows, setup, out, missing, time.monotonic() - t_start, moving)
+    summary["failed_runs"] = failed
     print(json.dumps(summary))
     return 0
 
 
 def grid_outputs(rows: list[dict[str, Any]], setup: Setup, out: Path, missing: list[str],
-                 elapsed_s: float) -> dict[str, Any]:
+                 elapsed_s: float, moving: list[dict[str, Any]] | None = None
+                 ) -> dict[str, Any]:
     """grid-live.md, grid-live.csv (every run), grid-live-deltas.csv (CacheRoute against the
     best peer per cell and gateway count) and grid-live-heatmap.png under `out`; returns
     the summary JSON."""
@@ -863,12 +939,44 @@ def grid_outputs(rows: list[dict[str, Any]], setup: Setup, out: Path, missing: l
                      f"{r['first_turn_hit']:.1%} / {r['later_turn_hit']:.1%} | "
                      f"{r['ttft_p50_s']:.3f} | {r['ttft_p99_s']:.3f} | {r['imbalance']:.2f} | "
                      f"{r['errors']} | {r['requests']} |")
+    moved = join_leave_figures(rows, moving or [])
+    if moving:
+        lines += ["", "Gateways joining and leaving mid-measurement (8 processes from the start; "
+                  "the client sends to 4 of them, to all 8 from a third of the measurement on, "
+                  "to the other 4 from two thirds on, when the first 4 are stopped), against "
+                  "the same cell's steady runs:", "",
+                  "| router | hit, joining and leaving | steady 4 | steady 8 | TTFT p99 s | "
+                  "errors |", "|---|---|---|---|---|---|"]
+        for r in moving:
+            steady = {n: next((x["hit"] for x in rows if x["router"] == r["router"]
+                               and x["replicas"] == n
+                               and r["scenario"].startswith(x["scenario"] + " ")), math.nan)
+                      for n in (4, 8)}
+            lines.append(f"| {r['router']} | {r['hit']:.1%} | {steady[4]:.1%} | "
+                         f"{steady[8]:.1%} | {r['ttft_p99_s']:.3f} | {r['errors']} |")
+        grid_report.write_rows_csv(moving, out / "grid-live-join-leave.csv")
     (out / "grid-live.md").write_text("\n".join(lines) + "\n")
     grid_report.print_table(deltas)
     summary = {k: None if isinstance(v, float) and math.isnan(v) else v
                for k, v in summary.items()}
-    return {**summary, "peer_versions": peer_versions(), "elapsed_min": round(elapsed_s / 60, 2),
+    return {**summary, **moved, "peer_versions": peer_versions(),
+            "elapsed_min": round(elapsed_s / 60, 2),
             "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
+
+
+def join_leave_figures(rows: list[dict[str, Any]], moving: list[dict[str, Any]]
+                       ) -> dict[str, Any]:
+    """CacheRoute's hit through the join/leave run against its steady 8-gateway run of the
+    same cell (pp), and the same for the peer; {} without such a run."""
+    out: dict[str, Any] = {}
+    for r in moving:
+        steady = [x for x in rows if x["router"] == r["router"] and x["replicas"] == 8
+                  and r["scenario"] == x["scenario"] + " + join/leave"]
+        key = "cacheroute" if r["router"] == "cacheroute" else "peer"
+        out[f"join_leave_hit_{key}"] = round(r["hit"], 4)
+        out[f"join_leave_vs_steady_8r_{key}_pp"] = (
+            round((r["hit"] - steady[0]["hit"]) * 100, 2) if steady else None)
+    return out
 
 
 def _ratio_4r(cap: dict[str, float], scenario: str, best4: str) -> dict[str, float | None]:
