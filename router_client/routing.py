@@ -43,7 +43,7 @@ affinity):
   token, as the balance below). A key's first request goes where the plan or the hashed
   tail puts it. Set it to the fleet's eviction window, or start it
   there and let `learn_idle_rehome` measure it: each key sent home after an idle gap
-  (`last_return`) either finds its prefix cached there or not, which the caller reports
+  (`Decision.returned`) either finds its prefix cached there or not, which the caller reports
   (`observe_return`, with `key_finished` when each request ends), and the window moves to
   the gap that separates the two (router_client.eviction_window). On the wide-active-set
   replay (equally hot keys, a working set larger than the fleet's cache) a window computed
@@ -356,6 +356,21 @@ class _Active:
         return self.lookup.get(key) if over is None else over.get(key, self.lookup.get(key))
 
 
+# An idle return home as `decide` judged it: (idle gap s, its outcome's weight, slot).
+Return = tuple[float, float, int]
+
+
+class Decision(NamedTuple):
+    """One request's placement by `RouterCore.decide`."""
+
+    slot: int
+    # The prefill work it brings there (`queue_aware`), given back at its first token.
+    owed: float = 0.0
+    # It was sent home after an idle gap: its cache outcome teaches the re-homing window
+    # (`RouterCore.observe_return`).
+    returned: Return | None = None
+
+
 # Conversations a router remembers the destination of (about 100 bytes each).
 HISTORY_CAPACITY = 100_000
 # Placements kept for other routers between two drains; past it the oldest are dropped
@@ -438,15 +453,12 @@ class RouterCore:
         # least-owed slot (`_worth_the_queue`).
         self.queue_aware = False
         self.owed: list[float] = []
-        self.last_owed = 0.0  # what the last decision's request owes where it went
         self.queue_spilled = 0  # on top of the decision each overrode (counted there too)
         # Set by the shell while other routers share this plan's traffic (their idle
         # clocks are their own): the plan, history and tail decide meanwhile.
         self.rehome_paused = False
-        # With `learn_idle_rehome`: the window learned from returns' cache outcomes, and the
-        # last decision's return home (idle gap, its outcome's weight, slot), if it was one.
+        # With `learn_idle_rehome`: the window learned from returns' cache outcomes.
         self.rehome_window: EvictionWindow | None = None
-        self.last_return: tuple[float, float, int] | None = None
         # With idle re-homing: affinity -> its last turn's time (`_history_gone`).
         self._history_at: OrderedDict[str, float] = OrderedDict()
         # affinity -> the slot its last request went to (see the module doc); None: off
@@ -524,8 +536,8 @@ class RouterCore:
         self._refresh()
 
     def started(self, slot: int, owed: float = 0.0) -> None:
-        """A request goes to `slot`; `owed`: the prefill work it brings there (`last_owed`
-        right after `route_index`, with `queue_aware`), given back at its first token."""
+        """A request goes to `slot`; `owed`: the prefill work it brings there
+        (`Decision.owed`), given back at its first token."""
         self.inflight[slot] += 1
         self.load[slot] += 1
         self.awaiting[slot] += 1
@@ -673,22 +685,26 @@ class RouterCore:
 
     # --- the decision (hot) -------------------------------------------------------
 
-    def route_index(self, key: str, affinity: str | None = None,
-                    now: float | None = None, prompt_tokens: int = 0,
-                    cacheable_tokens: int = 0) -> int:
-        """The slot to send `key` to. Does not count it in flight: call `started`.
-        With `queue_aware`: `prompt_tokens`, and how many of them the slot its affinity
-        picks holds cached (its conversation's history, else its key's prefix), weigh that
-        slot's queue against a recompute elsewhere (`_worth_the_queue`)."""
-        pick, home, plan = -1, -1, -1
-        if self.idle_rehome_s is not None and now is not None:
-            if self.rehome_paused:
-                self.last_return = None  # no return home was judged
-            else:
-                pick, home, plan = self._idle(key, now)
+    def decide(self, key: str, affinity: str | None = None, now: float | None = None,
+               prompt_tokens: int = 0, cacheable_tokens: int = 0) -> Decision:
+        """Where `key` goes, and what the request brings there. Does not count it in flight:
+        call `started` (or use `router_client.lifecycle.Request`, which does). With
+        `queue_aware`: `prompt_tokens`, and how many of them the slot its affinity picks
+        holds cached (its conversation's history, else its key's prefix), weigh that slot's
+        queue against a recompute elsewhere (`_worth_the_queue`).
+
+        The stages, in order: idle re-homing may pick the key's home (`_idle`); the
+        conversation's history may keep the turn where it went last (`_with_history`);
+        otherwise the plan's set or the cold tail decides (`_decide`); queue-aware routing
+        may move the request off a slot whose queue costs more than a recompute."""
+        pick, home, plan, returned = -1, -1, -1, None
+        if self.idle_rehome_s is not None and now is not None and not self.rehome_paused:
+            pick, home, plan, returned = self._idle(key, now)
         slot = self._with_history(key, affinity, pick, now)
+        owed = 0.0
         if self.queue_aware:
-            slot = self._worth_the_queue(slot, key, affinity, prompt_tokens, cacheable_tokens)
+            slot, owed = self._worth_the_queue(slot, key, affinity, prompt_tokens,
+                                               cacheable_tokens)
         if home >= 0:
             # The key's home is where `_idle` put it even when the turn goes with its
             # conversation's history elsewhere: a conversation begun before the plan moved
@@ -697,7 +713,13 @@ class RouterCore:
             # from the plan: one engine at 194 requests against 500-780 for the others,
             # arena paper-like x7 in the simulator).
             self._seen_at(key, now, home, plan, opened=slot == home)  # type: ignore[arg-type]
-        return slot
+        return Decision(slot, owed, returned)
+
+    def route_index(self, key: str, affinity: str | None = None,
+                    now: float | None = None, prompt_tokens: int = 0,
+                    cacheable_tokens: int = 0) -> int:
+        """`decide`'s slot alone."""
+        return self.decide(key, affinity, now, prompt_tokens, cacheable_tokens).slot
 
     def _with_history(self, key: str, affinity: str | None, pick: int,
                       now: float | None) -> int:
@@ -721,7 +743,7 @@ class RouterCore:
         return slot
 
     def _worth_the_queue(self, slot: int, key: str, affinity: str | None, prompt_tokens: int,
-                         cacheable_tokens: int) -> int:
+                         cacheable_tokens: int) -> tuple[int, float]:
         """`queue_aware`: `slot` (where the plan, the key's home or the conversation's
         history sends the request, warm for `cacheable_tokens`) unless the least-owed
         usable slot would finish prefilling the whole prompt clearly sooner (by
@@ -743,8 +765,7 @@ class RouterCore:
         prompt = max(0, prompt_tokens)
         cold = cold_owed(prompt)
         if a.fallback or prompt == 0 or slot >= len(a.usable) or not a.usable[slot]:
-            self.last_owed = cold
-            return slot
+            return slot, cold
         warm = cold_owed(prompt - min(max(0, cacheable_tokens), prompt))
         owed, inv = self.owed, a.inv_weight
         best, best_cost = slot, (owed[slot] + warm) * inv[slot]
@@ -757,13 +778,11 @@ class RouterCore:
                 if cost < best_cost:
                     best, best_cost = s, cost
         if best == slot:
-            self.last_owed = warm
-            return slot
+            return slot, warm
         self.queue_spilled += 1
-        self.last_owed = cold
         if affinity is not None and self.history_slack is not None:
             self.remember(affinity, best)
-        return best
+        return best, cold
 
     def _history_gone(self, affinity: str, now: float) -> bool:
         """With idle re-homing: whether the conversation's last turn came longer ago than
@@ -775,10 +794,11 @@ class RouterCore:
         window = self.idle_rehome_s
         return previous is not None and window is not None and now - previous > window
 
-    def _idle(self, key: str, now: float) -> tuple[int, int, int]:
+    def _idle(self, key: str, now: float) -> tuple[int, int, int, Return | None]:
         """Idle re-homing (`idle_rehome_s`), for a key not planned on several destinations:
         the slot it picks, the key's home from now on (the same slot but for a spill) and
-        the plan's slot for it (-1: not planned); (-1, -1, -1) lets the plan decide. Records
+        the plan's slot for it (-1: not planned), and the return home it judged (with a
+        learner, for `observe_return`); (-1, -1, -1, None) lets the plan decide. Records
         nothing: `route_index` notes the sighting (`_seen_at`) once the final slot is known.
         A key seen here for the first time goes where the plan or the hashed cold tail puts
         it (the same at every router replica); one the plan has moved since its last request
@@ -787,14 +807,14 @@ class RouterCore:
         (`_within`): then the request spills where the balance sends it, and a key the plan
         put there keeps its home; one idle longer is cold everywhere, so affinity buys it
         nothing and it goes where the balance sends it, its home from then on."""
-        self.last_return = None  # set below only for a return home
+        returned = None  # set below only for a return home
         a = self._active
         if a.fallback:
-            return -1, -1, -1
+            return -1, -1, -1, None
         over = a.overlay
         m = a.lookup.get(key) if over is None else over.get(key, a.lookup.get(key))
         if m is not None and m.__class__ is not int:
-            return -1, -1, -1  # replicated: hot, and the plan balances its set
+            return -1, -1, -1, None  # replicated: hot, and the plan balances its set
         seen = self._seen.get(key)
         window = self.idle_rehome_s
         assert window is not None
@@ -823,7 +843,7 @@ class RouterCore:
                 # Evidence only when its last request there had finished: one still queued
                 # has not written the prefix yet, and its miss says nothing of eviction.
                 gap = now - seen[0]
-                self.last_return = (gap, learner.weight(gap), slot)
+                returned = (gap, learner.weight(gap), slot)
         elif seen is None:
             # First sight here: where the plan, or the hashed cold tail, puts it. Both are
             # the same at every router replica, so a key new to several of them (a tenant's
@@ -835,7 +855,7 @@ class RouterCore:
             slot = (self._least_loaded(a.pool, a) if self.balance == "p2c" or not a.pool
                     else self._fewest_awaiting(a))
             if slot < 0:
-                return -1, -1, -1
+                return -1, -1, -1, None
             if (self.spill_planned and now - seen[0] <= window and plan >= 0
                     and seen[1] == plan):
                 # Warm at the plan's slot, which is over its bound: a burst (often the
@@ -846,9 +866,9 @@ class RouterCore:
                 # plan's slot until the plan moves it (replay: imbalance 1.12 -> 1.05 on
                 # paper-like). A key off the plan re-homes: it has no slot to come back to.
                 self.spilled += 1
-                return slot, seen[1], plan
+                return slot, seen[1], plan, None
             self.rehomed += 1
-        return slot, slot, plan
+        return slot, slot, plan, returned
 
     def _seen_at(self, key: str, now: float, home: int, plan: int, *, opened: bool) -> None:
         """Note a sighting of `key` at `now`: its home, the plan's slot for it then, and its
@@ -874,7 +894,7 @@ class RouterCore:
     def observe_return(self, returned: tuple[float, float, int] | None, slot: int,
                        hit: bool | None) -> None:
         """How a request ended that `route_index` sent home after an idle gap
-        (`last_return` right after it): `hit`: its reusable prefix was served from cache
+        (`Decision.returned`): `hit`: its reusable prefix was served from cache
         at `slot`, where it went in the end (a request moved elsewhere teaches nothing)."""
         learner = self.rehome_window
         if learner is None or returned is None or hit is None or returned[2] != slot:

@@ -41,7 +41,8 @@ from planner_svc.planning.placement import cold_tail_loads
 from planner_svc.settings import PlannerSettings
 from planner_svc.simulator.hashring import HashRing
 from planner_svc.simulator.policies import Policy, PolicyContext, PolicyFactory
-from router_client.eviction_window import EvictionWindow, prefix_hit
+from router_client.eviction_window import EvictionWindow
+from router_client.lifecycle import Request
 from router_client.plan import RoutingPlan
 from router_client.ring import DEFAULT_TAIL_SLACK
 from router_client.routing import (
@@ -205,13 +206,11 @@ class CacheRoutePolicy:
         # With queue_aware: each request's (prompt, cacheable) tokens, from `prompt_shape`
         # until routed, then the prefill work it owes where it went, until its first token.
         self._shape: dict[int, tuple[int, int]] = {}
-        self._owed: dict[int, float] = {}
         if settings.queue_aware:
             self.prompt_shape = self._prompt_shape
-        # Requests sent home after an idle gap: their return and reusable prefix, until the
-        # engine says what it served from cache (`served`).
-        self._returns: dict[int, tuple[tuple[float, float, int], int]] = {}
-        self._open: dict[int, int] = {}  # with re-homing: request -> its key, until finished
+        # Each request routed by `_route`, from its routing to its end (router_client.
+        # lifecycle: the gateway's and the picker's books, kept the same way).
+        self._requests: dict[int, Request] = {}
         # With the control loop, the window's telemetry as the stream reports it: prompt and
         # cached tokens of the requests served in it, and arrivals per destination.
         self._prompt_of: dict[int, tuple[int, int]] = {}  # request -> (prompt, key)
@@ -313,25 +312,21 @@ class CacheRoutePolicy:
             self._add_tokens(key, prompt, prefix)
         core = self.core
         sessions = self._sessions
-        queue_aware = core.queue_aware
-        size, cacheable = self._shape.pop(i, (prompt, prefix)) if queue_aware else (0, 0)
-        slot = core.route_index(self.keys[key],
-                                str(sessions[i]) if sessions is not None else None,
-                                now if self.settings.idle_rehome_s is not None else None,
-                                size, cacheable)
-        owed = core.last_owed if queue_aware else 0.0
-        if owed:
-            self._owed[i] = owed
-        core.started(slot, owed)
+        size, cacheable = (self._shape.pop(i, (prompt, prefix)) if core.queue_aware
+                           else (0, 0))
+        request = Request(core, self.keys[key],
+                          str(sessions[i]) if sessions is not None else None,
+                          prompt_tokens=size, cacheable_tokens=cacheable,
+                          reusable_tokens=prefix)
+        slot = request.route(now)
+        assert slot is not None  # nothing is ruled out here: the core always has a slot
+        request.started()
+        self._requests[i] = request
         if self._last_at is not None:
             self._last_at[key] = slot
         if self.loop is not None:
             self._prompt_of[i] = (prompt, key)
             self._win_arrivals[slot] += 1
-        if core.idle_rehome_s is not None:
-            self._open[i] = key
-            if core.last_return is not None:
-                self._returns[i] = (core.last_return, prefix)
         return slot
 
     def _prompt_shape(self, i: int, prompt_tokens: int, cacheable_tokens: int) -> None:
@@ -359,20 +354,16 @@ class CacheRoutePolicy:
             self._win_prompt += sent[0]
             self._win_cached_by_key[sent[1]] += cached_tokens
             self._win_served_by_key[sent[1]] += 1
-        returned = self._returns.pop(i, None)
-        if returned is not None:
-            self.core.observe_return(returned[0], dest,
-                                     prefix_hit(cached_tokens, returned[1]))
+        request = self._requests.get(i)
+        if request is not None:
+            request.served(cached_tokens, at=dest)
 
     def finished(self, i: int, dest: int, now: float) -> None:
-        self.core.finished(dest, owed=self._owed.pop(i, 0.0))
-        if self._open:  # only re-homing tracks open requests
-            self._key_finished(i, dest, now)
-
-    def _key_finished(self, i: int, dest: int, now: float) -> None:
-        key = self._open.pop(i, None)
-        if key is not None:
-            self.core.key_finished(self.keys[key], dest, now)
+        request = self._requests.pop(i, None)
+        if request is None:  # routed by `_route_planned`
+            self.core.finished(dest)
+        else:
+            request.finished(now)
 
     def control(self, now: float, window_keys: np.ndarray, window_s: float) -> None:
         sums = self._window_sums(window_keys)
@@ -635,12 +626,18 @@ class _FirstTokenCacheRoutePolicy(CacheRoutePolicy):
     (before its finish), as the gateway's stream relay tells its core."""
 
     def first_token(self, i: int, dest: int, now: float) -> None:
-        self.core.first_token(dest, self._owed.pop(i, 0.0))
+        request = self._requests.get(i)
+        if request is None:
+            self.core.first_token(dest)
+        else:
+            request.first_token()
 
     def finished(self, i: int, dest: int, now: float) -> None:
-        self.core.finished(dest, answered=True)
-        if self._open:
-            self._key_finished(i, dest, now)
+        request = self._requests.pop(i, None)
+        if request is None:  # routed by `_route_planned`: its first token was told
+            self.core.finished(dest, answered=True)
+        else:
+            request.finished(now)
 
 
 def gateway_like(q_cap: float, warm_slots_per_destination: int, *,

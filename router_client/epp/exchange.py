@@ -254,7 +254,8 @@ class Exchange:
         # What `--queue-aware` weighs (keys.prompt_chars, in characters / 4), as the gateway.
         size, before_last = prompt_chars(payload) if core.queue_aware else (0, 0)
         pick = self.picker.pick(self.key, self.affinity, self.subset,
-                                prompt_tokens=size // 4, cacheable_tokens=before_last // 4)
+                                prompt_tokens=size // 4, cacheable_tokens=before_last // 4,
+                                reusable_tokens=self.prefix_chars // 4)
         if pick is None:
             self.metrics.refused.labels("no_endpoint").inc()
             why = ("no endpoint of the gateway's subset is usable" if self.subset is not None
@@ -382,7 +383,7 @@ class Exchange:
         e2e_ms = (time.perf_counter() - self._decided_at) * 1000
         if isinstance(usage, dict) and outcome is Outcome.SUCCESS:
             counts = from_openai_usage(usage)
-            self._pick.request.served(counts.cached_tokens, self.prefix_chars // 4, at=slot)
+            self._pick.request.served(counts.cached_tokens, at=slot)
             ttft_ms = self._ttft_s * 1000 if self._ttft_s is not None else e2e_ms
             self.sink.emit_cache_hit(
                 self.key, dest, prompt_tokens=counts.prompt_tokens,

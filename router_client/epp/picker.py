@@ -2,10 +2,11 @@
 all expressed as `ip:port` endpoints, within the gateway's subset and below each
 destination's in-flight cap.
 
-The decision itself is the router client's (`RouterCore.route_index` / `route_avoiding`:
-the plan, health and drain, P2C or bounded-load hashing for the cold tail), the same one
-the gateway makes; this module only maps destinations to endpoints and back, and counts
-what is in flight. Single-threaded by design: the EPP serves on one asyncio loop.
+The decision itself is the router client's, through the request lifecycle the gateway
+uses too (`router_client.lifecycle.Request`: the plan, health and drain, history,
+queue-aware moves, the cold tail); this module only maps destinations to endpoints and
+back, and offers the gateway fallbacks. Single-threaded by design: the EPP serves on one
+asyncio loop.
 """
 
 from __future__ import annotations
@@ -16,8 +17,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from router_client.client_base import BaseRouterClient
-from router_client.health import Outcome
-from router_client.routing import cold_owed
+from router_client.lifecycle import Request
 
 
 def endpoint_of(address: str, destination_id: str) -> str:
@@ -42,15 +42,8 @@ def endpoint_of(address: str, destination_id: str) -> str:
 class Pick:
     slots: tuple[int, ...]  # primary first, then fallbacks
     endpoints: tuple[str, ...]
-    # The primary was the key's home after an idle gap (RouterCore.last_return): its cache
-    # outcome teaches the re-homing window (`RouterCore.observe_return`).
-    returned: tuple[float, float, int] | None = None
-    # The primary came from `route_index` with a clock: the core counts it open for its key
-    # there until `key_finished` (a constrained pick, by `route_avoiding`, is not counted).
-    counted: bool = False
-    # The prefill work the core counts the request as owing the primary (`queue_aware`),
-    # given back at its first token or its end.
-    owed: float = 0.0
+    # The primary's way through the core (started, first token, finished, what it served).
+    request: Request
 
     @property
     def header_value(self) -> str:
@@ -103,7 +96,8 @@ class EndpointPicker:
     # --- the decision ------------------------------------------------------------------
 
     def pick(self, key: str, affinity: str | None, subset: Sequence[str] | None = None, *,
-             prompt_tokens: int = 0, cacheable_tokens: int = 0) -> Pick | None:
+             prompt_tokens: int = 0, cacheable_tokens: int = 0,
+             reusable_tokens: int = 0) -> Pick | None:
         """Where `key` goes, and where the gateway may retry; None when no endpoint can
         take it (none usable, none in the subset, or every one at its in-flight cap).
         `prompt_tokens` / `cacheable_tokens`: what `queue_aware` weighs (as the gateway's)."""
@@ -116,33 +110,19 @@ class EndpointPicker:
         cap = self.max_inflight
         avoid.update(s for s, n in enumerate(core.inflight) if n >= cap)
         # The plan's own choice first, as the gateway's; where it is ruled out, the retry
-        # path's choice among what is left (not counted open for its key, owing a cold
-        # prefill where it lands).
-        now = time.monotonic() if core.idle_rehome_s is not None else None
-        planned = core.route_index(key, affinity, now, prompt_tokens, cacheable_tokens)
-        primary = planned
-        counted = now is not None
-        owed = core.last_owed if core.queue_aware else 0.0
-        if planned in avoid:
-            if now is not None:  # not sent there after all: not open there
-                core.key_finished(key, planned, now)
-            moved = core.route_avoiding(key, avoid)
-            if moved is None:
-                return None
-            primary = moved
-            if affinity is not None:
-                core.remember(affinity, primary)  # its history will be there
-            counted = False
-            owed = cold_owed(prompt_tokens) if core.queue_aware else 0.0
-        returned = core.last_return if counted else None
+        # path's choice among what is left (router_client.lifecycle).
+        request = Request(core, key, affinity, prompt_tokens=prompt_tokens,
+                          cacheable_tokens=cacheable_tokens, reusable_tokens=reusable_tokens)
+        primary = request.route(time.monotonic(), avoid)
+        if primary is None:
+            return None
         chosen = [primary]
         for _ in range(self.fallbacks):
             more = core.route_avoiding(key, avoid.union(chosen))
             if more is None:
                 break
             chosen.append(more)
-        return Pick(tuple(chosen), tuple(endpoints[s] for s in chosen), returned, counted,
-                    owed)
+        return Pick(tuple(chosen), tuple(endpoints[s] for s in chosen), request)
 
     def _unusable(self) -> frozenset[int]:
         """Slots never to answer: unknown address, ejected or draining (with none left the
@@ -166,19 +146,6 @@ class EndpointPicker:
         self._refresh()
         unusable, cap = self._unusable(), self.max_inflight
         return any(n < cap and s not in unusable for s, n in enumerate(self.core.inflight))
-
-    def started(self, slot: int, owed: float = 0.0) -> None:
-        self.core.started(slot, owed)
-
-    def first_token(self, slot: int, owed: float = 0.0) -> None:
-        self.core.first_token(slot, owed)
-
-    def finished(self, slot: int, outcome: Outcome | None, *, answered: bool = False,
-                 owed: float = 0.0) -> None:
-        """`answered`: `first_token` was called for this request; `owed`: as `started`."""
-        self.core.finished(slot, answered=answered, owed=owed)
-        if outcome is not None:
-            self.client.report(self.core.destination_ids[slot], outcome)
 
     def destination(self, slot: int) -> str:
         return self.core.destination_ids[slot]

@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from router_client.aio import AsyncRouterClient
-from router_client.eviction_window import prefix_hit
 from router_client.gateway import headers as hdr
 from router_client.gateway import jsonio, sse
 from router_client.gateway.http11 import ClientGone, Request, Responder, UpstreamError
@@ -37,8 +36,9 @@ from router_client.gateway.telemetry import EventSink
 from router_client.gateway.upstream import Passthrough, UpstreamFailure, Upstreams
 from router_client.health import Outcome
 from router_client.keys import derive_key, prompt_chars
+from router_client.lifecycle import AtCap
+from router_client.lifecycle import Request as Routed
 from router_client.pools import PoolRoutes
-from router_client.routing import RouterCore, cold_owed
 from router_client.usage import from_openai_usage
 
 log = logging.getLogger("cacheroute.gateway")
@@ -72,24 +72,12 @@ class _Call:
     request_id: str
     headers: list[tuple[str, str]]
     started: float
-    # The destination slot of the attempt being relayed, and whether its stream's first
-    # event came (the core then no longer counts it as awaiting a prefill).
-    slot: int = -1
-    answered: bool = False
-    # The prefill work the core counts this attempt as owing its slot (`--queue-aware`),
-    # given back at the first token or the end.
-    owed: float = 0.0
-    # The first pick was the key's home after an idle gap (RouterCore.last_return): the
-    # response's cache outcome teaches the re-homing window.
-    returned: tuple[float, float, int] | None = None
+    # Its way through the router core (route, first token, end, retries elsewhere).
+    lifecycle: Routed | None = None
 
-
-def _ended(core: RouterCore, key: str, slot: int, *, answered: bool, owed: float) -> None:
-    """An attempt at `slot` is over: out of flight, and (with idle re-homing) the key's
-    prefix last touched there now."""
-    core.finished(slot, answered=answered, owed=owed)
-    if core.idle_rehome_s is not None:
-        core.key_finished(key, slot, time.monotonic())
+    @property
+    def slot(self) -> int:
+        return self.lifecycle.slot if self.lifecycle is not None else -1
 
 
 class Proxy:
@@ -167,12 +155,17 @@ class Proxy:
                      started)
 
     async def _dispatch(self, request: Request, call: _Call, out: Responder) -> None:
-        tried: list[int] = []
         core = call.client.core
+        routed = call.lifecycle = Routed(core, call.key, call.affinity,
+                                         prompt_tokens=call.prompt_tokens,
+                                         cacheable_tokens=call.cacheable_tokens,
+                                         reusable_tokens=call.prefix_chars // 4)
+        full = AtCap(core.inflight, self.settings.max_inflight_per_destination)
         for attempt in range(self.settings.max_retries + 1):
-            slot = self._pick(core, call, tried)
+            # Idle re-homing needs a clock; the core has none of its own.
+            slot = routed.route(time.monotonic(), full) if attempt == 0 else routed.retry(full)
             if slot is None:
-                if not tried:
+                if attempt == 0:
                     self.metrics.saturated.inc()
                     send_error(out, 503, "every destination is at its in-flight limit",
                                "overloaded", extra=[("retry-after", "1"),
@@ -181,7 +174,7 @@ class Proxy:
                 break
             dest = core.destination_ids[slot]
             address = call.client.address_of(dest)
-            core.started(slot, call.owed)
+            routed.started()
             self.sink.emit_request(
                 call.key, dest, prompt_tokens=0, reusable_prefix_tokens=call.prefix_chars // 4,
                 inflight=core.inflight[slot], router_id=self.settings.router_id)
@@ -192,8 +185,7 @@ class Proxy:
                 upstream = await self.upstreams.send(request.method, address, request.target,
                                                      call.headers, call.body)
             except UpstreamFailure as failure:
-                _ended(core, call.key, slot, answered=False, owed=call.owed)
-                tried.append(slot)
+                routed.failed(time.monotonic())
                 self._failed(call, dest, failure)
                 if failure.retryable and attempt < self.settings.max_retries:
                     self.metrics.retries.labels(failure.kind).inc()
@@ -201,38 +193,15 @@ class Proxy:
                 self._give_up(out, call, failure)
                 return
             except BaseException:
-                _ended(core, call.key, slot, answered=False, owed=call.owed)
+                routed.finished(time.monotonic())
                 raise
-            call.slot = slot
             try:
                 await self._relay(call, dest, upstream, out)
             finally:
-                _ended(core, call.key, slot, answered=call.answered, owed=call.owed)
+                routed.finished(time.monotonic())
             return
         send_error(out, 502, "no destination could take the request", "upstream_error",
                    extra=[(hdr.REQUEST_ID, call.request_id)])
-
-    def _pick(self, core: RouterCore, call: _Call, tried: list[int]) -> int | None:
-        cap = self.settings.max_inflight_per_destination
-        key, affinity = call.key, call.affinity
-        if not tried:
-            # Idle re-homing needs a clock; the core has none of its own.
-            now = time.monotonic() if core.idle_rehome_s is not None else None
-            slot = core.route_index(key, affinity, now, call.prompt_tokens,
-                                    call.cacheable_tokens)
-            if core.inflight[slot] < cap:
-                call.returned = core.last_return if now is not None else None
-                call.owed = core.last_owed if core.queue_aware else 0.0
-                return slot
-            if now is not None:  # not sent there after all: not open there
-                core.key_finished(key, slot, now)
-        full = {s for s, n in enumerate(core.inflight) if n >= cap}
-        moved = core.route_avoiding(key, full.union(tried))
-        if moved is not None and affinity is not None:
-            core.remember(affinity, moved)  # its history will be there
-        # A retry or an overflow lands where its prompt is not known to be cached.
-        call.owed = cold_owed(call.prompt_tokens) if core.queue_aware else 0.0
-        return moved
 
     # --- outcomes -------------------------------------------------------------------------
 
@@ -263,10 +232,8 @@ class Proxy:
         e2e_ms = (time.perf_counter() - call.started) * 1000
         if isinstance(usage, dict):
             counts = from_openai_usage(usage)
-            if outcome is Outcome.SUCCESS:
-                call.client.core.observe_return(
-                    call.returned, call.slot, prefix_hit(counts.cached_tokens,
-                                                         call.prefix_chars // 4))
+            if outcome is Outcome.SUCCESS and call.lifecycle is not None:
+                call.lifecycle.served(counts.cached_tokens)
             self.sink.emit_cache_hit(
                 call.key, dest, prompt_tokens=counts.prompt_tokens,
                 cached_tokens=counts.cached_tokens, output_tokens=counts.output_tokens,
@@ -288,7 +255,7 @@ class Proxy:
 
     async def _relay(self, call: _Call, dest: str, upstream: Upstream, out: Responder) -> None:
         """Relay the response; a streamed one tells the core when its first event arrives
-        (`call.answered`): the request no longer waits for a prefill
+        (`Request.first_token`): the request no longer waits for a prefill
         (`RouterCore.first_token`, `--balance first-token`)."""
         if upstream.status < 300 and upstream.content_type == "text/event-stream":
             await self._relay_stream(call, dest, upstream, out)
@@ -347,8 +314,8 @@ class Proxy:
                 if first is None:
                     first = time.perf_counter() - call.started
                     self.metrics.ttft.observe(first)
-                    call.client.core.first_token(call.slot, call.owed)
-                    call.answered = True
+                    if call.lifecycle is not None:
+                        call.lifecycle.first_token()
                 kept = []
                 for event in events:
                     info = sse.inspect(event)

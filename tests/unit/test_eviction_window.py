@@ -116,13 +116,13 @@ def _core(window: float) -> RouterCore:
 
 def test_the_core_reports_a_return_home_and_learns_only_from_where_it_went() -> None:
     core = _core(100.0)
-    assert core.route_index("app", now=0.0) == 2 and core.last_return is None  # first sight
-    assert core.route_index("app", now=5.0) == 2
-    assert core.last_return is None  # its first request is still open: its prefix may not be there
+    assert core.decide("app", now=0.0) == (2, 0.0, None)  # first sight
+    # its first request is still open: its prefix may not be there
+    assert core.decide("app", now=5.0) == (2, 0.0, None)
     core.key_finished("app", 2, 8.0)
     core.key_finished("app", 2, 10.0)
-    assert core.route_index("app", now=60.0) == 2
-    returned = core.last_return
+    slot, _, returned = core.decide("app", now=60.0)
+    assert slot == 2
     assert returned == (50.0, 1.0, 2)  # idle since its last request there finished
     core.observe_return(returned, 1, False)  # it went elsewhere in the end (a retry)
     core.observe_return(returned, 2, None)  # no prefix reported
@@ -139,11 +139,12 @@ def test_a_probe_past_the_window_goes_home_and_counts_for_the_returns_it_stands_
         key = f"tail-{i}"
         home = core.route_index(key, now=0.0)
         core.key_finished(key, home, 0.0)
-        slot = core.route_index(key, now=150.0)  # idle 150 s: past the window, within 2x
-        if core.last_return is not None:
-            assert slot == home and core.last_return == (150.0, pytest.approx(2.0), home)
+        slot, _, returned = core.decide(key, now=150.0)  # idle 150 s: past the window, within 2x
+        if returned is not None:
+            assert slot == home and returned == (150.0, pytest.approx(2.0), home)
             probes += 1
-        assert core.route_index(key, now=500.0) >= 0 and core.last_return is None  # > 2x
+        decision = core.decide(key, now=500.0)
+        assert decision.slot >= 0 and decision.returned is None  # > 2x
     assert 70 <= probes <= 130  # probe_share 0.5 of 200
 
 
@@ -161,8 +162,8 @@ def test_returns_behind_a_queue_teach_nothing_so_an_overload_does_not_shrink_the
         for done_at, slot in [x for x in open_until.get(key, []) if x[0] <= now]:
             core.key_finished(key, slot, done_at)
             open_until[key].remove((done_at, slot))
-        slot = core.route_index(key, now=now)
-        core.observe_return(core.last_return, slot, False)  # a queued request: no cache yet
+        slot, _, returned = core.decide(key, now=now)
+        core.observe_return(returned, slot, False)  # a queued request: no cache yet
         open_until.setdefault(key, []).append((now + 30.0, slot))
     assert core.rehome_window.outcomes == 0 and core.idle_rehome_s == 100.0
 
@@ -170,8 +171,7 @@ def test_returns_behind_a_queue_teach_nothing_so_an_overload_does_not_shrink_the
 def test_a_core_without_learning_reports_no_return() -> None:
     core = RouterCore(["d0", "d1"], seed=1, cold_tail="hash", idle_rehome_s=100.0)
     core.route_index("k", now=0.0)
-    core.route_index("k", now=10.0)
-    assert core.last_return is None and core.rehome_window is None
+    assert core.decide("k", now=10.0).returned is None and core.rehome_window is None
 
 
 def test_closed_loop_the_core_finds_a_fleets_eviction_window() -> None:
@@ -189,8 +189,7 @@ def test_closed_loop_the_core_finds_a_fleets_eviction_window() -> None:
         for _ in range(60_000):
             now += rng.expovariate(10.0)
             key = rng.choice(keys)
-            slot = core.route_index(key, now=now)
-            returned = core.last_return
+            slot, _, returned = core.decide(key, now=now)
             warm = now - last_at.get((key, slot), -math.inf) < 40.0
             last_at[(key, slot)] = now
             core.observe_return(returned, slot, warm)

@@ -34,8 +34,7 @@ def _core(**kw: object) -> RouterCore:
 
 def _send(core: RouterCore, key: str = "app", affinity: str | None = None,
           prompt: int = PROMPT, cacheable: int = HISTORY) -> tuple[int, float]:
-    slot = core.route_index(key, affinity, None, prompt, cacheable)
-    owed = core.last_owed
+    slot, owed, _ = core.decide(key, affinity, None, prompt, cacheable)
     core.started(slot, owed)
     return slot, owed
 

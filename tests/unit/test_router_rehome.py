@@ -199,8 +199,8 @@ def test_paused_re_homing_routes_by_the_plan_and_judges_no_return():
     assert core.route_index("app", now=0.0) == 2
     core.rehome_paused = True
     _load(core, [3, 3, 3, 1])
-    assert core.route_index("app", now=300.0) == 2  # idle, but paused: the plan decides
-    assert core.last_return is None and core.counters()["rehomed"] == 0
+    assert core.decide("app", now=300.0) == (2, 0.0, None)  # idle, but paused: the plan
+    assert core.counters()["rehomed"] == 0
     core.rehome_paused = False
     assert core.route_index("app", now=600.0) == 3  # idle past the window: re-homed
 
