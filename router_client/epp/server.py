@@ -43,35 +43,49 @@ class _Processor(ep_grpc.ExternalProcessorServicer):
         self, request_iterator: AsyncIterator[ep.ProcessingRequest],
         context: grpc.aio.ServicerContext,
     ) -> None:
-        # Written with context.write rather than as a generator, so that every await of
-        # the stream is in this frame and its deadline's cancellation lands here.
+        # Written with context.write rather than as a generator, so that every await of the
+        # stream is in this frame and the sweep's cancellation at its deadline lands here.
         o, settings = self.owner, self.owner.settings
         exchange = Exchange(o.picker, settings, o.sink, o.metrics, o.bodies)
-        o.open_streams += 1
+        task = asyncio.current_task()
+        assert task is not None
+        started = asyncio.get_running_loop().time()
+        stream = _Stream(task, started + min(settings.request_timeout_s,
+                                             settings.stream_timeout_s))
+        o.streams.add(stream)
         try:
-            async with asyncio.timeout(min(settings.request_timeout_s,
-                                           settings.stream_timeout_s)) as deadline:
-                whole = asyncio.get_running_loop().time() + settings.stream_timeout_s
-                routed = False
-                async for message in request_iterator:
-                    for answer in exchange.handle(message):
-                        await context.write(answer)
-                    if exchange.done:
-                        return
-                    if not routed and exchange.routed:
-                        routed = True
-                        deadline.reschedule(whole)
-        except TimeoutError:
+            async for message in request_iterator:
+                for answer in exchange.handle(message):
+                    await context.write(answer)
+                if exchange.done:
+                    return
+                if not stream.routed and exchange.routed:
+                    stream.routed = True
+                    stream.deadline = started + settings.stream_timeout_s
+        except asyncio.CancelledError:
+            if not stream.expired:
+                o.metrics.streams_failed.inc()
+                raise
+            task.uncancel()  # the sweep's: the stream outlived its deadline
             o.metrics.streams_expired.inc()
             exchange.close()  # counted out before the gateway hears of it
             await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
                                 "the ext_proc stream outlived the picker's deadline")
-        except asyncio.CancelledError:
-            o.metrics.streams_failed.inc()
-            raise
         finally:
-            o.open_streams -= 1
+            o.streams.discard(stream)
             exchange.close()
+
+
+class _Stream:
+    """An ext_proc stream being served, for the sweep that ends it past its deadline."""
+
+    __slots__ = ("deadline", "expired", "routed", "task")
+
+    def __init__(self, task: asyncio.Task[object], deadline: float) -> None:
+        self.task = task
+        self.deadline = deadline  # loop time
+        self.routed = False
+        self.expired = False
 
 
 class EndpointPickerServer:
@@ -90,7 +104,7 @@ class EndpointPickerServer:
         self.server: grpc.aio.Server | None = None
         self.port = 0
         self.draining = False
-        self.open_streams = 0  # ext_proc streams being served
+        self.streams: set[_Stream] = set()  # ext_proc streams being served
         self._ticker: asyncio.Task[None] | None = None
 
     async def start(self, address: str = "127.0.0.1:0") -> int:
@@ -118,7 +132,7 @@ class EndpointPickerServer:
     def ready(self) -> bool:
         """Whether a new request would be served: not draining, a stream free, and a usable
         endpoint below its in-flight cap (every slot held is a 503 for the next request)."""
-        return (not self.draining and self.open_streams < self.settings.max_streams
+        return (not self.draining and len(self.streams) < self.settings.max_streams
                 and self.picker.has_room())
 
     async def _update_health(self) -> None:
@@ -127,12 +141,21 @@ class EndpointPickerServer:
         for name in ("", READINESS, proto.SERVICE_NAME):
             await self.health.set(name, status)
 
+    def _end_expired(self) -> None:
+        """End the streams past their deadline (one sweep for all instead of a timer per
+        stream, as the gateway does; a deadline is kept to within a health period)."""
+        now = asyncio.get_running_loop().time()
+        for stream in [s for s in self.streams if s.deadline <= now and not s.expired]:
+            stream.expired = True
+            stream.task.cancel()
+
     async def _health_loop(self) -> None:
         while True:
             await asyncio.sleep(self.health_period_s)
             try:
+                self._end_expired()
                 await self._update_health()
-            except Exception:  # a failed health update must not stop the loop
+            except Exception:  # a failed sweep or health update must not stop the loop
                 log.exception("endpoint picker: health update failed")
 
     async def stop(self, grace_s: float = 5.0) -> None:
