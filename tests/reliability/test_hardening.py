@@ -30,7 +30,13 @@ from router_client.redis_source import RedisPlanSource
 from streams.assembly import SnapshotLimits
 from streams.emitter import EventEmitter
 from streams.processor import MAX_DEAD_LETTER_RAW
-from tests.faults.hostile import JUNK_POINTERS, forged_request, forged_snapshot, oversized_garbage
+from tests.faults.hostile import (
+    JUNK_POINTERS,
+    accept_large_messages,
+    forged_request,
+    forged_snapshot,
+    oversized_garbage,
+)
 from tests.integration.test_stream_support import (
     SnapshotLog,
     dead_letters,
@@ -97,9 +103,12 @@ def _real_events(em: EventEmitter, n: int) -> None:
 
 def _hostile(bootstrap: str, topic: str, messages: list[tuple[int, bytes]]) -> None:
     p = Producer({"bootstrap.servers": bootstrap, "message.max.bytes": 8 << 20})
+    refused: list[str] = []
     for partition, value in messages:
-        p.produce(topic, value=value, partition=partition)
+        p.produce(topic, value=value, partition=partition,
+                  on_delivery=lambda err, _m: refused.append(str(err)) if err else None)
     assert p.flush(15) == 0
+    assert not refused, refused  # the broker took them: the worker is what is tested
 
 
 def _all_counted(snaps, n: int) -> bool:
@@ -130,6 +139,7 @@ def test_3_an_oversized_message_is_dead_lettered_cut_to_size_and_nothing_is_lost
         broker, tmp_path):
     topics, worker, snaps = _telemetry(broker, tmp_path)
     try:
+        accept_large_messages(broker.bootstrap, topics.events)
         pid = worker.pid
         with EventEmitter(broker.bootstrap, topics.events, producer_id="real") as em:
             _real_events(em, 200)
