@@ -223,6 +223,19 @@ def test_17_the_template_loads_as_documented() -> None:
     assert "deploy/redis/render-acl.sh" in (root / "docs/security.md").read_text()
 
 
+def test_a_group_user_renders_and_loads(tmp_path: Path) -> None:
+    """`gateway-*`, as the Kubernetes manifests log in (every gateway pod one user)."""
+    acl = render_acl(tmp_path / "users.acl", "planner-pw", {"gateway-*": "g"})
+    server = start_redis(tmp_path, extra_args=["--aclfile", str(acl)])
+    try:
+        pod = redis.Redis(port=server.port, username="cacheroute-router-gateway-*",
+                          password="g")
+        assert pod.set(LAY.router_status("gateway-pod-1"), b"x", ex=5)
+        assert _denied(lambda: pod.set(LAY.router_status("epp-1"), b"x", ex=5))
+    finally:
+        server.process.stop()
+
+
 def test_a_bad_credentials_file_is_one_line(tmp_path: Path) -> None:
     import subprocess
 
@@ -230,6 +243,7 @@ def test_a_bad_credentials_file_is_one_line(tmp_path: Path) -> None:
 
     for text, expected in (("router edge-1 pw\n", "no 'planner"),
                            ("planner pw\nrouter a*b pw\n", "router id 'a*b'"),
+                           ("planner pw\nrouter *\n", "router id '*'"),
                            ("planner pw\nrouter edge-1\n", "needs a password")):
         r = subprocess.run(["sh", str(RENDER)], input=text, text=True, capture_output=True)
         assert r.returncode == 2 and expected in r.stderr and r.stderr.count("\n") == 1
