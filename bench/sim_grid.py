@@ -154,6 +154,30 @@ def live_lines(sim: list[dict[str, Any]], live_csv: Path) -> tuple[list[str], di
                        round(max((abs(d) for d in diffs), default=math.nan), 2)}
 
 
+def simulate(cells: list[GridCell], time_scale: float, jobs: int) -> list[dict[str, Any]]:
+    """Every cell, `jobs` at a time, in the cells' order."""
+    rows: list[dict[str, Any]] = []
+    with ProcessPoolExecutor(max(1, jobs)) as pool:
+        for i, cell_rows in enumerate(pool.map(run_cell, cells, [time_scale] * len(cells))):
+            rows += cell_rows
+            print(f"\r{i + 1}/{len(cells)} cells", end="", file=sys.stderr, flush=True)
+    print(file=sys.stderr)
+    return rows
+
+
+def load_rows(path: Path) -> list[dict[str, Any]]:
+    """grid-sim.csv's rows, numbers as numbers."""
+    with path.open(newline="") as f:
+        rows: list[dict[str, Any]] = list(csv.DictReader(f))
+    for r in rows:
+        for k in ("hit", "ttft_p99_s", "sim_s", "time_scale", "warmup_s", "measure_s",
+                  "rate_scale"):
+            r[k] = float(r[k])
+        for k in ("replicas", "seed", "requests", "errors"):
+            r[k] = int(r[k])
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -164,16 +188,19 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=1, help="cells simulated at once")
     ap.add_argument("--live-csv", type=Path, default=None,
                     help="bench/arena.py --grid's grid-live.csv, compared cell by cell")
+    ap.add_argument("--from-csv", type=Path, default=None,
+                    help="an earlier run's grid-sim.csv: its figures again, nothing simulated")
     args = ap.parse_args()
     cells = grid_cells() if args.cells == "all" else grid_sample()
     t0 = time.perf_counter()
-    rows: list[dict[str, Any]] = []
-    with ProcessPoolExecutor(max(1, args.jobs)) as pool:
-        for i, cell_rows in enumerate(pool.map(run_cell, cells, [args.time_scale] * len(cells))):
-            rows += cell_rows
-            print(f"\r{i + 1}/{len(cells)} cells", end="", file=sys.stderr, flush=True)
-    print(file=sys.stderr)
-    elapsed = time.perf_counter() - t0
+    if args.from_csv is not None:
+        rows = load_rows(args.from_csv)
+        names = {r["scenario"] for r in rows}
+        cells = [c for c in cells if c.name in names]
+        elapsed = sum(r["sim_s"] for r in rows) / max(1, args.jobs)
+    else:
+        rows = simulate(cells, args.time_scale, args.jobs)
+        elapsed = time.perf_counter() - t0
     peers_only = [r for r in rows if r["router"] == "cacheroute" or r["router"] in PEERS]
     deltas = grid_report.cell_deltas(peers_only)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -182,6 +209,11 @@ def main() -> int:
     grid_report.write_deltas_csv(deltas, args.out / "grid-sim-deltas.csv")
     grid_report.plot_grid(deltas, cells, args.out / "grid-sim-heatmap.png",
                           "simulator, 1 gateway")
+    # the same with CacheRoute's queue-aware moves off: where that default costs hit rate
+    no_moves = [r for r in rows if r["router"] == VARIANTS[1] or r["router"] in PEERS]
+    grid_report.plot_grid(grid_report.cell_deltas(no_moves, ours=VARIANTS[1]), cells,
+                          args.out / "grid-sim-no-queue-aware-heatmap.png",
+                          "simulator, 1 gateway, queue-aware off")
     summary = {k: None if isinstance(v, float) and math.isnan(v) else v
                for k, v in grid_report.grid_summary(deltas).items()}
     summary.update(variant_summary(rows))
@@ -189,7 +221,9 @@ def main() -> int:
              "Command: `" + " ".join([".venv/bin/python bench/sim_grid.py", *sys.argv[1:]])
              + f"`; {len(cells)} cells, time scale {args.time_scale:g}, {ENGINES} engines of "
              f"{KV_TOKENS:,} KV tokens, warm-up {WARMUP_S:.0f} s, {MEASURE_S:.0f} s measured; "
-             f"best peer of {', '.join(PEERS)}; {elapsed:.0f} s.", "",
+             f"best peer of {', '.join(PEERS)}; {elapsed:.0f} s of simulation.", "",
+             "Heat maps: grid-sim-heatmap.png (as shipped), grid-sim-no-queue-aware-heatmap.png "
+             "(queue-aware moves off).", "",
              "CacheRoute against the best baseline, worst cell first:", "",
              *grid_report.delta_lines(deltas), "",
              "What the gateway's defaults cost or earn per cell (CacheRoute with one of them "
