@@ -291,16 +291,36 @@ def test_secrets_are_referenced_never_rendered() -> None:
 
 def test_each_secret_group_names_its_own_existing_secret() -> None:
     docs = render_with("redis.auth.existingSecret=redis-pw", "signing.existingSecret=plan-key",
+                       "snapshotSigning.existingSecret=snap-key",
                        "grpcTokens.existingSecret=tokens", "picker.enabled=true",
                        "poolSync.enabled=true", "inferencePool.enabled=true")
     by_key = {key: secret for _, secret, key in secret_refs(docs)}
     assert by_key == {
         "redis-password": "redis-pw", "router-redis-password": "redis-pw",
         "planner-signing-key.pem": "plan-key", "planner-signing-key.pub.pem": "plan-key",
+        "streams-signing-key.pem": "snap-key", "streams-signing-key.pub.pem": "snap-key",
         "operator-token": "tokens", "reader-token": "tokens",
     }
     done = template("--set", "secrets.existingSecret=")
     assert done.returncode != 0 and "existingSecret" in done.stderr
+
+
+def test_each_signing_key_reaches_only_its_signer_and_the_public_half_its_verifiers() -> None:
+    """The planner's private key only the planner, the stream workers' only the workers; the
+    planner pins the workers' public half, the routers the planner's (as the kustomize tree)."""
+    refs = secret_refs(rendered("all-on"))
+    readers: dict[str, set[str]] = {}
+    for deployment, _, key in refs:
+        readers.setdefault(key, set()).add(deployment)
+    assert readers["planner-signing-key.pem"] == {"cacheroute-planner"}
+    assert readers["planner-signing-key.pub.pem"] == {"cacheroute-gateway", PICKER}
+    assert readers["streams-signing-key.pem"] == {"cacheroute-streams"}
+    assert readers["streams-signing-key.pub.pem"] == {"cacheroute-planner"}
+    assert refs == secret_refs(kustomize("overlays/production"))
+    docs = render_with("snapshotSigning.privateKeyKey=w.pem", "snapshotSigning.publicKeyKey=w.pub")
+    keys = {(d, k) for d, _, k in secret_refs(docs)}
+    assert {("cacheroute-streams", "w.pem"), ("cacheroute-planner", "w.pub")} <= keys
+    assert not {k for _, k in keys} & {"streams-signing-key.pem", "streams-signing-key.pub.pem"}
 
 
 def resolved_env(docs: Any, deployment: str, container: int = 0) -> dict[str, str]:

@@ -53,6 +53,7 @@ helm.sh/chart: {{ include "cacheroute.chart" $ }}
 {{- end -}}
 {{- define "cacheroute.redisSecret" -}}{{ include "cacheroute.secret" (list . .Values.redis.auth.existingSecret) }}{{- end -}}
 {{- define "cacheroute.signingSecret" -}}{{ include "cacheroute.secret" (list . .Values.signing.existingSecret) }}{{- end -}}
+{{- define "cacheroute.snapshotSigningSecret" -}}{{ include "cacheroute.secret" (list . .Values.snapshotSigning.existingSecret) }}{{- end -}}
 {{- define "cacheroute.tokenSecret" -}}{{ include "cacheroute.secret" (list . .Values.grpcTokens.existingSecret) }}{{- end -}}
 
 {{- define "cacheroute.poolName" -}}
