@@ -472,6 +472,7 @@ class RouterCore:
         self.history_unshared = 0  # placements dropped from a full outbox
         self.destination_ids: list[str] = []
         self._slot: dict[str, int] = {}
+        self._plain: list[Decision] = []  # per slot: the decision that owes and returns nothing
         # Own requests in flight per slot (what this router sent and has not seen finish),
         # and the load its decisions compare: the same, plus what the engine reported
         # beyond it (`report_engine_load`; zero unless engine loads are fed in).
@@ -697,10 +698,14 @@ class RouterCore:
         conversation's history may keep the turn where it went last (`_with_history`);
         otherwise the plan's set or the cold tail decides (`_decide`); queue-aware routing
         may move the request off a slot whose queue costs more than a recompute."""
-        pick, home, plan, returned = -1, -1, -1, None
-        if self.idle_rehome_s is not None and now is not None and not self.rehome_paused:
+        if self.idle_rehome_s is None or now is None or self.rehome_paused:
+            slot = self._with_history(key, affinity, -1, now)
+            if not self.queue_aware:
+                return self._plain[slot]  # (slot, nothing owed, no return): built once
+            pick, home, plan, returned = -1, -1, -1, None
+        else:
             pick, home, plan, returned = self._idle(key, now)
-        slot = self._with_history(key, affinity, pick, now)
+            slot = self._with_history(key, affinity, pick, now)
         owed = 0.0
         if self.queue_aware:
             slot, owed = self._worth_the_queue(slot, key, affinity, prompt_tokens,
@@ -718,7 +723,10 @@ class RouterCore:
     def route_index(self, key: str, affinity: str | None = None,
                     now: float | None = None, prompt_tokens: int = 0,
                     cacheable_tokens: int = 0) -> int:
-        """`decide`'s slot alone."""
+        """`decide`'s slot alone (its common case without building a `Decision`)."""
+        if not self.queue_aware and (self.idle_rehome_s is None or now is None
+                                     or self.rehome_paused):
+            return self._with_history(key, affinity, -1, now)
         return self.decide(key, affinity, now, prompt_tokens, cacheable_tokens).slot
 
     def _with_history(self, key: str, affinity: str | None, pick: int,
@@ -1137,6 +1145,7 @@ class RouterCore:
             self.load.append(0)
             self.awaiting.append(0)
             self.owed.append(0.0)
+            self._plain.append(Decision(slot))
             self._external.append(0)
             self._healthy.append(True)
             self.destination_ids.append(destination_id)
