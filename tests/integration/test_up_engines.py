@@ -44,7 +44,27 @@ def stop(proc: subprocess.Popen[str]) -> None:
 
 def test_up_with_engines_serves_the_openai_api_with_cached_prefixes(
         engines: EngineFleet, tmp_path: Path) -> None:
-    urls = list(engines.urls.values())
+    up_and_ask(list(engines.urls.values()), "emulated-model", SYSTEM, tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_up_in_front_of_llama_servers(tmp_path: Path) -> None:
+    """The same with llama.cpp's llama-server on the tiny random model (built on first use,
+    planner_svc/devstack/llama.py)."""
+    pytest.importorskip("gguf")
+    from planner_svc.devstack.llama import start_llama_fleet
+
+    fleet = start_llama_fleet(tmp_path, 2)
+    try:
+        up_and_ask(list(fleet.urls.values()), fleet.options.model_name,
+                   " ".join(["bal fen kir mos"] * 300), tmp_path)
+    finally:
+        fleet.stop()
+
+
+def up_and_ask(urls: list[str], model: str, system: str, tmp_path: Path) -> None:
+    """`up --engines` on fixed free ports; a chat request through its base URL, twice."""
     ports = {flag: free_port() for flag in
              ("--port", "--broker-port", "--redis-port", "--planner-port", "--metrics-port")}
     # One engine named by its URL alone, one with an id.
@@ -71,16 +91,16 @@ def test_up_with_engines_serves_the_openai_api_with_cached_prefixes(
 
         client = openai.OpenAI(base_url=got["openai_base_url"], api_key="none", max_retries=0,
                                timeout=30)
-        messages = [{"role": "system", "content": SYSTEM},
+        messages = [{"role": "system", "content": system},
                     {"role": "user", "content": "What does rule 7 say?"}]
         answers = []
         for _ in range(2):
             raw = client.chat.completions.with_raw_response.create(
-                model="emulated-model", messages=messages, max_tokens=4)  # type: ignore[arg-type]
+                model=model, messages=messages, max_tokens=4)  # type: ignore[arg-type]
             answers.append((raw.parse(), raw.headers["x-cacheroute-destination"]))
         bound(time.monotonic() - started, 60.0, "`up --engines` to its first answers, s")
         (first, where_first), (second, where_second) = answers
-        assert first.choices[0].message.content
+        assert first.choices[0].message.content is not None
         # The same prompt goes to the same engine, whose prefix cache now holds it.
         assert where_first == where_second and where_first in got["engines"]
         details = second.usage.prompt_tokens_details if second.usage else None
