@@ -114,3 +114,33 @@ def test_deltas_against_the_best_peer_by_hit() -> None:
     assert s["worst_cell_hit_delta_1r_pp"] == pytest.approx(-5.0)
     assert s["worst_cell_1r"] == "a"
     assert s["worst_cell_p99_ratio_1r"] == pytest.approx(1.1)
+
+
+def test_gateways_join_then_the_first_ones_leave() -> None:
+    from tests.bench_module import load_bench
+
+    arena = load_bench("arena")
+    m = arena.Membership(4, 20.0, 30.0)
+    assert list(m.active(0.0, 8)) == [0, 1, 2, 3]
+    assert list(m.active(20.0, 8)) == list(range(8))
+    assert list(m.active(30.0, 8)) == [4, 5, 6, 7]
+
+    class Clock:  # a driver whose run began 25 s ago: every gateway is in
+        started_at = arena.time.monotonic() - 25.0
+
+    picks = [next(arena._Rotation(m, 8, Clock()).__iter__()) for _ in range(3)]
+    assert all(0 <= p < 8 for p in picks)
+    rotation = arena._Rotation(m, 8, Clock())
+    assert sorted(next(rotation) for _ in range(8)) == list(range(8))  # round robin
+
+
+def test_the_grid_runs_every_sampled_cell_at_one_four_and_eight_gateways() -> None:
+    from tests.bench_module import load_bench
+
+    arena = load_bench("arena")
+    assert {n for _, n in arena.GRID_RUNS} == {1, 4, 8}
+    assert ("cacheroute", 8) in arena.GRID_RUNS and ("smg cache_aware", 8) in arena.GRID_RUNS
+    args = arena.argparse.Namespace(quick=False, grid_cells=0)
+    assert arena.grid_cells_for(args) == grid_sample()
+    args.quick = True
+    assert arena.grid_cells_for(args) == grid_sample()[:arena.GRID_QUICK_CELLS]
