@@ -86,11 +86,15 @@ class ClientLedger:
 
     def take(self, client: str, n: int) -> Refusal | None:
         """Hold `n` more bytes for `client`, or say why not (then nothing is held)."""
-        refusal = self.check(client, n)
-        if refusal is None:
-            self.held += n
-            self._bodies_of[client] = self._bodies_of.get(client, 0) + n
-        return refusal
+        bodies = self._bodies_of
+        mine = bodies.get(client, 0) + n
+        held = self.held + n
+        # Once per piece of every body: the common case is one test each, no call.
+        if held > self.body_limit or (self.client_body_limit and mine > self.client_body_limit):
+            return self.check(client, n)
+        self.held = held
+        bodies[client] = mine
+        return None
 
     def give(self, client: str, n: int) -> None:
         """`client` no longer holds `n` bytes (at most what it held)."""
