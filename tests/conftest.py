@@ -11,7 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from planner_svc.devstack.processes import Broker, RedisServer, start_broker, start_redis
+from planner_svc.devstack.processes import (
+    Broker,
+    RedisServer,
+    broker_kind,
+    start_broker,
+    start_redis,
+)
 
 # The CI tier runs on parallel workers (pytest-xdist, one test file per unit of work; see
 # deploy/local/run.sh). Files are handed out in collection order, so the longest go first:
@@ -49,7 +55,8 @@ def broker(server_workdir: Path) -> Iterator[Broker]:
     """One broker for the session (per xdist worker): Apache Kafka unless
     $CACHEROUTE_BROKER says otherwise (planner_svc.devstack.processes.broker_kind); use
     unique topic names."""
-    b = start_broker(server_workdir)
+    # No fallback: a test tier that quietly ran on Tansu would say nothing about Kafka.
+    b = start_broker(server_workdir, kind=broker_kind(fallback=False))
     yield b
     b.process.stop()
 

@@ -210,13 +210,21 @@ def addresses(stack: LocalStack) -> dict[str, Any]:
     }
 
 
+def _broker_name(stack: LocalStack) -> str:
+    from planner_svc.devstack.kafka import KafkaBroker
+
+    if isinstance(stack.broker, KafkaBroker):
+        return "Apache Kafka"
+    return "Tansu, embedded: Apache Kafka is not installed here (docs/deploy.md)"
+
+
 def describe(stack: LocalStack) -> str:
     edge = ([f"  OpenAI base URL {stack.gateway_url}/v1   (the gateway in front of "
              f"{', '.join(stack.options.destination_ids)})"] if stack.gateway_url else [])
     return "\n".join(
         [
             *edge,
-            f"  Kafka (Tansu)  {stack.bootstrap}",
+            f"  Kafka          {stack.bootstrap}   ({_broker_name(stack)})",
             f"  Redis          {stack.redis_url}",
             f"  planner gRPC   {stack.grpc_target}   (CACHEROUTE_PLANNER={stack.grpc_target})",
             f"  metrics        http://127.0.0.1:{stack.metrics_port}/metrics",

