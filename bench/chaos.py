@@ -11,9 +11,12 @@ cycle):
               history and offsets are lost), Redis (no persistence), the stream worker,
               the planner: SIGKILL, nothing else
     network   the routers' path to Redis blackholed for 10 s
-    hostile   a forged snapshot (far-future window, five made-up keys at 5,000 req/s); one
-              event per partition stamped 290 s ahead; one per partition with the real
-              producer's id and sequence 2^64-1; 3 MB of random bytes on the events topic;
+    hostile   a forged snapshot (far-future window, five made-up keys at 5,000 req/s) and
+              a plausible one (issue 55 item 6: every partition's part, on the grid, 26 s
+              ahead and at the next end, unsigned and signed by a rogue key); one event
+              per partition stamped 290 s ahead; one per partition with the real
+              producer's id and sequence 2^64-1, and one 9,000,000 ahead of its sequence
+              (item 7); 3 MB of random bytes on the events topic;
               a junk or too-high current pointer; 20 watch streams at once; junk router
               status and version-index members; oversized request ids and absurd values
 
@@ -22,8 +25,12 @@ only increased (and only published digests); the newest complete window's per-ke
 equal a recount of the events topic over the same range minus the dead-lettered events;
 every component alive, restarted by the Supervisor only; every hostile write refused.
 
-    .venv/bin/python bench/chaos.py                  # 3 minutes (the CI tier's test)
-    .venv/bin/python bench/chaos.py --minutes 20
+Then the attack run (bench/attacks.py, on servers of its own: issue 55's attacks by one
+credential at a time against the ACL'd Redis, the planner's gRPC, the gateway and the
+endpoint picker, while honest clients use the gateway); its figures join the JSON.
+
+    .venv/bin/python bench/chaos.py                  # 3 minutes, then ~75 s of attacks
+    .venv/bin/python bench/chaos.py --minutes 20 --no-attacks
 
 Last line: one JSON object of figures.
 """
@@ -49,6 +56,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import grpc
 import redis
+from attacks import print_table as print_attack_table
+from attacks import run_attacks
 from confluent_kafka import Producer
 from soak import FAULTS as SOAK_FAULTS
 from soak import Soak
@@ -61,6 +70,7 @@ from router_client.errors import PlanRejected
 from router_client.layout import Layout, Pointer, parse_member
 from router_client.plan import decode_keys, version_from_pb
 from streams.assembly import CompleteWindow
+from streams.emitter import PARTITION_SHIFT
 from tests.faults import signals
 from tests.faults.hostile import (
     FORGED_PREFIX,
@@ -69,6 +79,8 @@ from tests.faults.hostile import (
     forged_request,
     forged_snapshot,
     oversized_garbage,
+    plausible_forged_part,
+    rogue_signed,
 )
 from tests.integration.test_stream_support import SnapshotLog, dead_letters
 
@@ -178,8 +190,14 @@ class Chaos(Soak):
     def _forged_snapshot(self) -> None:
         now = int(time.time() * 1000) // 2000 * 2000
         parts = self.options.event_partitions
-        self._send(self.options.snapshots_topic, [(None, forged_snapshot(2**62, parts)),
-                                                  (None, forged_snapshot(now, 1))])
+        # and issue 55 item 6's plausible forgery: every partition's part, on the grid,
+        # ending 26 s ahead and at the next real end, unsigned and signed by a rogue key
+        window_ms = round(self.options.window_s * 1000)
+        plausible = [plausible_forged_part(end, p, parts, window_ms)
+                     for end in (now + 26_000, now + 2_000) for p in range(parts)]
+        self._send(self.options.snapshots_topic, [
+            (None, forged_snapshot(2**62, parts)), (None, forged_snapshot(now, 1)),
+            *[(None, v) for v in plausible], *[(None, rogue_signed(v)) for v in plausible]])
 
     def _future_events(self) -> None:
         ahead = int(time.time() * 1000) + 290_000
@@ -190,9 +208,15 @@ class Chaos(Soak):
     def _sequence_jump(self) -> None:
         now = int(time.time() * 1000)
         real = self.traffic.emitter.producer_id
+        # and issue 55 item 7: +9,000,000 on the real producer's current sequence in each
+        # partition (under the dead-letter bound: counted, and it must not shadow the real
+        # producer's next events; the end's recount would miss them)
+        sent = dict(self.traffic.emitter._sequences)  # partition -> its last sequence
+        parts = range(self.options.event_partitions)
         self._send(self.options.events_topic, [
-            (p, forged_request(real, 2**64 - 1, now, key="hot-0"))
-            for p in range(self.options.event_partitions)])
+            *[(p, forged_request(real, 2**64 - 1, now, key="hot-0")) for p in parts],
+            *[(p, forged_request(real, sent.get(p, p << PARTITION_SHIFT) + 9_000_000, now,
+                                 key="hot-0")) for p in parts]])
 
     def _oversized_message(self) -> None:
         accept_large_messages(self.stack.bootstrap, self.options.events_topic)
@@ -418,11 +442,24 @@ def run_chaos(minutes: float = 3.0, fault_every_s: float = 12.0, seed: int = 1) 
             chaos.stop()
 
 
+def with_attacks(fig: dict[str, Any], attacks: dict[str, Any]) -> dict[str, Any]:
+    """The chaos figures and the attack run's (bench/attacks.py) in one object: the attack
+    run's names that do not start with "attack" get "attack_run_" in front."""
+    out = dict(fig)
+    for k, v in attacks.items():
+        if k != "peak_rss_mb":
+            out[k if k.startswith("attack") else f"attack_run_{k}"] = v
+    out["peak_rss_mb"] = max(fig.get("peak_rss_mb", 0.0), attacks["peak_rss_mb"])
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--minutes", type=float, default=3.0)
     ap.add_argument("--fault-every-s", type=float, default=12.0)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--attacks", action=argparse.BooleanOptionalAction, default=True,
+                    help="then the attack run (bench/attacks.py) on a rig of its own")
     a = ap.parse_args()
     fig = run_chaos(a.minutes, a.fault_every_s, a.seed)
     print(f"\n{'figure':<30}{'value':>40}")
@@ -432,6 +469,10 @@ def main() -> None:
     for k in ("violation_examples", "hostile_failure_examples", "count_mismatch_examples"):
         if fig.get(k):
             print(f"{k}: {fig[k]}")
+    if a.attacks:
+        attacks = run_attacks()
+        print_attack_table(attacks)
+        fig = with_attacks(fig, attacks)
     print(json.dumps(fig, default=str))
 
 

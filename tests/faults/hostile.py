@@ -52,3 +52,32 @@ def accept_large_messages(bootstrap: str, topic: str, max_bytes: int = 8 << 20) 
         "max.message.bytes", str(max_bytes), incremental_operation=AlterConfigOpType.SET)])
     admin = AdminClient({"bootstrap.servers": bootstrap})
     admin.incremental_alter_configs([resource])[resource].result(10)
+
+
+def plausible_forged_part(end_ms: int, partition: int, partitions: int,
+                          window_ms: int) -> bytes:
+    """Issue 55 item 6: one partition's part of a window that looks real (the events
+    topic's partition count, on the hop grid, a real worker's name) but whose 20 made-up
+    keys carry all the rate; unsigned."""
+    s = snapshot_pb2.RateSnapshot(window_start_ms=end_ms - window_ms, window_end_ms=end_ms,
+                                  source_partition=partition, partition_count=partitions,
+                                  part_index=0, part_count=1, worker_id="worker-0",
+                                  published_at_ms=end_ms)
+    keys = [f"{FORGED_PREFIX}plausible-{i}" for i in range(20)][partition::partitions]
+    s.keys.keys = encode_keys(keys)
+    for name, value in (("rate_per_s", 500.0), ("ewma_rate_per_s", 500.0),
+                        ("prompt_tokens", 1e6), ("cached_tokens", 9e5), ("reuse_fraction", 0.0),
+                        ("interarrival_cv", 0.0), ("reusable_prefix_tokens", 0.0)):
+        getattr(s.keys, name).extend([value] * len(keys))
+    s.keys.requests.extend([5_000] * len(keys))
+    s.active_keys = len(keys)
+    return s.SerializeToString()
+
+
+def rogue_signed(payload: bytes) -> bytes:
+    """`payload` signed the way a worker signs, with a key of the forger's own."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from streams.snapshot_signing import SnapshotSigner
+
+    return SnapshotSigner(Ed25519PrivateKey.generate()).sign(payload)
