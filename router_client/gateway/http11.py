@@ -62,6 +62,8 @@ LOCAL_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOME
 LOW_WATER = 256 << 10
 # Request-body bytes given back between two returns of freed memory to the OS (`_trim`).
 TRIM_AFTER_BYTES = 64 << 20
+# A declared body above this is weighed against the body budgets before its upload.
+EARLY_CHECK_BYTES = 64 << 10
 
 
 class ClientGone(ConnectionError):
@@ -319,10 +321,12 @@ class _ServerConnection(asyncio.Protocol):
             elif low == "expect":
                 expect = value.strip().lower()
         declared = int(length) if length.isdigit() else 0
-        # Refused now, not after the upload: too large, or past what may be held.
+        # Refused now, not after the upload: too large, or past what may be held (a small
+        # body is weighed as it arrives, usually in this same read).
         if declared > self.server.limits.max_body_bytes:
             self._refuse(413, "request body too large")
-        elif declared and (refusal := self.server.ledger.check(self.peer, declared)):
+        elif declared > EARLY_CHECK_BYTES and (
+                refusal := self.server.ledger.check(self.peer, declared)):
             self._refuse_by(refusal)
         elif (expect == "100-continue" and self.transport is not None
               and self._task is None and not self._queue):  # no answer being written

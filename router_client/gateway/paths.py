@@ -21,11 +21,13 @@ _UNESCAPE_ROUNDS = 4  # a target escaped more often than this is refused
 def normal_target(target: str) -> str | None:
     """`target` (path and query) with its path normalised; None when the path has a dot
     segment in any of its spellings (the client gets 400: nothing is forwarded)."""
+    if not ("." in target or "%" in target or "\\" in target or "//" in target):
+        return target  # the common case: nothing to look at
     path, sep, query = target.partition("?")
     if ("." in path or "%" in path or "\\" in path) and _dot_segment(path):
         return None
     if "//" not in path:
-        return target  # the common case: nothing to change
+        return target
     return f"{_SLASHES.sub('/', path)}{sep}{query}"
 
 

@@ -266,9 +266,13 @@ def test_request_bodies_held_at_once_are_bounded_in_total_and_per_client(engines
         assert eventually(lambda: _held(g) == 3 * (MIB - 1), 5)
         with _connect(g, "127.0.0.4") as s:  # a new client, but the total is held
             s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
-                      b"Content-Length: 4096\r\n\r\n")
+                      b"Content-Length: %d\r\n\r\n" % (128 << 10))
             refused = _answer(s)
         assert refused.startswith(b"HTTP/1.1 503") and b"limit of request bodies" in refused
+        with _connect(g, "127.0.0.4") as s:  # a small body: weighed as it arrives
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                      b"Content-Length: 4096\r\n\r\n" + b"z" * 4096)
+            assert _answer(s).startswith(b"HTTP/1.1 503")
         for s in holders:
             s.close()
         assert eventually(lambda: _held(g) == 0, 5)
