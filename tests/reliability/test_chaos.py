@@ -3,7 +3,10 @@ from every kind it names (forged snapshots, future and sequence-jump events, an 
 message, junk pointers and fleet keys, a watch-stream flood, oversized values, the routers'
 path blackholed) and SIGKILLs of every component (broker with its storage, Redis, stream
 worker, planner), while six routers route. `bench/chaos.py` is the same run; its docstring
-lists what is checked. Restarts are the stack's Supervisor's only.
+lists what is checked. Restarts are the stack's Supervisor's only. The forged snapshots
+include issue 55 item 6's plausible one and the sequence jumps item 7's +9,000,000; the
+issue's other attacks are the attack run that `bench/chaos.py` runs next, tested in
+tests/reliability/test_attacks.py.
 """
 
 from __future__ import annotations
