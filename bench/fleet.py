@@ -288,11 +288,14 @@ def run(args: argparse.Namespace) -> None:
     try:
         loop = Loop(broker, redis, args.routers)
         try:
+            end_ms = 0
             for i in range(args.rounds):
                 if i:
                     walked = lognormal_walk(rates, 0.3, rng)
                     rates = walked * (rates.sum() / walked.sum())
-                rounds.append(one_round(loop, i, keys, rates, partition_of, args, config))
+                end_ms = window_end_ms(end_ms)
+                rounds.append(one_round(loop, i, end_ms, keys, rates, partition_of, args,
+                                        config))
         finally:
             loop.close()
         servers = {"redis": redis.process.peak_rss_mb(), "broker": broker.process.peak_rss_mb()}
@@ -302,16 +305,24 @@ def run(args: argparse.Namespace) -> None:
     report(args, rounds, loop.routers.rss_mb, servers, setup_s)
 
 
-def one_round(loop: Loop, i: int, keys: list[str], rates: np.ndarray, partition_of: np.ndarray,
-              args: argparse.Namespace, config: PlanningConfig) -> Round:
+def one_round(loop: Loop, i: int, end_ms: int, keys: list[str], rates: np.ndarray,
+              partition_of: np.ndarray, args: argparse.Namespace, config: PlanningConfig
+              ) -> Round:
     rnd = Round("build" if i == 0 else "repack")
-    end_ms = 1_800_000_000_000 + i * 2_000
     t = time.perf_counter()
     parts = window_parts(keys, rates, partition_of, args.partitions, end_ms)
     rnd.stream_encode_s = time.perf_counter() - t
     rnd.parts, rnd.snapshot_mb = len(parts), sum(map(len, parts)) / 1e6
     loop.run_round(rnd, parts, end_ms, config, seq=i + 1)
     return rnd
+
+
+def window_end_ms(previous_ms: int) -> int:
+    """The next round's window end: the clock's last whole second, as a worker closes a window
+    once its clock passed the end (the planner refuses a window ending more than
+    `SnapshotLimits.max_ahead_ms` ahead of its clock or over an hour behind it), and at least
+    a second past the previous round's so that every round's window is a new one."""
+    return max(int(time.time()) * 1000, previous_ms + 1000)
 
 
 def report(args: argparse.Namespace, rounds: list[Round], router_rss: dict[str, float],
