@@ -12,10 +12,12 @@
 3. live: events produced at a fixed rate (default 100,000/s) while the worker
    runs: lag over time (must not grow) and the delay from the start of a hop
    to the complete window that contains it appearing on the snapshots topic
-   (target: hop + 2 s).
+   (target: hop + 2 s); then the worker is SIGKILLed and its recovery timed.
 
-The machine is shared and noisy: compare figures with the ceiling measured in
-the same run. The last line is one JSON object of figures.
+Phases 2 and 3 run on each broker of `--brokers` in turn (Apache Kafka, then Tansu, by
+default), with their figures suffixed `_kafka` / `_tansu`. The machine is shared and
+noisy: compare figures with the ceiling measured in the same run. The last line is one
+JSON object of figures.
 """
 
 # ruff: noqa: E402 - bench/ must leave sys.path before `streams` is imported
@@ -46,7 +48,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from cacheroute.v1 import events_pb2, snapshot_pb2
-from planner_svc.devstack.processes import ManagedProcess, free_port, start_broker
+from planner_svc.devstack.processes import BROKER_KINDS, ManagedProcess, free_port, start_broker
 from planner_svc.devstack.stack import stream_metrics as metrics
 from streams.config import StreamConfig
 from streams.partitioning import partition_for_key
@@ -326,38 +328,14 @@ def _collect_delays(
             got.add(-1)  # count each window once
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="smaller backlog, shorter live phase")
-    ap.add_argument("--backlog", type=int, default=None)
-    ap.add_argument("--live-rate", type=float, default=100_000)
-    ap.add_argument("--live-s", type=float, default=None)
-    ap.add_argument("--keep", action="store_true", help="keep the work dir (worker log)")
-    args = ap.parse_args()
-    backlog = args.backlog or (600_000 if args.quick else 3_000_000)
-    live_s = args.live_s or (10.0 if args.quick else 30.0)
-    rng = np.random.default_rng(1)
-    now = int(time.time() * 1000)
-    # the same collector settings as the worker (streams/__main__.py), for a fair ceiling
-    gc.set_threshold(100_000, 50, 100)
-
-    print(f"building {backlog:,} events over {KEYS:,} keys ...", flush=True)
-    t = time.perf_counter()
-    built = build_batches(backlog, rng, now - int(backlog / 300.0), 300_000)
-    build_rate = backlog / (time.perf_counter() - t)
-    values = [(p, b.SerializeToString()) for p, b in built]
-    gc.collect()
-    gc.freeze()
-    bare = bare_decode_count([v for _, v in values])
-    inproc, inproc_s, spent = pipeline_in_process(values, int(time.time() * 1000))
-    print(
-        f"bare decode+count: {bare:,.0f} ev/s   pipeline in-process: {inproc:,.0f} ev/s", flush=True
-    )
-    print(f"  of its {inproc_s:.2f} s: closing windows {spent['_close_one']:.3f} s, of which "
-          f"naming last destinations {spent['_last_destinations']:.3f} s", flush=True)
-
-    work = Path(tempfile.mkdtemp(prefix="bench-streams-"))
-    broker = start_broker(work)
+def on_broker(kind: str, work: Path, originals: list[tuple[int, bytes]], built_ms: int,
+              backlog: int, bare: float, args: argparse.Namespace, live_s: float,
+              build_rate: float) -> dict[str, Any]:
+    """The drain, live and recovery phases on one broker of `kind`, on its own copy of the
+    backlog (`originals`, stamped at `built_ms`): the phases restamp and renumber events."""
+    built = [(p, events_pb2.EventBatch.FromString(v)) for p, v in originals]
+    work.mkdir(parents=True)
+    broker = start_broker(work, kind=kind)
     worker = None
     try:
         tag = uuid.uuid4().hex[:6]
@@ -407,7 +385,7 @@ def main() -> int:
         # worker's idle partitions advanced their clocks to the wall clock while it started
         # (streams.windows.advance_idle), so they would be dead-lettered as late (a 600k
         # backlog lost 401,700). A backlog is a burst that just arrived: stamp it now.
-        shift_ms = int(time.time() * 1000) - now
+        shift_ms = int(time.time() * 1000) - built_ms
         for _, batch in built:
             for event in batch.events:
                 event.timestamp_ms += shift_ms
@@ -417,9 +395,9 @@ def main() -> int:
         produce_s = time.perf_counter() - t
         drain_rate, drain_s = drain(port, backlog, timeout_s=600)
         start_to_drained_s = time.monotonic() - started
-        print(f"drain: {drain_rate:,.0f} ev/s ({drain_s:.1f} s)", flush=True)
+        print(f"{kind}: drain: {drain_rate:,.0f} ev/s ({drain_s:.1f} s)", flush=True)
         read_rate = broker_read(broker.bootstrap, events_topic, len(values))
-        print(f"bare aiokafka read of the backlog: {read_rate:,.0f} ev/s", flush=True)
+        print(f"{kind}: bare aiokafka read of the backlog: {read_rate:,.0f} ev/s", flush=True)
 
         snaps = Consumer(
             {
@@ -438,17 +416,14 @@ def main() -> int:
         snaps.close()
         counted = metrics(port)
         worker_rss = worker.peak_rss_mb() or float("nan")
+        broker_rss = broker.process.peak_rss_mb() or float("nan")
         recovered_events, recovery_s = recover(worker, port)
-        print(f"recovery after SIGKILL: {recovered_events:,.0f} events in {recovery_s:.1f} s",
-              flush=True)
+        print(f"{kind}: recovery after SIGKILL: {recovered_events:,.0f} events in "
+              f"{recovery_s:.1f} s", flush=True)
     finally:
         if worker is not None:
             worker.stop()
         broker.process.stop()
-        if args.keep:
-            print(f"work dir kept: {work}")
-        else:
-            shutil.rmtree(work, ignore_errors=True)
 
     tail = [(t, v) for t, v in lag if t >= live_s / 2]
     slope = (
@@ -456,17 +431,10 @@ def main() -> int:
         if len(tail) > 2
         else float("nan")
     )
-    fig = {
+    fig: dict[str, Any] = {
         "events_per_s": round(drain_rate),
-        "bare_decode_count_events_per_s": round(bare),
-        "pipeline_in_process_events_per_s": round(inproc),
-        "pipeline_window_close_s": round(spent["_close_one"], 3),
-        "pipeline_last_destinations_s": round(spent["_last_destinations"], 3),
-        "pipeline_in_process_s": round(inproc_s, 2),
         "drain_over_bare": round(drain_rate / bare, 3),
         "broker_read_events_per_s": round(read_rate),
-        "backlog_events": backlog,
-        "distinct_keys": KEYS,
         "produce_backlog_s": round(produce_s, 2),
         "worker_ready_s": round(ready_s, 1),
         "worker_start_to_drained_s": round(start_to_drained_s, 1),
@@ -480,15 +448,72 @@ def main() -> int:
         "live_lag_last_messages": lag[-1][1] if lag else float("nan"),
         "live_lag_slope_messages_per_s": round(slope, 2),
         "delay_p50_s": round(float(np.median(delays)), 3) if delays else None,
+        "delay_p99_s": round(float(np.percentile(delays, 99)), 3) if delays else None,
         "delay_max_s": round(max(delays), 3) if delays else None,
-        "delay_target_s": HOP_S + 2,
         "windows_observed": len(delays),
-        "hop_s": HOP_S,
-        "window_s": WINDOW_S,
         "worker_peak_rss_mb": round(worker_rss, 1),
         "dead_letters": counted.get("dead_letters_total", 0.0),
-        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "broker_peak_rss_mb": round(broker_rss, 1),
     }
+    return fig
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="smaller backlog, shorter live phase")
+    ap.add_argument("--backlog", type=int, default=None)
+    ap.add_argument("--live-rate", type=float, default=100_000)
+    ap.add_argument("--live-s", type=float, default=None)
+    ap.add_argument("--keep", action="store_true", help="keep the work dir (worker log)")
+    ap.add_argument("--brokers", default=",".join(BROKER_KINDS),
+                    help="the brokers to run on, in order (figures are suffixed _KIND)")
+    args = ap.parse_args()
+    backlog = args.backlog or (600_000 if args.quick else 3_000_000)
+    live_s = args.live_s or (10.0 if args.quick else 30.0)
+    rng = np.random.default_rng(1)
+    now = int(time.time() * 1000)
+    # the same collector settings as the worker (streams/__main__.py), for a fair ceiling
+    gc.set_threshold(100_000, 50, 100)
+
+    print(f"building {backlog:,} events over {KEYS:,} keys ...", flush=True)
+    t = time.perf_counter()
+    built = build_batches(backlog, rng, now - int(backlog / 300.0), 300_000)
+    build_rate = backlog / (time.perf_counter() - t)
+    values = [(p, b.SerializeToString()) for p, b in built]
+    gc.collect()
+    gc.freeze()
+    bare = bare_decode_count([v for _, v in values])
+    inproc, inproc_s, spent = pipeline_in_process(values, int(time.time() * 1000))
+    print(
+        f"bare decode+count: {bare:,.0f} ev/s   pipeline in-process: {inproc:,.0f} ev/s", flush=True
+    )
+    print(f"  of its {inproc_s:.2f} s: closing windows {spent['_close_one']:.3f} s, of which "
+          f"naming last destinations {spent['_last_destinations']:.3f} s", flush=True)
+
+    work = Path(tempfile.mkdtemp(prefix="bench-streams-"))
+    fig: dict[str, Any] = {
+        "bare_decode_events_per_s": round(bare),
+        "pipeline_in_process_events_per_s": round(inproc),
+        "pipeline_window_close_s": round(spent["_close_one"], 3),
+        "pipeline_last_destinations_s": round(spent["_last_destinations"], 3),
+        "pipeline_in_process_s": round(inproc_s, 2),
+        "backlog_events": backlog,
+        "distinct_keys": KEYS,
+        "delay_target_s": HOP_S + 2,
+        "hop_s": HOP_S,
+        "window_s": WINDOW_S,
+    }
+    try:
+        for kind in args.brokers.split(","):
+            one = on_broker(kind, work / kind, values, now, backlog, bare, args, live_s,
+                            build_rate)
+            fig.update({f"{name}_{kind}": value for name, value in one.items()})
+    finally:
+        if args.keep:
+            print(f"work dir kept: {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+    fig["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
     print()
     print(f"{'figure':40s} value")
     for k, v in fig.items():
