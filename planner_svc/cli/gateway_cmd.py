@@ -21,7 +21,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib.util
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -77,7 +79,25 @@ FLAGS: Flags = {
     "engine-load-period-s": (float, 0.0, "read each engine's running + waiting requests from "
                                          "its /metrics this often and route on the larger of "
                                          "that and the gateway's own count (0 = off)"),
+    "otlp-endpoint": (str, "", "export OpenTelemetry traces over OTLP gRPC to this endpoint "
+                      "(e.g. http://collector:4317; default: $OTEL_EXPORTER_OTLP_ENDPOINT, "
+                      "else off); needs the tracing extra"),
 }
+
+
+def otlp_endpoint(given: str, command: str) -> str:
+    """`--otlp-endpoint`, else OTEL_EXPORTER_OTLP_ENDPOINT ("" = tracing off); one line
+    naming the extra when tracing is asked for and OpenTelemetry is not installed."""
+    endpoint = given or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "")
+    try:
+        found = not endpoint or importlib.util.find_spec(
+            "opentelemetry.exporter.otlp.proto.grpc") is not None
+    except ModuleNotFoundError:  # a parent package is missing
+        found = False
+    if not found:
+        raise SystemExit(f"cacheroute {command}: --otlp-endpoint needs OpenTelemetry: "
+                         "pip install 'cacheroute[tracing]'")
+    return endpoint
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -111,7 +131,8 @@ async def run_gateway(args: argparse.Namespace, ready: asyncio.Event | None = No
             max_buffered_bytes_per_client=args.max_buffered_bytes_per_client,
             max_inflight_per_destination=args.max_inflight, max_retries=args.max_retries,
             max_body_bytes=args.max_body_bytes, shutdown_grace_s=args.shutdown_grace_s,
-            engine_load_period_s=args.engine_load_period_s)
+            engine_load_period_s=args.engine_load_period_s,
+            otlp_endpoint=otlp_endpoint(args.otlp_endpoint, "gateway"))
     except ValueError as exc:
         raise SystemExit(f"cacheroute gateway: {exc}") from None
     seen = _stat(Path(args.pools_file)) if args.pools_file else None

@@ -21,7 +21,7 @@ import json
 import logging
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -44,8 +44,23 @@ from router_client.gateway.telemetry import EventSink, NoSink
 from router_client.gateway.upstream import UpstreamFailure, Upstreams
 from router_client.pools import DEFAULT_POOL, PoolRoutes
 
+if TYPE_CHECKING:
+    from router_client.tracing import Tracing
+
 log = logging.getLogger("cacheroute.gateway")
 ROUTED = {"/v1/chat/completions", "/v1/completions"}
+
+
+def _tracing(settings: GatewaySettings) -> Tracing | None:
+    if not settings.otlp_endpoint:
+        return None
+    try:
+        from router_client.tracing import Tracing
+    except ImportError as exc:
+        raise RuntimeError("tracing (--otlp-endpoint) needs OpenTelemetry: pip install "
+                           f"'cacheroute[tracing]' ({exc})") from None
+    return Tracing(settings.otlp_endpoint, service="cacheroute-gateway",
+                   router_id=settings.router_id)
 
 
 class Gateway:
@@ -71,8 +86,9 @@ class Gateway:
         self.settings = settings or GatewaySettings()
         self.upstreams = Upstreams(self.settings)
         self.metrics = GatewayMetrics(self.clients, pools=isinstance(client, Mapping))
+        self.tracing = _tracing(self.settings)
         self.proxy = Proxy(self.clients, routes, self.upstreams, self.settings,
-                           sink or NoSink(), self.metrics)
+                           sink or NoSink(), self.metrics, tracing=self.tracing)
         self.stopping = False
         connections = self.settings.max_connections or default_max_connections()
         limits = ServerLimits(max_body_bytes=self.settings.max_body_bytes,
@@ -148,6 +164,8 @@ class Gateway:
             await poller.stop()
         await self.server.close(self.settings.shutdown_grace_s)
         self.upstreams.close()
+        if self.tracing is not None:  # export the spans still batched
+            await asyncio.to_thread(self.tracing.shutdown)
 
     async def handle(self, request: Request, out: Responder) -> None:
         target = normal_target(request.target)

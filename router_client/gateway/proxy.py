@@ -23,7 +23,7 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from router_client.aio import AsyncRouterClient
 from router_client.gateway import headers as hdr
@@ -40,6 +40,9 @@ from router_client.lifecycle import AtCap
 from router_client.lifecycle import Request as Routed
 from router_client.pools import PoolRoutes
 from router_client.usage import from_openai_usage
+
+if TYPE_CHECKING:  # tracing is optional: its module (and OpenTelemetry) load only when on
+    from router_client.tracing import Span, Tracing
 
 log = logging.getLogger("cacheroute.gateway")
 DESTINATION_HEADER = "x-cacheroute-destination"
@@ -74,16 +77,24 @@ class _Call:
     started: float
     # Its way through the router core (route, first token, end, retries elsewhere).
     lifecycle: Routed | None = None
+    span: Span | None = None  # its request span, with tracing on (router_client.tracing)
 
     @property
     def slot(self) -> int:
         return self.lifecycle.slot if self.lifecycle is not None else -1
 
 
+def _end_engine(span: Span, status: int | None, error: str) -> None:
+    from router_client.tracing import end
+
+    end(span, status, error)
+
+
 class Proxy:
     def __init__(self, clients: Mapping[str, AsyncRouterClient], routes: PoolRoutes,
                  upstreams: Upstreams, settings: GatewaySettings, sink: EventSink,
-                 metrics: GatewayMetrics) -> None:
+                 metrics: GatewayMetrics, tracing: Tracing | None = None) -> None:
+        self.tracing = tracing  # None: off, and nothing below touches OpenTelemetry
         self.clients = clients  # pool -> its router client (router_client.pools)
         self.routes = routes
         self.upstreams = upstreams
@@ -96,9 +107,40 @@ class Proxy:
     async def routed(self, request: Request, out: Responder) -> None:
         route = ROUTES.get(request.path, "other")
         started = time.perf_counter()
+        if self.tracing is not None:
+            await self._routed_traced(request, route, started, out, self.tracing)
+            return
         call = self._parse(request, route, started, out)
         if call is not None:
             await self._dispatch(request, call, out)
+        self.metrics.answered(route, out.status, time.perf_counter() - started)
+
+    async def _routed_traced(self, request: Request, route: str, started: float,
+                             out: Responder, tracing: Tracing) -> None:
+        """`routed`, inside a request span that continues the client's trace context."""
+        from router_client.tracing import end
+
+        given = next((v for k, v in request.headers if k.lower() == hdr.TRACEPARENT), None)
+        span = tracing.request_span(f"{request.method} {request.path}", given)
+        span.set_attribute("http.request.method", request.method)
+        span.set_attribute("url.path", request.path)
+        span.set_attribute("cacheroute.route", route)
+        error = ""
+        try:
+            call = self._parse(request, route, started, out)
+            if call is not None:
+                call.span = span
+                span.set_attribute("cacheroute.key", call.key)
+                span.set_attribute("cacheroute.request_id", call.request_id)
+                if call.affinity is not None:
+                    span.set_attribute("cacheroute.affinity", call.affinity)
+                span.set_attribute("cacheroute.stream", call.stream)
+                await self._dispatch(request, call, out)
+        except BaseException as exc:
+            error = type(exc).__name__
+            raise
+        finally:
+            end(span, out.status or None, error)
         self.metrics.answered(route, out.status, time.perf_counter() - started)
 
     def _parse(self, request: Request, route: str, started: float,
@@ -161,9 +203,13 @@ class Proxy:
                                          cacheable_tokens=call.cacheable_tokens,
                                          reusable_tokens=call.prefix_chars // 4)
         full = AtCap(core.inflight, self.settings.max_inflight_per_destination)
+        span = call.span
         for attempt in range(self.settings.max_retries + 1):
+            before = core.counters() if span is not None else None
             # Idle re-homing needs a clock; the core has none of its own.
             slot = routed.route(time.monotonic(), full) if attempt == 0 else routed.retry(full)
+            if span is not None and before is not None:
+                self._trace_decision(span, call, before, attempt, slot)
             if slot is None:
                 if attempt == 0:
                     self.metrics.saturated.inc()
@@ -178,13 +224,18 @@ class Proxy:
             self.sink.emit_request(
                 call.key, dest, prompt_tokens=0, reusable_prefix_tokens=call.prefix_chars // 4,
                 inflight=core.inflight[slot], router_id=self.settings.router_id)
+            headers, engine = call.headers, None
+            if span is not None:
+                engine, headers = self._trace_engine(span, call, attempt, dest, address)
             try:
                 if not address:
                     raise UpstreamFailure(Outcome.CONNECT_ERROR, retryable=True, status=502,
                                           message=f"no address known for {dest}")
                 upstream = await self.upstreams.send(request.method, address, request.target,
-                                                     call.headers, call.body)
+                                                     headers, call.body)
             except UpstreamFailure as failure:
+                if engine is not None:
+                    _end_engine(engine, failure.status, failure.kind)
                 routed.failed(time.monotonic())
                 self._failed(call, dest, failure)
                 if failure.retryable and attempt < self.settings.max_retries:
@@ -192,16 +243,56 @@ class Proxy:
                     continue
                 self._give_up(out, call, failure)
                 return
-            except BaseException:
+            except BaseException as exc:
+                if engine is not None:
+                    _end_engine(engine, None, type(exc).__name__)
                 routed.finished(time.monotonic())
                 raise
             try:
                 await self._relay(call, dest, upstream, out)
             finally:
                 routed.finished(time.monotonic())
+                if engine is not None:
+                    _end_engine(engine, upstream.status, "")
             return
         send_error(out, 502, "no destination could take the request", "upstream_error",
                    extra=[(hdr.REQUEST_ID, call.request_id)])
+
+    # --- tracing (only with tracing on: call.span is set) ----------------------------------
+
+    def _trace_decision(self, span: Span, call: _Call, before: Mapping[str, int],
+                        attempt: int, slot: int | None) -> None:
+        """The decision's stages on the request span: the core's mode, the counters this
+        decision moved (`planned`, `fallback`, `queue_spilled`, `history_kept`, `rehomed`,
+        ...; router_client.tracing.decision_stages) and where it went. A retry's own
+        stages go on `cacheroute.retry_decision`."""
+        from router_client.tracing import decision_stages
+
+        core = call.client.core
+        stages = decision_stages(before, core.counters())
+        if attempt == 0:
+            span.set_attribute("cacheroute.mode", core.mode)
+            span.set_attribute("cacheroute.decision", stages)
+            span.set_attribute("cacheroute.plan_version", str(call.client.version))
+        else:
+            span.set_attribute("cacheroute.retry_decision", stages)
+        span.set_attribute("cacheroute.attempts", attempt + 1)
+        span.set_attribute("cacheroute.slot", -1 if slot is None else slot)
+        if slot is not None:
+            span.set_attribute("cacheroute.destination", core.destination_ids[slot])
+
+    def _trace_engine(self, span: Span, call: _Call, attempt: int, dest: str,
+                      address: str | None) -> tuple[Span, list[tuple[str, str]]]:
+        """A client span for this attempt's engine call, and the request headers whose
+        `traceparent` names it (the engine's spans become its children)."""
+        assert self.tracing is not None
+        engine, parent = self.tracing.engine_span(span, "engine")
+        engine.set_attribute("cacheroute.attempt", attempt)
+        engine.set_attribute("cacheroute.destination", dest)
+        if address:
+            engine.set_attribute("server.address", address)
+        headers = [(k, parent if k == hdr.TRACEPARENT else v) for k, v in call.headers]
+        return engine, headers
 
     # --- outcomes -------------------------------------------------------------------------
 

@@ -46,6 +46,9 @@ class GatewaySettings:
     # it and the gateway's own in-flight count (gateway.engine_load); 0 = off.
     engine_load_period_s: float = 0.0
     engine_load_timeout_s: float = 0.5
+    # Traces (router_client.tracing, the `tracing` extra): a span per request and per engine
+    # call, exported over OTLP gRPC to this endpoint (e.g. http://collector:4317); "" = off.
+    otlp_endpoint: str = ""
 
     def __post_init__(self) -> None:
         positive = {
