@@ -54,6 +54,51 @@ class HelpFormatter(RawDescriptionRichHelpFormatter):
         return f"{text} (default: %(default)s)"
 
 
+class AdvancedOptions:
+    """Options a command's `--help` leaves out and its `--help-all` shows: the knobs few runs
+    turn, working as ever, kept out of the way of the options most runs need."""
+
+    def __init__(self, parser: argparse.ArgumentParser) -> None:
+        self._hidden: list[tuple[argparse.Action, str]] = []
+        self._groups: list[tuple[Any, str | None]] = []
+        parser.add_argument("--help-all", action=_HelpAll, advanced=self,
+                            help="show this help with the advanced options too, and exit")
+
+    def group(self, parser: argparse.ArgumentParser, title: str,
+              description: str | None = None) -> Any:
+        """An argument group that `--help` leaves out (every option in it is advanced)."""
+        group = parser.add_argument_group(title)
+        self._groups.append((group, description))
+        return group
+
+    def add(self, group: Any, *flags: str, help: str, **kwargs: Any) -> argparse.Action:
+        """An option parsed as any other, its help shown by `--help-all` only."""
+        action: argparse.Action = group.add_argument(*flags, help=argparse.SUPPRESS, **kwargs)
+        self._hidden.append((action, help))
+        return action
+
+    def reveal(self) -> None:
+        """Give the advanced options (and their groups' descriptions) back their help."""
+        for action, text in self._hidden:
+            action.help = text
+        for group, description in self._groups:
+            group.description = description
+
+
+class _HelpAll(argparse.Action):
+    def __init__(self, option_strings: list[str], dest: str, *, advanced: AdvancedOptions,
+                 help: str | None = None) -> None:
+        super().__init__(option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS,
+                         nargs=0, help=help)
+        self.advanced = advanced
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        self.advanced.reveal()
+        parser.print_help()
+        parser.exit()
+
+
 def command(sub: Any, name: str, *, help: str, **kwargs: Any) -> argparse.ArgumentParser:
     """A sub-command whose own `--help` opens with the line the command list shows."""
     kwargs.setdefault("description", help)

@@ -38,6 +38,17 @@ operate a running planner with status, plan, replan, mode, config and destinatio
 CACHEROUTE_PLANNER and CACHEROUTE_TOKEN from the environment."""
 
 
+# The top-level help lists the commands in these groups, in this order; every command is in
+# exactly one (a test holds the table to the parser).
+COMMAND_GROUPS: dict[str, tuple[str, ...]] = {
+    "run": ("up", "demo", "gateway", "epp"),
+    "operate": ("status", "routers", "replan", "mode", "config", "destinations", "decisions",
+                "pools", "watch", "discover", "pool-sync"),
+    "plans": ("plan",),
+    "evaluate": ("replay", "diagnose"),
+}
+
+
 def _add_stack_commands(sub: Any) -> None:
     from planner_svc.cli import demo
 
@@ -86,11 +97,13 @@ def _add_plan_commands(sub: Any, connection: argparse.ArgumentParser) -> Any:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(prog="cacheroute", description=DESCRIPTION, formatter_class=HelpFormatter)
-    parser.add_argument("--log-level", default="WARNING",
+    parser = Parser(prog="cacheroute", description=DESCRIPTION, formatter_class=HelpFormatter,
+                    usage="%(prog)s [-h] [--log-level LEVEL] COMMAND ...")
+    parser.add_argument("--log-level", default="WARNING", metavar="LEVEL",
                         choices=["DEBUG", "INFO", "WARNING", "ERROR"], type=str.upper,
-                        help="log verbosity of the command")
-    sub = parser.add_subparsers(dest="command", required=True)
+                        help="log verbosity of the command: DEBUG, INFO, WARNING or ERROR")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                prog="cacheroute")  # not the usage above: `cacheroute NAME`
     connection = ops.connection_options()
     _add_stack_commands(sub)
     plan_sub = _add_plan_commands(sub, connection)
@@ -99,7 +112,22 @@ def build_parser() -> argparse.ArgumentParser:
     epp_cmd.add_commands(sub)
     ops.add_commands(sub, plan_sub, connection)  # status, replan, ... and online plan commands
     discover_cmd.add_commands(sub, connection)
+    _group_commands(parser, sub)
     return parser
+
+
+def _group_commands(parser: argparse.ArgumentParser, sub: Any) -> None:
+    """List the commands in the help under their `COMMAND_GROUPS` headings, not flat.
+
+    argparse keeps one entry per command (a pseudo-action holding its name and help) on the
+    sub-parsers action and has no public way to split them; each entry moves to the argument
+    group of its heading, and the sub-parsers action itself leaves the help (it still parses:
+    `cacheroute COMMAND ...`)."""
+    entries = {entry.dest: entry for entry in sub._choices_actions}
+    for title, names in COMMAND_GROUPS.items():
+        group = parser.add_argument_group(f"{title} commands")
+        group._group_actions.extend(entries[name] for name in names)
+    sub.help = argparse.SUPPRESS
 
 
 def main(argv: list[str] | None = None) -> int:
