@@ -48,6 +48,9 @@ FLAGS: Flags = {
                           "stream's start, else the stream is ended (DEADLINE_EXCEEDED)"),
     "stream-timeout-s": (float, 600.0, "the longest a stream (the whole HTTP request, streamed "
                          "answer included) is followed; then it is ended and counted out"),
+    "otlp-endpoint": (str, "", "export OpenTelemetry traces over OTLP gRPC to this endpoint "
+                      "(e.g. http://collector:4317; default: $OTEL_EXPORTER_OTLP_ENDPOINT, "
+                      "else off); needs the tracing extra"),
 }
 
 
@@ -63,6 +66,7 @@ def cmd_epp(args: argparse.Namespace) -> int:
 
 
 async def run_epp(args: argparse.Namespace, ready: asyncio.Event | None = None) -> int:
+    from planner_svc.cli.gateway_cmd import otlp_endpoint
     from router_client.epp import protocol
     from router_client.epp.exchange import EppSettings
     from router_client.epp.server import EndpointPickerServer
@@ -80,7 +84,8 @@ async def run_epp(args: argparse.Namespace, ready: asyncio.Event | None = None) 
                                max_streams=args.max_streams,
                                max_buffered_bytes=args.max_buffered_bytes,
                                request_timeout_s=args.request_timeout_s,
-                               stream_timeout_s=args.stream_timeout_s)
+                               stream_timeout_s=args.stream_timeout_s,
+                               otlp_endpoint=otlp_endpoint(args.otlp_endpoint, "epp"))
     except ValueError as exc:
         raise SystemExit(f"cacheroute epp: {exc}") from None
     client = build_client(args, rid, "epp")

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 
@@ -39,6 +39,9 @@ from router_client.gateway.telemetry import EventSink
 from router_client.health import Outcome
 from router_client.keys import KeyRule, derive_key, prompt_chars
 from router_client.usage import from_openai_usage
+
+if TYPE_CHECKING:  # tracing is optional: its module (and OpenTelemetry) load only when on
+    from router_client.tracing import Span, Tracing
 
 # How much of a non-streamed response body is kept to find its usage (the body itself
 # is relayed whole whatever its size).
@@ -72,6 +75,9 @@ class EppSettings:
     # without it; with FailClose the request is cut there).
     request_timeout_s: float = 30.0
     stream_timeout_s: float = 600.0
+    # Traces (router_client.tracing, the `tracing` extra): a span per routed stream,
+    # exported over OTLP gRPC to this endpoint (e.g. http://collector:4317); "" = off.
+    otlp_endpoint: str = ""
 
     def __post_init__(self) -> None:
         if self.max_body_bytes < 1 or self.max_inflight_per_destination < 1:
@@ -106,13 +112,16 @@ class BodyBudget:
 
 class Exchange:
     __slots__ = ("_body", "_budget", "_decided_at", "_finished",
-                 "_headers_seen", "_injected", "_pick", "_resp_copy",
+                 "_headers_seen", "_injected", "_pick", "_resp_copy", "_span",
                  "_splitter", "_status", "_ttft_s", "_usage", "affinity", "done", "headers",
                  "key", "metrics", "picker", "prefix_chars", "req_mode", "resp_mode",
-                 "served_slot", "settings", "sink", "subset")
+                 "served_slot", "settings", "sink", "subset", "tracing")
 
     def __init__(self, picker: EndpointPicker, settings: EppSettings, sink: EventSink,
-                 metrics: EppMetrics, budget: BodyBudget | None = None) -> None:
+                 metrics: EppMetrics, budget: BodyBudget | None = None, *,
+                 tracing: Tracing | None = None) -> None:
+        self.tracing = tracing  # None: off, and nothing below touches OpenTelemetry
+        self._span: Span | None = None
         self._budget = budget or BodyBudget(settings.max_buffered_bytes)
         self.picker = picker
         self.settings = settings
@@ -253,9 +262,12 @@ class Exchange:
         core = self.picker.core
         # What `--queue-aware` weighs (keys.prompt_chars, in characters / 4), as the gateway.
         size, before_last = prompt_chars(payload) if core.queue_aware else (0, 0)
+        before = core.counters() if self.tracing is not None else None
         pick = self.picker.pick(self.key, self.affinity, self.subset,
                                 prompt_tokens=size // 4, cacheable_tokens=before_last // 4,
                                 reusable_tokens=self.prefix_chars // 4)
+        if before is not None:
+            self._trace_pick(before, pick)
         if pick is None:
             self.metrics.refused.labels("no_endpoint").inc()
             why = ("no endpoint of the gateway's subset is usable" if self.subset is not None
@@ -360,7 +372,47 @@ class Exchange:
             kept.append(event)
         return b"".join(kept)
 
+    # --- tracing (only with tracing on) -------------------------------------------------
+
+    def _trace_pick(self, before: dict[str, int], pick: Pick | None) -> None:
+        """The stream's span, continuing the request's `traceparent`, with the pick's
+        stages: the core's mode, the counters the decision moved
+        (router_client.tracing.decision_stages), the endpoints named, in order."""
+        from router_client.tracing import decision_stages
+
+        assert self.tracing is not None
+        core = self.picker.core
+        span = self._span = self.tracing.request_span("ext_proc pick",
+                                                      self.headers.get("traceparent"))
+        span.set_attribute("cacheroute.key", self.key)
+        if self.affinity is not None:
+            span.set_attribute("cacheroute.affinity", self.affinity)
+        span.set_attribute("cacheroute.mode", core.mode)
+        span.set_attribute("cacheroute.decision", decision_stages(before, core.counters()))
+        span.set_attribute("cacheroute.plan_version", str(self.picker.client.version))
+        if self.subset is not None:
+            span.set_attribute("cacheroute.subset", self.subset)
+        if pick is not None:
+            span.set_attribute("cacheroute.slot", pick.slots[0])
+            span.set_attribute("cacheroute.destination", self.picker.destination(pick.slots[0]))
+            span.set_attribute("cacheroute.endpoints", list(pick.endpoints))
+
+    def _trace_end(self) -> None:
+        from router_client.tracing import end
+
+        span, self._span = self._span, None
+        if span is None:
+            return
+        if self.served_slot is not None:
+            span.set_attribute("cacheroute.served", self.picker.destination(self.served_slot))
+        if self._ttft_s is not None:
+            span.set_attribute("cacheroute.ttft_ms", self._ttft_s * 1000)
+        end(span, (self._status or None) if self._pick is not None else 503,
+            "" if self._pick is not None else "no_endpoint")
+
     def _finish(self) -> None:
+        if self._span is not None:
+            self._trace_end()
         if self._finished or self._pick is None:
             self._finished = True
             return

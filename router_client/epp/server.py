@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
@@ -30,6 +31,9 @@ from router_client.epp.exchange import BodyBudget, EppSettings, Exchange
 from router_client.epp.metrics import EppMetrics
 from router_client.epp.picker import EndpointPicker
 from router_client.gateway.telemetry import EventSink, NoSink
+
+if TYPE_CHECKING:
+    from router_client.tracing import Tracing
 
 log = logging.getLogger("cacheroute.epp")
 LIVENESS, READINESS = "liveness", "readiness"
@@ -46,7 +50,7 @@ class _Processor(ep_grpc.ExternalProcessorServicer):
         # Written with context.write rather than as a generator, so that every await of the
         # stream is in this frame and the sweep's cancellation at its deadline lands here.
         o, settings = self.owner, self.owner.settings
-        exchange = Exchange(o.picker, settings, o.sink, o.metrics, o.bodies)
+        exchange = Exchange(o.picker, settings, o.sink, o.metrics, o.bodies, tracing=o.tracing)
         task = asyncio.current_task()
         assert task is not None
         started = asyncio.get_running_loop().time()
@@ -88,6 +92,18 @@ class _Stream:
         self.expired = False
 
 
+def _tracing(settings: EppSettings) -> Tracing | None:
+    if not settings.otlp_endpoint:
+        return None
+    try:
+        from router_client.tracing import Tracing
+    except ImportError as exc:
+        raise RuntimeError("tracing (--otlp-endpoint) needs OpenTelemetry: pip install "
+                           f"'cacheroute[tracing]' ({exc})") from None
+    return Tracing(settings.otlp_endpoint, service="cacheroute-epp",
+                   router_id=settings.router_id)
+
+
 class EndpointPickerServer:
     def __init__(self, client: AsyncRouterClient, settings: EppSettings | None = None, *,
                  sink: EventSink | None = None, health_period_s: float = 1.0) -> None:
@@ -96,6 +112,7 @@ class EndpointPickerServer:
         self.sink = sink or NoSink()
         self.metrics = EppMetrics(client)
         self.bodies = BodyBudget(self.settings.max_buffered_bytes)
+        self.tracing = _tracing(self.settings)
         self.picker = EndpointPicker(
             client, max_inflight=self.settings.max_inflight_per_destination,
             fallbacks=self.settings.fallbacks)
@@ -166,3 +183,5 @@ class EndpointPickerServer:
         await self._update_health()
         if self.server is not None:
             await self.server.stop(grace_s)
+        if self.tracing is not None:  # export the spans still batched
+            await asyncio.to_thread(self.tracing.shutdown)

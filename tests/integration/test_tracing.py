@@ -1,6 +1,7 @@
-"""Traces (router_client.tracing): one request through a real gateway, with tracing pointed at
-an in-process OTLP collector, arrives there as the expected spans; with tracing off nothing
-arrives and OpenTelemetry is never imported.
+"""Traces (router_client.tracing): one request through a real gateway (and one ext_proc stream
+through a real endpoint picker), with tracing pointed at an in-process OTLP collector, arrives
+there as the expected spans; with tracing off nothing arrives and OpenTelemetry is never
+imported.
 
 The collector is a gRPC server implementing OTLP's TraceService.Export (from the
 opentelemetry-proto package) on a free port; the engines are the emulator's.
@@ -27,8 +28,20 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from planner_svc.devstack.engines import EngineFleet, start_engines
+from router_client.epp.exchange import EppSettings
 from router_client.gateway import GatewaySettings
+from router_client.keys import derive_key
 from router_client.plan import DestinationSpec
+from tests.epp_harness import (
+    EppThread,
+    ExtProcStream,
+    destination_of,
+    destinations,
+    request_body,
+    request_headers,
+    response_body,
+    response_headers,
+)
 from tests.gateway_harness import GatewayThread, gateway_process, last_request
 from tests.waiting import eventually
 
@@ -180,3 +193,41 @@ print(json.dumps([repr(result), sorted(m for m in sys.modules if m.startswith("o
                                                    if not k.startswith("OTEL_")})
     assert out.returncode == 0, out.stderr[-2000:]
     assert json.loads(out.stdout.strip().splitlines()[-1]) == ["(None, None)", []]
+
+
+def test_the_picker_traces_each_stream_with_its_pick(collector: tuple[Collector, str]) -> None:
+    """The endpoint picker (ext_proc): one span per routed stream, continuing the request's
+    traceparent, with the pick's stages and the endpoint the gateway reported serving."""
+    spans, endpoint = collector
+    trace_id = "33" * 16
+    epp = EppThread(destinations(3), EppSettings(router_id="epp-traced",
+                                                 otlp_endpoint=endpoint)).start()
+    try:
+        payload = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+        key = derive_key(payload, {}).key
+        epp.publish({key: (1,)})
+        with grpc.insecure_channel(f"127.0.0.1:{epp.port}") as channel:
+            s = ExtProcStream(channel)
+            s.send(request_headers({"traceparent": f"00-{trace_id}-{CLIENT_SPAN}-01"}),
+                   request_body(json.dumps(payload).encode(), end=True))
+            answers = s.read(2)
+            named = destination_of(answers[0])[0].split(",")
+            assert named[0] == epp.endpoint(1)
+            s.send(response_headers(200, "application/json", served=epp.endpoint(1)))
+            s.read(1)
+            s.send(response_body(b'{"choices": []}', end=True))
+            s.read(1)
+            assert s.ended()
+        assert eventually(lambda: len(spans.of_trace(trace_id)) >= 1, 15.0)
+    finally:
+        epp.stop()
+    (resource, span), = spans.of_trace(trace_id)
+    assert resource["service.name"] == "cacheroute-epp"
+    assert span.name == "ext_proc pick" and span.kind == Span.SPAN_KIND_SERVER
+    assert span.parent_span_id.hex() == CLIENT_SPAN
+    a = attrs(span)
+    assert a["cacheroute.key"] == key and a["cacheroute.mode"] == "planned"
+    assert a["cacheroute.decision"] == "planned"
+    assert a["cacheroute.slot"] == 1 and a["cacheroute.destination"] == "pod1"
+    assert a["cacheroute.served"] == "pod1" and a["http.response.status_code"] == 200
+    assert [v.string_value for v in a["cacheroute.endpoints"].values] == named
