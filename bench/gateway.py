@@ -9,7 +9,10 @@ generator (`wrk`) share the other core. Measured per router:
   to one engine (wrk, non-streamed chat completions);
 - throughput at 1, 8 and 64 connections;
 - streamed requests: time to the first event through the router minus straight, p50;
-- the router's CPU seconds per 1,000 requests and peak RSS.
+- the router's CPU seconds per 1,000 requests and peak RSS;
+- the cost of tracing: CacheRoute's gateway a second time, with `--otlp-endpoint` pointed
+  at an OTLP collector in this process (which counts the spans and drops them), its CPU per
+  request next to tracing off's (the `tracing` extra; without it the row says so).
 
 The engines' own ceiling (straight, 64 connections) is reported: no router can exceed it.
 Peers run with their default policy (cache_aware) and with round_robin (their fastest),
@@ -44,6 +47,7 @@ from planner_svc.devstack.engines import EngineFleet, start_engines  # noqa: E40
 from planner_svc.devstack.processes import ManagedProcess, free_port  # noqa: E402
 
 ROUTER_CORE, LOAD_CORE = "0", "1"
+TRACED = "cacheroute tracing on"
 BODY = {"model": "m", "max_tokens": 4,
         "messages": [{"role": "user", "content": "Summarise the quarterly report in two lines."}]}
 LUA = ('wrk.method = "POST"\n'
@@ -133,13 +137,41 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / 100.0
 
 
+class SpanCounter:
+    """An OTLP trace collector on a free loopback port that counts what it receives."""
+
+    def __init__(self) -> None:
+        import grpc
+        from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as pb
+        from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc as pb_grpc
+
+        self.spans = 0
+        counter = self
+
+        class Servicer(pb_grpc.TraceServiceServicer):
+            def Export(self, request: Any, context: Any) -> Any:  # the gRPC method's name
+                counter.spans += sum(len(ss.spans) for rs in request.resource_spans
+                                     for ss in rs.scope_spans)
+                return pb.ExportTraceServiceResponse()
+
+        from concurrent import futures
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
+        pb_grpc.add_TraceServiceServicer_to_server(Servicer(), self.server)
+        self.endpoint = f"http://127.0.0.1:{self.server.add_insecure_port('127.0.0.1:0')}"
+        self.server.start()
+
+    def stop(self) -> None:
+        self.server.stop(None)
+
+
 def router_argv(kind: str, policy: str, port: int, metrics_port: int,
-                fleet: EngineFleet) -> tuple[list[str], str]:
+                fleet: EngineFleet, otlp_endpoint: str = "") -> tuple[list[str], str]:
     urls = list(fleet.urls.values())
     bindir = Path(sys.executable).parent
     if kind == "cacheroute":
+        traced = ["--otlp-endpoint", otlp_endpoint] if otlp_endpoint else []
         return [str(bindir / "cacheroute"), "gateway", "--port", str(port),
-                "--destinations", fleet.destinations(), "--probe-path", ""], "/readyz"
+                "--destinations", fleet.destinations(), "--probe-path", "", *traced], "/readyz"
     if kind == "sglang":
         return [str(bindir / "smg"), "launch", "--host", "127.0.0.1", "--port", str(port),
                 "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port),
@@ -159,9 +191,10 @@ def version_of(package: str) -> str:
 
 
 def measure_router(name: str, kind: str, policy: str, fleet: EngineFleet, work: Path,
-                   script: Path, seconds: float, ttft_n: int) -> dict[str, Any]:
+                   script: Path, seconds: float, ttft_n: int,
+                   otlp_endpoint: str = "") -> dict[str, Any]:
     port, metrics_port = free_port(), free_port()
-    argv, ready_path = router_argv(kind, policy, port, metrics_port, fleet)
+    argv, ready_path = router_argv(kind, policy, port, metrics_port, fleet, otlp_endpoint)
     if not Path(argv[0]).exists():
         return {"router": name, "error": f"{argv[0]} not installed"}
     proc = ManagedProcess(name, ["taskset", "-c", ROUTER_CORE, *argv], work / f"{name}.log")
@@ -182,6 +215,7 @@ def measure_router(name: str, kind: str, policy: str, fleet: EngineFleet, work: 
             if c == 1:
                 row["p50_ms"], row["p99_ms"] = r["p50_ms"], r["p99_ms"]
         row["cpu_s_per_1k"] = (cpu_seconds(proc.pid) - cpu0) / max(served, 1) * 1000
+        row["served"] = served
         row["ttft_ms"], row["ttft_p99_ms"] = stream_ttft_ms(url, ttft_n)
         row["peak_rss_mb"] = proc.peak_rss_mb()
         return row
@@ -206,6 +240,12 @@ def main() -> int:
     script.write_text(LUA)
     fleet = start_engines(work, 4, extra=["--time-scale", "0"], wrap=["taskset", "-c", LOAD_CORE])
     rows: list[dict[str, Any]] = []
+    collector: SpanCounter | None = None
+    try:
+        collector = SpanCounter()
+    except ImportError as exc:
+        print(f"tracing on not measured: {exc} (pip install 'cacheroute[tracing]')",
+              file=sys.stderr)
     try:
         engine = next(iter(fleet.urls.values()))
         wrk(engine, 8, 1.0, script)
@@ -216,11 +256,22 @@ def main() -> int:
                    ("sglang round_robin", "sglang", "round_robin"),
                    ("vllm-router cache_aware", "vllm", "cache_aware"),
                    ("vllm-router round_robin", "vllm", "round_robin")]
+        routers.insert(1, (TRACED, "cacheroute", "plan"))
         for i, (name, kind, policy) in enumerate(routers, 1):
             print(f"[{i}/{len(routers)}] {name} ...", file=sys.stderr, flush=True)
-            rows.append(measure_router(name, kind, policy, fleet, work, script, seconds, ttft_n))
+            if name == TRACED and collector is None:
+                rows.append({"router": name, "error": "the tracing extra is not installed"})
+                continue
+            endpoint = collector.endpoint if name == TRACED and collector is not None else ""
+            rows.append(measure_router(name, kind, policy, fleet, work, script, seconds, ttft_n,
+                                       endpoint))
+            if name == TRACED and collector is not None:
+                # its spans are exported at its SIGTERM at the latest (measure_router's end)
+                rows[-1]["spans"] = collector.spans
     finally:
         fleet.stop()
+        if collector is not None:
+            collector.stop()
 
     print(f"engines straight: {direct64['rps']:,.0f} req/s at 64 connections (the ceiling); "
           f"p50 {direct1['p50_ms']:.3f} ms, p99 {direct1['p99_ms']:.3f} ms at 1; "
@@ -242,7 +293,12 @@ def main() -> int:
               f"{r['ttft_added_ms']:9.3f} {r['ttft_added_p99_ms']:8.3f} {r['cpu_s_per_1k']:9.3f} "
               f"{r['peak_rss_mb']:7.1f}")
     ours = next(r for r in rows if r["router"] == "cacheroute")
-    peers = [r for r in rows if r["router"] != "cacheroute" and "error" not in r]
+    traced = next(r for r in rows if r["router"] == TRACED)
+    peers = [r for r in rows if not r["router"].startswith("cacheroute") and "error" not in r]
+    if "error" not in traced and "error" not in ours:
+        print(f"tracing: CPU per request {ours['cpu_s_per_1k'] * 1000:.1f} us off, "
+              f"{traced['cpu_s_per_1k'] * 1000:.1f} us on; {traced['spans']:,} spans exported "
+              f"for {traced['served'] + ttft_n:,.0f} requests")
     best = max(peers, key=lambda r: r["rps_c64"]) if peers else None
     summary = {
         "engine_ceiling_requests_per_s_c64": round(direct64["rps"], 1),
@@ -264,10 +320,18 @@ def main() -> int:
         "first_event_added_ms": {
             r["router"]: {"p50": round(r["ttft_added_ms"], 3),
                           "p99": round(r["ttft_added_p99_ms"], 3)}
-            for r in rows if "error" not in r},
+            for r in rows if "error" not in r and r["router"] != TRACED},
         "peer_versions": {"sglang-router": version_of("sglang-router"),
                           "vllm-router": version_of("vllm-router")},
         "peak_rss_mb": round(ours.get("peak_rss_mb", 0.0), 1),
+        # the cost of tracing (same run, same load): the gateway's CPU per request with
+        # tracing off (the default) and on (--otlp-endpoint, every span exported)
+        "tracing_off_cpu_us_per_request": round(ours.get("cpu_s_per_1k", float("nan")) * 1000,
+                                                1),
+        "tracing_on_cpu_us_per_request": round(traced.get("cpu_s_per_1k", float("nan")) * 1000,
+                                               1),
+        "tracing_on_requests_per_s_c64": round(traced.get("rps_c64", 0.0), 1),
+        "tracing_on_spans_exported": traced.get("spans", 0),
     }
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
