@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import http.client
 import io
 import json
@@ -279,8 +280,13 @@ class Rig:
         return redis.Redis(port=self.redis.port, username="cacheroute-planner",
                            password=PLANNER_PW, socket_timeout=5)
 
+    @functools.cached_property
+    def channel(self) -> grpc.Channel:
+        """The attacks' own channel to the planner (closed with the rig)."""
+        return grpc.insecure_channel(f"127.0.0.1:{self.svc.port}")
+
     def stub(self) -> planner_pb2_grpc.PlannerStub:
-        return planner_pb2_grpc.PlannerStub(grpc.insecure_channel(f"127.0.0.1:{self.svc.port}"))
+        return planner_pb2_grpc.PlannerStub(self.channel)
 
 
 def _announced(proc: ManagedProcess, prefix: str, timeout_s: float = 30.0) -> str:
@@ -361,8 +367,10 @@ def rig(workdir: Path, concurrency: int = 24, time_scale: float = 3.0) -> Iterat
                 raise RuntimeError(f"honest clients got nothing:\n{honest.log_tail()}\n"
                                    f"{gateway.log_tail()}")
             time.sleep(0.1)
-        yield Rig(workdir, server, svc, engines, gateway, url, picker, target, honest, log,
-                  pinned=bool(wrap))
+        made = Rig(workdir, server, svc, engines, gateway, url, picker, target, honest, log,
+                   pinned=bool(wrap))
+        stack.callback(lambda: made.channel.close())
+        yield made
 
 
 # --- the attacks ------------------------------------------------------------------------------
@@ -845,6 +853,9 @@ def _run(r: Rig, probe: Probe, attack_s: float, baseline_s: float, quiet_s: floa
         "baseline_honest_rps": base["honest_rps"],
         "baseline_end_honest_rps": end["honest_rps"],
         "baseline_end_ratio": round(end["honest_rps"] / base["honest_rps"], 3),
+        # the run's own noise: the largest unattacked window over the smallest
+        "unattacked_spread": _spread([base["honest_rps"], end["honest_rps"],
+                                      *(v["quiet_before_rps"] for v in measured.values())]),
         "baseline_versions_published": base["versions_published"],
         "baseline_get_status_max_ms": base["get_status_max_ms"],
         "baseline_gateway_cpu_share": base["gateway_cpu_share"],
@@ -876,6 +887,11 @@ def _run(r: Rig, probe: Probe, attack_s: float, baseline_s: float, quiet_s: floa
 
 
 HEALTH_WORD = {True: "SERVING", False: "NO", None: "-"}
+
+
+def _spread(rates: list[float]) -> float | None:
+    low = min(rates, default=0.0)
+    return round(max(rates) / low, 3) if low > 0 else None
 
 
 def _adjacent_ratios(rows: list[dict[str, Any]], end_rps: float) -> None:

@@ -432,6 +432,14 @@ class Chaos(Soak):
         }
 
 
+def _note_error(errors: list[str]) -> Callable[[Any, Any], None]:
+    """A delivery callback that keeps the reason of each failed produce."""
+    def note(error: Any, _message: Any) -> None:
+        if error is not None:
+            errors.append(str(error))
+    return note
+
+
 def run_chaos(minutes: float = 3.0, fault_every_s: float = 12.0, seed: int = 1) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="chaos-") as tmp:
         chaos = Chaos(Path(tmp), seed)
@@ -443,12 +451,12 @@ def run_chaos(minutes: float = 3.0, fault_every_s: float = 12.0, seed: int = 1) 
 
 
 def with_attacks(fig: dict[str, Any], attacks: dict[str, Any]) -> dict[str, Any]:
-    """The chaos figures and the attack run's (bench/attacks.py) in one object: the attack
-    run's names that do not start with "attack" get "attack_run_" in front."""
+    """The chaos figures and the attack run's (bench/attacks.py) in one object; an attack
+    run's name that a chaos figure has too gets "attack_run_" in front."""
     out = dict(fig)
     for k, v in attacks.items():
         if k != "peak_rss_mb":
-            out[k if k.startswith("attack") else f"attack_run_{k}"] = v
+            out[f"attack_run_{k}" if k in fig else k] = v
     out["peak_rss_mb"] = max(fig.get("peak_rss_mb", 0.0), attacks["peak_rss_mb"])
     return out
 
@@ -478,11 +486,3 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-
-
-def _note_error(errors: list[str]) -> Callable[[Any, Any], None]:
-    """A delivery callback that keeps the reason of each failed produce."""
-    def note(error: Any, _message: Any) -> None:
-        if error is not None:
-            errors.append(str(error))
-    return note

@@ -23,9 +23,13 @@ from tests.bench_module import load_bench
 pytestmark = pytest.mark.integration
 
 # The bar, kept: with requests of about 0.3 s at the engines (the run's default)
-# the lowest ratio of a run was 0.971 and 0.991 on 2 shared cores at load 7-9, the
-# baseline's end within 0.3 % of its start (docs/security.md, "The attack run").
+# the lowest ratio of a run was 0.971, 0.988 and 0.991 on 2 shared cores at load 7-9, its
+# unattacked windows within 3 % of each other (docs/security.md, "The attack run").
 THROUGHPUT_FLOOR = 0.9
+# At load 20 on the same 2 cores the unattacked windows of one run differed by 35 % (in
+# another by 2.9x): a 10 % bound cannot be measured then, and the ratio is reported, not
+# asserted.
+MEASURABLE_SPREAD = 1.15
 
 
 @pytest.fixture(scope="module")
@@ -62,5 +66,9 @@ def test_the_planner_publishes_and_answers_under_every_attack(fig: dict[str, Any
 def test_honest_clients_keep_their_throughput_under_every_attack(fig: dict[str, Any]) -> None:
     ratios = fig["throughput_ratio_by_attack"]
     assert len(ratios) == 8
-    assert fig["attack_honest_throughput_ratio_min"] >= THROUGHPUT_FLOOR, ratios
     assert all(v["honest_errors"] == 0 for v in fig["by_attack"].values())
+    assert fig["unattacked_spread"] is not None, "an unattacked window served nobody"
+    if fig["unattacked_spread"] > MEASURABLE_SPREAD:
+        pytest.skip(f"the machine's load moved the unattacked throughput by "
+                    f"{fig['unattacked_spread']:.2f}x within the run; ratios {ratios}")
+    assert fig["attack_honest_throughput_ratio_min"] >= THROUGHPUT_FLOOR, ratios
