@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import shutil
 import statistics
 import tempfile
@@ -107,6 +108,10 @@ def main() -> int:
                 print(f"{kind} {name}: " + " ".join(f"{v:.3f}" for v in values), flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    # The run's peak: the largest broker's, or this process's (the clients) if larger.
+    own_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    fig["peak_rss_mb"] = round(max([own_mb, *(v for k, v in fig.items()
+                                              if k.startswith("peak_rss_mb_"))]), 1)
     print(json.dumps(fig))
     return 0
 

@@ -24,6 +24,9 @@ ROOT = Path(__file__).resolve().parents[2]
 OUT = "{out}"  # replaced by the test's temporary directory
 # The form each benchmark runs in: `--quick` where it has one, else its smallest form.
 FORMS: dict[str, tuple[str, ...]] = {
+    "ablations.py": ("--policies", "flat,dualmap,affinity", "--loads", "40", "--seeds", "1",
+                     "--requests", "3000", "--keys", "300", "--destinations", "4",
+                     "--out", OUT, "--no-plots"),
     "arena.py": ("--quick", "--out", OUT),
     "arena_transient.py": ("--seeds", "1", "--scenarios", "paper-like", "--tail-slacks", "1"),
     "attacks.py": ("--attack-s", "1", "--baseline-s", "3", "--quiet-s", "1"),
