@@ -61,7 +61,7 @@ class AdvancedOptions:
     def __init__(self, parser: argparse.ArgumentParser) -> None:
         self._hidden: list[tuple[argparse.Action, str]] = []
         self._groups: list[tuple[Any, str | None]] = []
-        parser.add_argument("--help-all", action=_HelpAll, advanced=self,
+        parser.add_argument("--help-all", action=HelpAll, advanced=self,
                             help="show this help with the advanced options too, and exit")
 
     def group(self, parser: argparse.ArgumentParser, title: str,
@@ -85,7 +85,9 @@ class AdvancedOptions:
             group.description = description
 
 
-class _HelpAll(argparse.Action):
+class HelpAll(argparse.Action):
+    """`--help-all`: reveal the command's advanced options, print its help and exit."""
+
     def __init__(self, option_strings: list[str], dest: str, *, advanced: AdvancedOptions,
                  help: str | None = None) -> None:
         super().__init__(option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS,

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from planner_svc.cli.console import show
+from planner_svc.cli.console import HelpAll, show
 from planner_svc.cli.main import build_parser, main
 from planner_svc.cli.ops_view import Column, TextTable, plain_table
 
@@ -76,8 +76,14 @@ def _options(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
 
 
 def test_every_argument_of_every_command_is_explained():
-    unexplained = [(cmd, a.option_strings or a.dest) for cmd, a in _options(build_parser())
-                   if not a.help]
+    """`--help-all`'s options too: their help is theirs once revealed, never argparse's
+    SUPPRESS (which hides an option from `--help`)."""
+    options = list(_options(build_parser()))
+    for _, action in options:
+        if isinstance(action, HelpAll):
+            action.advanced.reveal()
+    unexplained = [(cmd, a.option_strings or a.dest) for cmd, a in options
+                   if not a.help or a.help == argparse.SUPPRESS]
     assert unexplained == []
 
 
