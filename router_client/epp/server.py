@@ -31,9 +31,10 @@ from router_client.epp.exchange import BodyBudget, EppSettings, Exchange
 from router_client.epp.metrics import EppMetrics
 from router_client.epp.picker import EndpointPicker
 from router_client.gateway.telemetry import EventSink, NoSink
+from router_client.trace_setup import start_tracing
 
 if TYPE_CHECKING:
-    from router_client.tracing import Tracing
+    pass
 
 log = logging.getLogger("cacheroute.epp")
 LIVENESS, READINESS = "liveness", "readiness"
@@ -92,18 +93,6 @@ class _Stream:
         self.expired = False
 
 
-def _tracing(settings: EppSettings) -> Tracing | None:
-    if not settings.otlp_endpoint:
-        return None
-    try:
-        from router_client.tracing import Tracing
-    except ImportError as exc:
-        raise RuntimeError("tracing (--otlp-endpoint) needs OpenTelemetry: pip install "
-                           f"'cacheroute[tracing]' ({exc})") from None
-    return Tracing(settings.otlp_endpoint, service="cacheroute-epp",
-                   router_id=settings.router_id)
-
-
 class EndpointPickerServer:
     def __init__(self, client: AsyncRouterClient, settings: EppSettings | None = None, *,
                  sink: EventSink | None = None, health_period_s: float = 1.0) -> None:
@@ -112,7 +101,8 @@ class EndpointPickerServer:
         self.sink = sink or NoSink()
         self.metrics = EppMetrics(client)
         self.bodies = BodyBudget(self.settings.max_buffered_bytes)
-        self.tracing = _tracing(self.settings)
+        self.tracing = start_tracing(self.settings.otlp_endpoint, service="cacheroute-epp",
+                                     router_id=self.settings.router_id)
         self.picker = EndpointPicker(
             client, max_inflight=self.settings.max_inflight_per_destination,
             fallbacks=self.settings.fallbacks)

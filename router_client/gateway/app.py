@@ -43,24 +43,13 @@ from router_client.gateway.settings import GatewaySettings
 from router_client.gateway.telemetry import EventSink, NoSink
 from router_client.gateway.upstream import UpstreamFailure, Upstreams
 from router_client.pools import DEFAULT_POOL, PoolRoutes
+from router_client.trace_setup import start_tracing
 
 if TYPE_CHECKING:
-    from router_client.tracing import Tracing
+    pass
 
 log = logging.getLogger("cacheroute.gateway")
 ROUTED = {"/v1/chat/completions", "/v1/completions"}
-
-
-def _tracing(settings: GatewaySettings) -> Tracing | None:
-    if not settings.otlp_endpoint:
-        return None
-    try:
-        from router_client.tracing import Tracing
-    except ImportError as exc:
-        raise RuntimeError("tracing (--otlp-endpoint) needs OpenTelemetry: pip install "
-                           f"'cacheroute[tracing]' ({exc})") from None
-    return Tracing(settings.otlp_endpoint, service="cacheroute-gateway",
-                   router_id=settings.router_id)
 
 
 class Gateway:
@@ -86,7 +75,8 @@ class Gateway:
         self.settings = settings or GatewaySettings()
         self.upstreams = Upstreams(self.settings)
         self.metrics = GatewayMetrics(self.clients, pools=isinstance(client, Mapping))
-        self.tracing = _tracing(self.settings)
+        self.tracing = start_tracing(self.settings.otlp_endpoint, service="cacheroute-gateway",
+                                     router_id=self.settings.router_id)
         self.proxy = Proxy(self.clients, routes, self.upstreams, self.settings,
                            sink or NoSink(), self.metrics, tracing=self.tracing)
         self.stopping = False
