@@ -139,7 +139,7 @@ def live_lines(sim: list[dict[str, Any]], live_csv: Path) -> tuple[list[str], di
              "sim p99 s |", "|---|---|---|---|---|---|---|---|"]
     diffs = []
     for r in live:
-        s = simmed.get((r["scenario"], same.get(r["router"], "")))
+        s = simmed.get((r["scenario"], same.get(r["router"].removesuffix(" tuned"), "")))
         if s is None:
             continue
         d = (s["hit"] - float(r["hit"])) * 100
@@ -194,7 +194,8 @@ def main() -> int:
     cells = grid_cells() if args.cells == "all" else grid_sample()
     t0 = time.perf_counter()
     if args.from_csv is not None:
-        rows = load_rows(args.from_csv)
+        wanted = {c.name for c in cells}
+        rows = [r for r in load_rows(args.from_csv) if r["scenario"] in wanted]
         names = {r["scenario"] for r in rows}
         cells = [c for c in cells if c.name in names]
         elapsed = sum(r["sim_s"] for r in rows) / max(1, args.jobs)
