@@ -230,3 +230,29 @@ def print_table(deltas: Sequence[CellDelta]) -> None:
     for d in deltas:
         print(f"{d.cell:<40} {d.replicas:>2} {d.ours_hit:>6.1%} {d.peer:<20} "
               f"{d.peer_hit:>6.1%} {d.hit_delta_pp:>+6.1f} {d.p99_ratio:>9.2f}")
+
+
+def main() -> None:
+    """Re-read a grid's rows (the CSV `write_rows_csv` wrote) and print its per-cell table
+    and summary: what `bench/arena.py --grid` and `bench/sim_grid.py` report at their end."""
+    import argparse
+    import json
+
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("rows_csv", type=Path, help="grid-live.csv or the simulator grid's rows")
+    args = ap.parse_args()
+    with args.rows_csv.open(newline="") as f:
+        rows = [dict(r) for r in csv.DictReader(f)]
+    for r in rows:
+        for k, v in r.items():
+            try:
+                r[k] = float(v) if v not in ("", None) and k not in ("cell", "router") else v
+            except ValueError:
+                pass
+    deltas = cell_deltas(rows)
+    print_table(deltas)
+    print(json.dumps(grid_summary(deltas)))
+
+
+if __name__ == "__main__":
+    main()
