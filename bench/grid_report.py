@@ -236,6 +236,7 @@ def main() -> None:
     """Re-read a grid's rows (the CSV `write_rows_csv` wrote) and print its per-cell table
     and summary: what `bench/arena.py --grid` and `bench/sim_grid.py` report at their end."""
     import argparse
+    import contextlib
     import json
 
     ap = argparse.ArgumentParser(description=main.__doc__)
@@ -243,12 +244,10 @@ def main() -> None:
     args = ap.parse_args()
     with args.rows_csv.open(newline="") as f:
         rows = [dict(r) for r in csv.DictReader(f)]
-    for r in rows:
+    for r in rows:  # numbers back from their text; names stay text
         for k, v in r.items():
-            try:
-                r[k] = float(v) if v not in ("", None) and k not in ("cell", "router") else v
-            except ValueError:
-                pass
+            with contextlib.suppress(ValueError, TypeError):
+                r[k] = float(v) if v and k not in ("scenario", "router") else v
     deltas = cell_deltas(rows)
     print_table(deltas)
     print(json.dumps(grid_summary(deltas)))
