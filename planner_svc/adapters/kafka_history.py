@@ -48,15 +48,23 @@ class History:
 
 
 def ensure_topic(bootstrap: str, topic: str) -> None:
+    """The compacted history topic, replicated as the cluster's `default.replication.factor`
+    says (3 in production: with a factor of 1 the loss of the one broker holding it would
+    lose every plan the planner recorded). A broker that cannot take the cluster's default
+    (-1, KIP-464) gets one replica."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    spec = NewTopic(
-        topic, num_partitions=1, replication_factor=1, config={"cleanup.policy": "compact"}
-    )
-    try:
-        admin.create_topics([spec])[topic].result(15)
-    except KafkaException as exc:
-        if "TOPIC_ALREADY_EXISTS" not in str(exc):
-            raise
+    for replicas in (-1, 1):
+        spec = NewTopic(topic, num_partitions=1, replication_factor=replicas,
+                        config={"cleanup.policy": "compact"})
+        try:
+            admin.create_topics([spec])[topic].result(15)
+            return
+        except KafkaException as exc:
+            if "TOPIC_ALREADY_EXISTS" in str(exc):
+                return
+            if replicas == 1 or ("REPLICATION_FACTOR" not in str(exc).upper() and \
+                    "INVALID" not in str(exc).upper()):
+                raise
 
 
 class KafkaHistory:
