@@ -74,22 +74,6 @@ def test_up_stops_everything_on_ctrl_c(tmp_path: Path) -> None:
     assert not [p for p in children if alive(p)]
 
 
-def test_up_starts_with_a_reader_token(tmp_path: Path) -> None:
-    """Its readiness probe sent no token, so with one set `up` never started ("the planner
-    did not answer in 30 s"; issue 55, defect 9)."""
-    proc, lines = start_up(tmp_path, "--reader-token", "r-secret", "--operator-token", "o")
-    try:
-        assert any("planner gRPC" in ln for ln in lines), "".join(lines)
-        assert not any("Traceback" in ln for ln in lines)
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
-
-
 def test_children_die_with_a_killed_parent(tmp_path: Path) -> None:
     proc, _ = start_up(tmp_path)
     children = descendants(proc.pid)
