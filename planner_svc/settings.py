@@ -88,12 +88,9 @@ class PlannerSettings:
     hashed_tail: bool = False
     # Place a key entering the plan (the first plan's too) on the destination its newest
     # request went to (the stream reports it), while balance allows: its cache is warm
-    # there, where a fresh LPT moved each entering key to a cold engine. On by default since
-    # 2026-12-06, with imbalance_tolerance 0.3: live, four gateways, three seeds, CacheRoute
-    # then met every point to x7 on whale and on two paper-like seeds (>= 1.97x the SGLang
-    # gateway's capacity; docs/arena.md); in the replay at R = 30 it took the wide
-    # active set from 88 to 100 QPS at 3.5 s and changed no other scenario's capacity
-    # (docs/arena.md, docs/replay.md "Entering keys placed where they are warm").
+    # there, where a fresh LPT moves each entering key to a cold engine. On by default with
+    # imbalance_tolerance 0.3: the live capacity runs and the replay behind that are in
+    # docs/arena.md and docs/replay.md ("Entering keys placed where they are warm").
     warm_placement: bool = True
     # The range the plan was validated for (shadow replay / canary, checklist step 5):
     # outside it the guard falls back to Flat-LB, and resumes when telemetry returns.

@@ -392,8 +392,8 @@ PREFILL_STEP_TOKENS = 200
 # --queue-aware): margin 1.0 6.67x the base rate, 1.1 7.25, 1.25 and 1.35 7.75, 1.5 7.42,
 # 2.0 7.33; off 7.17.
 QUEUE_SPILL_MARGIN = 1.3
-# The gateway's default for `queue_aware` (`--queue-aware`; on since 2026-12-06, docs/arena.md):
-# the simulator's policies run as the gateway take it from here.
+# The gateway's default for `queue_aware` (`--queue-aware`; the measurements behind it are in
+# docs/arena.md): the simulator's policies run as the gateway take it from here.
 DEFAULT_QUEUE_AWARE = True
 
 
@@ -443,8 +443,8 @@ class RouterCore:
         self.rehomed = 0
         self.rehome_kept = 0  # returns within the window to where re-homing sent the key
         self.spilled = 0  # a planned key's requests sent off its overloaded slot, home kept
-        # Off: a planned key over its bound re-homes like any other (the rule before the
-        # spill), kept as a switch to compare the two live (`--spill-planned`).
+        # Off: a planned key over its bound re-homes like any other, a switch to compare
+        # the two live (`--spill-planned`).
         self.spill_planned = True
         # `queue_aware` (off in the core; on in the gateway, DEFAULT_QUEUE_AWARE): the
         # prefill work owed per slot by this router's requests awaiting a first token, in

@@ -94,7 +94,7 @@ ROUTING_FLAGS: Flags = {
                     "key's replicas, for a key the plan replicates) when that would finish "
                     "prefilling it clearly sooner (its conversation follows, its key keeps "
                     "its home; 'off': the plan, home and conversation alone "
-                    "decide, the rule before 2026-12-06)"),
+                    "decide)"),
     "tail-slack": (float, DEFAULT_TAIL_SLACK, "a cold-tail key stays on its hash owner (where "
                    "its prefix is cached) until that owner's load is more than (1 + this) x "
                    "the mean"),

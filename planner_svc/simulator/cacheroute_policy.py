@@ -652,8 +652,8 @@ def gateway_like(q_cap: float, warm_slots_per_destination: int, *,
                  queue_aware: bool = DEFAULT_QUEUE_AWARE) -> PolicyFactory:
     """CacheRoute as `cacheroute gateway` and the planner run it by default: conversations
     kept on their member and with their history, the cold tail consistent-hashed, idle keys
-    re-homed (the window learned from `idle_rehome_s`; None = off, the gateway before
-    2026-12-05), replans through the production control loop, plans reaching the router
+    re-homed (the window learned from `idle_rehome_s`; None = off), replans through the
+    production control loop, plans reaching the router
     after a publish delay. `rate_window_s`: plan on the rates of the last `rate_window_s`
     (the stream's window, as the planner does), the first plan once a whole window of
     traffic has been counted (the planner waits for a full window after the first one with
@@ -661,9 +661,9 @@ def gateway_like(q_cap: float, warm_slots_per_destination: int, *,
     plan left most tenants out, and the replan that admitted them moved each one off the
     ring owner that had warmed it, a cold first turn apiece the live gateway never paid);
     None: on the cumulative mean rates, planned at the first control step. Warm placement
-    and the imbalance tolerance default to the planner's (PlannerSettings): before
-    2026-12-06, off and 0.03, which is what arena rows from before then ran with; so does
-    `queue_aware` to the gateway's (--queue-aware, off before 2026-12-06 midday)."""
+    and the imbalance tolerance default to the planner's (PlannerSettings), `queue_aware` to
+    the gateway's (--queue-aware); arena rows recorded with other defaults are replayed with
+    theirs (simulator.arena_check)."""
     return cacheroute(CacheRouteSettings(
         q_cap=q_cap, warm_slots_per_destination=warm_slots_per_destination,
         session_affinity=True, cold_tail="hash", control_loop=True,
