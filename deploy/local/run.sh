@@ -40,6 +40,11 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$digest" ]; then
   .venv/bin/python -m pip install -q --upgrade pip >/dev/null
   # The tests and benchmarks run the simulator at volume: compile it (setup.py).
   CACHEROUTE_COMPILE=1 .venv/bin/python -m pip install -q -e '.[test]'
+  # xds-protos (the picker's Envoy messages) ships its own, older copy of
+  # opentelemetry/proto/, and whichever wheel pip unpacks last wins: put the tracing
+  # exporter's own version back on top (docs/gateway.md, "Traces").
+  otel_proto=$(.venv/bin/python -c "import importlib.metadata as m; print(m.version('opentelemetry-proto'))")
+  .venv/bin/python -m pip install -q --force-reinstall --no-deps "opentelemetry-proto==$otel_proto"
   echo "$digest" > "$stamp"
 fi
 # Apache Kafka's jars from Maven Central into deploy/kafka/target/lib, again only when the pom
