@@ -4,15 +4,14 @@ and says how to install what is missing in one line."""
 
 from __future__ import annotations
 
-import time
-import uuid
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Producer
 
 from planner_svc.devstack.kafka import INSTALL_HINT, JAVA_HINT, restart_kafka, start_kafka
 from planner_svc.devstack.processes import ServerStartError
+from tests.integration.test_broker_loss import values_of
 
 pytestmark = pytest.mark.integration
 
@@ -22,20 +21,6 @@ def produce(bootstrap: str, topic: str, values: list[bytes]) -> None:
     for v in values:
         p.produce(topic, value=v)
     assert p.flush(20) == 0
-
-
-def read_all(bootstrap: str, topic: str, want: int, timeout_s: float = 20.0) -> list[bytes]:
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": uuid.uuid4().hex,
-                  "enable.auto.commit": False})
-    c.assign([TopicPartition(topic, 0, 0)])
-    out: list[bytes] = []
-    deadline = time.monotonic() + timeout_s
-    while len(out) < want and time.monotonic() < deadline:
-        m = c.poll(0.2)
-        if m is not None and not m.error():
-            out.append(m.value())
-    c.close()
-    return out
 
 
 def test_kafka_serves_and_keeps_its_data_across_a_restart(tmp_path: Path) -> None:
@@ -51,7 +36,7 @@ def test_kafka_serves_and_keeps_its_data_across_a_restart(tmp_path: Path) -> Non
         restart_kafka(broker)
         assert broker.port == port
         produce(broker.bootstrap, "kept", [b"after"])
-        assert read_all(broker.bootstrap, "kept", 101) == [*first, b"after"]
+        assert values_of(broker.bootstrap, "kept", 101) == [*first, b"after"]
         assert broker.process.peak_rss_mb() < 512
     finally:
         broker.process.stop()
